@@ -1,0 +1,66 @@
+// singleflight/errors.hpp
+//
+// The exceptions the library throws on its own behalf. Every one derives from
+// `singleflight::error`, itself a `std::runtime_error`, so a caller can catch
+// "anything the group decided" in one clause and still let exceptions thrown
+// by the user's `fn` (which are rethrown untouched, of any type) pass by.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace singleflight {
+
+// error
+//
+// Base of the library's own errors. Never thrown directly.
+class error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// cancelled_error
+//
+// Thrown to a caller whose own `std::stop_token` fired before it received an
+// outcome, to every waiter of a flight that the `ownership::leader` policy
+// cancelled, and to a caller whose token was already stopped on entry (that
+// caller starts and joins nothing).
+class cancelled_error : public error {
+ public:
+  cancelled_error() : error("singleflight: the call was cancelled") {}
+  using error::error;
+};
+
+// closed_error
+//
+// Thrown to every caller that arrives after `group::close()` began, and to
+// every waiter of a flight that `close()` stopped.
+class closed_error : public error {
+ public:
+  closed_error() : error("singleflight: the group is closed") {}
+  using error::error;
+};
+
+// timeout_error
+//
+// Thrown to every waiter of a flight whose deadline (`options::timeout`)
+// passed before it settled, and to a newcomer whose wait for a winding-down
+// predecessor outlasted the same bound.
+class timeout_error : public error {
+ public:
+  timeout_error() : error("singleflight: the flight's deadline passed") {}
+  using error::error;
+};
+
+// overloaded_error
+//
+// Thrown to a caller that would have started a flight while
+// `options::max_in_flight` flights were already in the map. Joining an
+// existing flight is never rejected.
+class overloaded_error : public error {
+ public:
+  overloaded_error() : error("singleflight: max_in_flight reached") {}
+  using error::error;
+};
+
+}  // namespace singleflight

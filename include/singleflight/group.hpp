@@ -1,0 +1,959 @@
+// singleflight/group.hpp
+//
+// `singleflight::group<Key, T>` runs a piece of work once for all the callers
+// that ask for the same key at the same time, and hands each of them the
+// outcome.
+//
+//   singleflight::group<std::string, profile> profiles;
+//   profile p = profiles.do_(tenant + '|' + user + '|' + locale,
+//                            [&](std::stop_token st) { return origin.fetch(st, ...); },
+//                            request_stop_token);
+//
+// Overview
+//
+// A group holds a mutex-guarded map from key to the flight in progress for
+// that key. `do_` either starts a flight (this caller is the *leader*) or
+// joins the one in progress (a *follower*). When the flight settles, every
+// caller attached to it receives the same outcome: its own copy of the value,
+// or the same exception object. Settled flights are forgotten at once: a
+// group is not a cache, and it never hands out a value or an error that had
+// settled before the caller arrived.
+//
+// Guarantees (README.md, "Guarantees", has the full list and the tests):
+//  1. At most one fn per key runs at any moment, including a stopped fn that
+//     is still winding down; only forget() lifts this.
+//  2. Every caller receives the outcome of a flight that had not settled when
+//     it arrived; do_fresh receives a flight that started after it arrived.
+//  3. No entry outlives its fn; cleanup is identity-checked.
+//  4. Values are copied per caller; exceptions of any type are shared as the
+//     same object; the entry is gone before the waiters wake.
+//  5. Per-caller cancellation with the ownership policy of `options::owner`.
+//  6. Without an executor the leader runs fn inline and returns when fn does.
+//  7. A deadline inside each flight (`options::timeout`).
+//  8. close(): rejects, stops, drains; callable from inside fn.
+//  9. forget(key). 10. max_in_flight. 11. Self-deadlock detection.
+// 12. Exception safety of Hash, KeyEqual, allocation and T's copy.
+//
+// Scope: one process. Twenty processes running a group each make twenty
+// flights for one key, not one.
+//
+// Thread safety: every member function may be called concurrently from any
+// number of threads, except the destructor, which must not run concurrently
+// with any other call and must not be called from inside fn.
+//
+// Locking: one std::mutex per group, held only for map operations and
+// bookkeeping. It is never held while user code runs (fn, T's copy, a
+// stop_callback, the executor, Hash), with one exception: KeyEqual runs under
+// it during lookup and insertion. Stop requests are always made after the
+// mutex is released, because stop callbacks run synchronously in the
+// requesting thread.
+#pragma once
+
+#include <cassert>
+#include <chrono>
+#include <concepts>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <stop_token>
+#include <thread>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+
+#include "detail/flight.hpp"
+#include "detail/frames.hpp"
+#include "detail/key.hpp"
+#include "detail/task_base.hpp"
+#include "errors.hpp"
+#include "hash.hpp"
+#include "options.hpp"
+#include "stats.hpp"
+#include "task.hpp"
+#include "thread_executor.hpp"
+
+namespace singleflight {
+
+namespace detail {
+
+template <class F>
+concept takes_token = std::invocable<F&, std::stop_token>;
+
+template <class F>
+concept flight_fn = takes_token<F> || std::invocable<F&>;
+
+template <class F>
+struct fn_result {
+  using type = std::invoke_result_t<F&>;
+};
+template <class F>
+  requires takes_token<F>
+struct fn_result<F> {
+  using type = std::invoke_result_t<F&, std::stop_token>;
+};
+
+}  // namespace detail
+
+// group
+//
+// Template parameters:
+//   Key       what identifies a result. Must hold every input that changes the
+//             result (tenant, locale, version, authorisation scope) and
+//             nothing that doesn't. Copy-constructible; hashable by Hash.
+//   T         the result. Each caller receives its own copy, so T must be
+//             copy-constructible; for big values use std::shared_ptr<const X>.
+//   Hash      default_hash: transparent for strings, handles pair/tuple keys.
+//   KeyEqual  std::equal_to<>: transparent.
+template <class Key, class T, class Hash = default_hash, class KeyEqual = std::equal_to<>>
+class group {
+  static_assert(std::is_object_v<T> && !std::is_array_v<T>,
+                "singleflight::group<Key, T>: T must be an object type (not a reference, "
+                "array or void)");
+  static_assert(std::copy_constructible<T>,
+                "singleflight::group<Key, T>: every caller receives its own copy of the value, "
+                "so T must be copy-constructible; for big or move-only values use "
+                "std::shared_ptr<const X>");
+  static_assert(std::copy_constructible<Key> && std::is_object_v<Key>,
+                "singleflight::group<Key, T>: Key must be a copy-constructible object type");
+  static_assert(std::is_invocable_r_v<std::size_t, const Hash&, const Key&>,
+                "singleflight::group<Key, T, Hash>: Hash must be callable as "
+                "std::size_t(const Key&); for your own key types specialise std::hash or "
+                "pass a Hash");
+  static_assert(std::is_invocable_r_v<bool, const KeyEqual&, const Key&, const Key&>,
+                "singleflight::group<Key, T, Hash, KeyEqual>: KeyEqual must be callable as "
+                "bool(const Key&, const Key&)");
+
+ public:
+  using key_type = Key;
+  using value_type = T;
+  using hasher = Hash;
+  using key_equal = KeyEqual;
+
+  // group()
+  //
+  // A group with default options: ownership::waiters, no deadline, no cap,
+  // fn runs on the leader's thread.
+  group() : group(options{}) {}
+
+  // group(options)
+  //
+  // Throws std::system_error when options.timeout > 0 and the timer thread
+  // cannot be started.
+  explicit group(options opts) : opts_(std::move(opts)) {
+    builtin_threads_ = opts_.executor && opts_.executor.template target<thread_executor>() != nullptr;
+    if (opts_.timeout < std::chrono::nanoseconds::zero()) opts_.timeout = std::chrono::nanoseconds::zero();
+    if (opts_.timeout > std::chrono::nanoseconds::zero()) {
+      timer_ = std::thread([this] { timer_loop(); });
+    }
+  }
+
+  group(const group&) = delete;
+  group& operator=(const group&) = delete;
+
+  // ~group()
+  //
+  // Equivalent to close(): rejects, stops and drains, then returns. Undefined
+  // if called concurrently with any other member or from inside fn.
+  ~group() { close(); }
+
+  // do_(key, fn, caller)
+  //
+  // Returns the value of the flight for `key`, starting one if none is in
+  // progress. `fn` is invocable as `fn(std::stop_token)` or `fn()` and its
+  // result converts to T; the token it receives is the flight's own, stopped
+  // when the ownership policy, the deadline or close() says so.
+  //
+  // Without an executor the first caller runs fn on its own thread and
+  // returns when fn does (it cannot leave earlier); followers block until the
+  // flight settles or their `caller` token fires. With an executor every
+  // caller blocks and can leave at once.
+  //
+  // Throws:
+  //   * whatever fn threw (the same exception object in every waiter);
+  //   * cancelled_error: `caller` fired before an outcome arrived (or was
+  //     already stopped: then nothing was started or joined), or the leader
+  //     cancelled the flight under ownership::leader;
+  //   * timeout_error, closed_error, overloaded_error: see errors.hpp;
+  //   * std::logic_error: fn called do_ for its own key on the thread running
+  //     it (it would wait for itself forever);
+  //   * whatever Hash, KeyEqual, Key's or T's copy, or allocation threw; the
+  //     group is left unchanged by a throw before the call attached.
+  // Thread-safe.
+  template <class K, class F>
+  T do_(const K& key, F&& fn, std::stop_token caller = {}) {
+    return call(key, std::forward<F>(fn), std::move(caller), false, nullptr);
+  }
+
+  // do_(key, fn, caller, info): as above, and fills `info` with this caller's
+  // role (leader / follower / none) and the flight's number, on every exit.
+  template <class K, class F>
+  T do_(const K& key, F&& fn, std::stop_token caller, call_info& info) {
+    return call(key, std::forward<F>(fn), std::move(caller), false, &info);
+  }
+
+  // do_fresh(key, fn, caller)
+  //
+  // Like do_, but receives a flight that *started after this call arrived*
+  // (read-your-writes: call it after a write). If the flight in progress
+  // started earlier, do_fresh waits for its fn to return (bounded by
+  // `caller` and options.timeout, counted from arrival) and then starts or
+  // joins the next one; concurrent do_fresh callers still share one flight,
+  // and two fns for one key never overlap. Thread-safe.
+  template <class K, class F>
+  T do_fresh(const K& key, F&& fn, std::stop_token caller = {}) {
+    return call(key, std::forward<F>(fn), std::move(caller), true, nullptr);
+  }
+
+  template <class K, class F>
+  T do_fresh(const K& key, F&& fn, std::stop_token caller, call_info& info) {
+    return call(key, std::forward<F>(fn), std::move(caller), true, &info);
+  }
+
+  // forget(key)
+  //
+  // Removes the entry for `key`, if any, and returns whether there was one.
+  // The next caller starts a new flight even while the old fn still runs
+  // (this is the one way to lift the no-overlap guarantee); callers already
+  // waiting keep the old flight, and its completion never evicts the new
+  // entry. Thread-safe. Throws whatever Hash or KeyEqual throws.
+  bool forget(const Key& key) {
+    const std::size_t h = hash_(key);
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = map_.find(detail::probe<Key>{key, h});
+    if (it == map_.end()) return false;
+    flight_t* f = it->second;
+    map_.erase(it);
+    f->home = nullptr;
+    // Observers waited for this fn only because of the no-overlap rule, which
+    // forget() just lifted: let them go round again.
+    f->list.wake_if([](const detail::waiter& w) { return w.observer; });
+    f->release();  // the map's reference; the runner still holds one
+    return true;
+  }
+
+  // close()
+  //
+  // Idempotent. New calls throw closed_error from now on; every unsettled
+  // flight settles with closed_error for its waiters and has its token
+  // stopped; callers waiting for a predecessor get closed_error. Returns once
+  // every fn the group started has returned (or its task was dropped), every
+  // caller has left, and the group's own threads are joined.
+  //
+  // Called from inside fn (any flight of this group, on this thread) it does
+  // all of the above except waiting for this thread's own calls; the
+  // destructor then finishes the drain. A fn that ignores its stop token
+  // makes close() wait for it: see close_for().
+  // Thread-safe.
+  void close() { (void)close_until(std::nullopt); }
+
+  // close_for(timeout)
+  //
+  // close() that gives up waiting after `timeout` and returns false if fns
+  // were still running then (the group stays closed; a later close() or the
+  // destructor waits for the rest). Returns true when drained. Thread-safe.
+  template <class Rep, class Period>
+  bool close_for(std::chrono::duration<Rep, Period> timeout) {
+    return close_until(std::chrono::steady_clock::now() +
+                       std::chrono::ceil<std::chrono::steady_clock::duration>(timeout));
+  }
+
+  // in_flight()
+  //
+  // The number of map entries: keys whose fn has not returned (joinable
+  // flights, and stopped flights still winding down). Returns to 0 between
+  // bursts. Thread-safe; takes the group's lock.
+  std::size_t in_flight() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return map_.size();
+  }
+
+  // stats()
+  //
+  // A consistent snapshot of the counters; see singleflight::stats.
+  // Thread-safe; takes the group's lock.
+  singleflight::stats stats() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    singleflight::stats s = st_;
+    s.in_flight = map_.size();
+    return s;
+  }
+
+ private:
+  using flight_t = detail::flight<T>;
+  using ref_t = detail::flight_ref<T>;
+  using kind = detail::outcome_kind;
+  using map_t = std::unordered_map<detail::stored_key<Key>, flight_t*, detail::key_hasher,
+                                   detail::key_equal<KeyEqual>>;
+  using clock = std::chrono::steady_clock;
+
+  // What one call ends with, decided under the lock and delivered after it.
+  struct ticket {
+    ref_t f;
+    kind outcome = kind::pending;
+    bool sole = false;      // nobody else reads f->value: the caller may move it out
+    bool stop = false;      // request_stop on f once the lock is released
+    bool rejected = false;  // neither started nor joined
+  };
+
+  // K may be used to probe the map directly only when hashing and comparing
+  // it is known to agree with Key: the same type, or strings under the
+  // default (transparent) hash and equality. Anything else is converted to
+  // Key once, before the lock is taken.
+  template <class K>
+  static constexpr bool direct_probe =
+      std::same_as<std::remove_cvref_t<K>, Key> ||
+      (std::same_as<Hash, default_hash> && std::same_as<KeyEqual, std::equal_to<>> &&
+       detail::string_like<K> && detail::string_like<Key>);
+
+  // ---- stop callbacks -----------------------------------------------------
+
+  // A blocked caller's stop: wake it. Runs in the thread that requested stop;
+  // never registered or destroyed under mu_.
+  struct wake_on_stop {
+    group* g;
+    detail::waiter* w;
+    void operator()() const noexcept {
+      std::lock_guard<std::mutex> lk(g->mu_);
+      w->stop_fired = true;
+      w->cv.notify_one();
+    }
+  };
+
+  // An inline leader's stop: it cannot stop waiting (it is running fn), so it
+  // leaves right here, which may stop the flight under the ownership policy.
+  struct leave_on_stop {
+    group* g;
+    flight_t* f;
+    detail::waiter* w;
+    void operator()() const noexcept {
+      bool stop = false;
+      {
+        std::lock_guard<std::mutex> lk(g->mu_);
+        // A flight that already settled keeps its outcome for the leader.
+        if (w->stop_fired || f->kind != kind::pending) return;
+        w->stop_fired = true;
+        stop = g->leave(f, /*is_leader=*/true);
+      }
+      if (stop) f->stop.request_stop();
+    }
+  };
+
+  // ---- the task handed to an executor -------------------------------------
+
+  template <class Fn>
+  class task_impl final : public detail::task_base {
+   public:
+    template <class G>
+    task_impl(group* g, flight_t* f, G&& fn) : g_(g), f_(f), fn_(std::forward<G>(fn)) {
+      f_->retain();
+    }
+    task_impl(const task_impl&) = delete;
+    task_impl& operator=(const task_impl&) = delete;
+    ~task_impl() override {
+      if (!ran_) g_->task_dropped(f_);
+      f_->release();
+    }
+    void run() noexcept override {
+      ran_ = true;
+      g_->run_task(f_, fn_);
+    }
+
+   private:
+    group* g_;
+    flight_t* f_;
+    Fn fn_;
+    bool ran_ = false;
+  };
+
+  // ---- the call -----------------------------------------------------------
+
+  template <class K, class F>
+  T call(const K& key, F&& fn, std::stop_token caller, bool fresh, call_info* info) {
+    using Fn = std::decay_t<F>;
+    static_assert(detail::flight_fn<Fn>,
+                  "singleflight::group::do_: fn must be invocable as fn(std::stop_token) or "
+                  "fn()");
+    if constexpr (detail::flight_fn<Fn>) {
+      using R = typename detail::fn_result<Fn>::type;
+      static_assert(std::convertible_to<R, T>,
+                    "singleflight::group::do_: fn's result must convert to the group's T");
+      static_assert(direct_probe<K> || std::constructible_from<Key, const K&>,
+                    "singleflight::group::do_: the key argument must be a Key or something "
+                    "a Key can be constructed from");
+      if constexpr (direct_probe<K>) {
+        return call_with(key, std::forward<F>(fn), caller, fresh, info);
+      } else {
+        const Key converted(key);
+        return call_with(converted, std::forward<F>(fn), caller, fresh, info);
+      }
+    }
+  }
+
+  template <class P, class F>
+  T call_with(const P& key, F&& fn, const std::stop_token& caller, bool fresh, call_info* info) {
+    if (info != nullptr) *info = call_info{};
+    const std::size_t h = hash_(key);  // user code: outside the lock
+    detail::frame fr(this);
+    detail::waiter w;
+    ticket t;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      ++st_.calls;
+      if (closed_) {
+        ++st_.rejections;
+        lk.unlock();
+        throw closed_error();
+      }
+      if (caller.stop_requested()) {
+        ++st_.rejections;
+        ++st_.cancellations;
+        lk.unlock();
+        throw cancelled_error();
+      }
+      ++users_;
+      fr.set_counted();
+      try {
+        t = route(lk, key, h, std::forward<F>(fn), caller, fresh, w, fr, info);
+      } catch (...) {
+        // Every throw inside route() happens under the lock and before the
+        // call attached to anything: nothing to roll back but the counts.
+        ++st_.rejections;
+        exit_user();
+        throw;
+      }
+      if (t.rejected) ++st_.rejections;
+      if (t.outcome == kind::cancelled) ++st_.cancellations;
+      exit_user();
+    }
+    if (t.stop) t.f->stop.request_stop();
+    return deliver(t);
+  }
+
+  // Finds, joins, waits for or starts the flight. Called and returns with
+  // `lk` held; throws only while holding it and before attaching.
+  template <class P, class F>
+  ticket route(std::unique_lock<std::mutex>& lk, const P& key, std::size_t h, F&& fn,
+               const std::stop_token& caller, bool fresh, detail::waiter& w, detail::frame& fr,
+               call_info* info) {
+    const std::uint64_t arrival = seq_;
+    std::optional<clock::time_point> wait_deadline;
+    for (;;) {
+      if (closed_) return rejected(kind::closed);
+      auto it = map_.find(detail::probe<P>{key, h});
+      if (it == map_.end()) return lead(lk, key, h, std::forward<F>(fn), caller, w, fr, info);
+      flight_t* f = it->second;
+      if (detail::frame::runs_here(f)) {
+        throw std::logic_error(
+            "singleflight: fn called do_ for its own key on the thread running it; it would "
+            "wait for itself forever");
+      }
+      if (f->kind == kind::pending && (!fresh || f->seq > arrival)) {
+        ++f->waiters;
+        ++st_.joins;
+        if (info != nullptr) *info = call_info{role::follower, f->seq};
+        w.reset(/*as_observer=*/false);
+        f->list.push(w);
+        return wait_outcome(lk, ref_t::share(f), caller, w, /*is_leader=*/false);
+      }
+      // The entry is a stopped fn winding down, or (do_fresh) a flight that
+      // started before we arrived: wait until its fn returns, then go again.
+      if (opts_.timeout > std::chrono::nanoseconds::zero() && !wait_deadline) {
+        wait_deadline = clock::now() + std::chrono::ceil<clock::duration>(opts_.timeout);
+      }
+      const kind k = observe(lk, ref_t::share(f), caller, w, wait_deadline);
+      if (k != kind::pending) return rejected(k);
+    }
+  }
+
+  static ticket rejected(kind k) {
+    ticket t;
+    t.outcome = k;
+    t.rejected = true;
+    return t;
+  }
+
+  // Waits, as an observer, until f's fn has returned. Returns pending to go
+  // round again, or the reason to give up.
+  kind observe(std::unique_lock<std::mutex>& lk, ref_t f, const std::stop_token& caller,
+               detail::waiter& w, const std::optional<clock::time_point>& deadline) {
+    w.reset(/*as_observer=*/true);
+    f->list.push(w);
+    std::optional<std::stop_callback<wake_on_stop>> cb;
+    if (caller.stop_possible()) {
+      lk.unlock();
+      cb.emplace(caller, wake_on_stop{this, &w});
+      lk.lock();
+    }
+    bool timed_out = false;
+    while (!w.woken && !w.stop_fired && !timed_out && !closed_) {
+      if (deadline) {
+        timed_out = w.cv.wait_until(lk, *deadline) == std::cv_status::timeout && !w.woken;
+      } else {
+        w.cv.wait(lk);
+      }
+    }
+    if (w.linked) f->list.erase(w);
+    if (cb) {
+      lk.unlock();
+      cb.reset();
+      lk.lock();
+    }
+    if (w.woken) return closed_ ? kind::closed : kind::pending;
+    if (w.stop_fired) return kind::cancelled;
+    if (closed_) return kind::closed;
+    return kind::timeout;
+  }
+
+  // Blocks until f settles (woken) or the caller's token fires (leaves).
+  ticket wait_outcome(std::unique_lock<std::mutex>& lk, ref_t f, const std::stop_token& caller,
+                      detail::waiter& w, bool is_leader) {
+    std::optional<std::stop_callback<wake_on_stop>> cb;
+    if (caller.stop_possible()) {
+      lk.unlock();
+      cb.emplace(caller, wake_on_stop{this, &w});
+      lk.lock();
+    }
+    while (!w.woken && !w.stop_fired) w.cv.wait(lk);
+    ticket t;
+    if (w.woken) {
+      t.outcome = f->kind;
+    } else {
+      f->list.erase(w);
+      t.outcome = kind::cancelled;
+      t.stop = leave(f.get(), is_leader);
+    }
+    t.f = std::move(f);
+    if (cb) {
+      lk.unlock();
+      cb.reset();
+      lk.lock();
+    }
+    return t;
+  }
+
+  // Starts a new flight for `key` with this caller as its leader.
+  template <class P, class F>
+  ticket lead(std::unique_lock<std::mutex>& lk, const P& key, std::size_t h, F&& fn,
+              const std::stop_token& caller, detail::waiter& w, detail::frame& fr,
+              call_info* info) {
+    using Fn = std::decay_t<F>;
+    if (opts_.max_in_flight != 0 && map_.size() >= opts_.max_in_flight) {
+      ++st_.overloaded;
+      throw overloaded_error();
+    }
+    // Allocate, then insert: each step either completes or leaves no trace.
+    auto* f = new flight_t(detail::takes_token<Fn>, seq_ + 1);
+    try {
+      auto [it, inserted] = map_.emplace(detail::stored_key<Key>{Key(key), h}, f);
+      assert(inserted);
+      (void)inserted;
+      f->home = &it->first;
+      f->home_hash = h;
+    } catch (...) {
+      f->release();
+      throw;
+    }
+    // Committed: nothing below throws.
+    ++seq_;
+    ++st_.flights;
+    f->waiters = 1;
+    link_live(f);
+    if (opts_.timeout > std::chrono::nanoseconds::zero()) link_deadline(f);
+    if (info != nullptr) *info = call_info{role::leader, f->seq};
+    ref_t mine = ref_t::share(f);
+
+    if (!opts_.executor) {
+      // Inline: run fn on this thread. The leader counts as a waiter and
+      // leaves through its stop callback, since it cannot stop waiting.
+      fr.set_flight(f);
+      lk.unlock();
+      {
+        std::optional<std::stop_callback<leave_on_stop>> cb;
+        if (caller.stop_possible()) cb.emplace(caller, leave_on_stop{this, f, &w});
+        const kind k = invoke_fn(f, fn);
+        fr.set_flight(nullptr);
+        cb.reset();
+        lk.lock();
+        const std::size_t woken = finish(f, k);
+        ticket t;
+        t.outcome = w.stop_fired ? kind::cancelled : f->kind;
+        t.sole = t.outcome == kind::value && k == kind::value && woken == 0 &&
+                 f->kind == kind::value;
+        t.f = std::move(mine);
+        return t;
+      }
+    }
+
+    // Executor: package fn into a task and wait like everyone else.
+    ++users_;  // the task is a user until it finishes or is dropped
+    f->submitting = true;
+    w.reset(/*as_observer=*/false);
+    f->list.push(w);
+    lk.unlock();
+    std::exception_ptr submit_error;
+    try {
+      task tk(std::make_unique<task_impl<Fn>>(this, f, std::forward<F>(fn)));
+      submit(std::move(tk));
+    } catch (...) {
+      submit_error = std::current_exception();
+    }
+    lk.lock();
+    f->submitting = false;
+    if ((submit_error || f->dropped_in_submit) && !f->fn_done) {
+      // The task will never run: fail the flight with the reason.
+      if (submit_error) {
+        f->error = submit_error;
+        (void)finish(f, kind::fn_error);
+      } else {
+        f->error = dropped_error();
+        (void)finish(f, kind::dropped);
+      }
+      exit_user();
+    }
+    return wait_outcome(lk, std::move(mine), caller, w, /*is_leader=*/true);
+  }
+
+  // Runs fn with the flight's token (or none) and stores the outcome in f.
+  // Called without the lock.
+  template <class Fn>
+  static kind invoke_fn(flight_t* f, Fn& fn) noexcept {
+    try {
+      if constexpr (detail::takes_token<Fn>) {
+        f->value.emplace(std::invoke(fn, f->stop.get_token()));
+      } else {
+        f->value.emplace(std::invoke(fn));
+      }
+      return kind::value;
+    } catch (...) {
+      f->error = std::current_exception();
+      return kind::fn_error;
+    }
+  }
+
+  void submit(task tk) {
+    if (!builtin_threads_) {
+      opts_.executor(std::move(tk));
+      return;
+    }
+    std::lock_guard<std::mutex> lk(threads_mu_);
+    reap_locked();
+    workers_.emplace_back();
+    auto it = std::prev(workers_.end());
+    try {
+      it->thread = std::thread([this, it, body = std::move(tk)]() mutable {
+        body();
+        std::lock_guard<std::mutex> l(threads_mu_);
+        it->done = true;
+      });
+    } catch (...) {
+      workers_.erase(it);
+      throw;
+    }
+  }
+
+  void reap_locked() {
+    for (auto it = workers_.begin(); it != workers_.end();) {
+      if (it->done) {
+        it->thread.join();  // it has finished: returns at once
+        it = workers_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  template <class Fn>
+  void run_task(flight_t* f, Fn& fn) noexcept {
+    detail::frame fr(this);
+    fr.set_counted();  // counted in users_ since submission
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (f->fn_done) return;  // failed at submission; the submitter accounted for it
+      if (f->kind != kind::pending) {
+        // Stopped while queued (no waiters left, deadline, close): the work
+        // is no longer wanted, so it is not started at all.
+        (void)finish(f, f->kind);
+        exit_user();
+        return;
+      }
+    }
+    fr.set_flight(f);
+    const kind k = invoke_fn(f, fn);
+    fr.set_flight(nullptr);
+    std::lock_guard<std::mutex> lk(mu_);
+    (void)finish(f, k);
+    exit_user();
+  }
+
+  void task_dropped(flight_t* f) noexcept {
+    std::exception_ptr e = dropped_error();
+    std::lock_guard<std::mutex> lk(mu_);
+    if (f->submitting) {
+      f->dropped_in_submit = true;  // the submitter fails the flight
+      return;
+    }
+    if (f->fn_done) return;
+    f->error = std::move(e);
+    (void)finish(f, kind::dropped);
+    exit_user();
+  }
+
+  static std::exception_ptr dropped_error() noexcept {
+    try {
+      throw error("singleflight: the executor dropped the task without running it");
+    } catch (...) {
+      return std::current_exception();
+    }
+  }
+
+  // ---- state transitions (all under mu_) ----------------------------------
+
+  // A counted caller leaves f. Returns whether f's token must be stopped.
+  bool leave(flight_t* f, bool is_leader) noexcept {
+    --f->waiters;
+    if (f->kind != kind::pending) return false;
+    const bool stop = (opts_.owner == ownership::waiters && f->waiters == 0) ||
+                      (opts_.owner == ownership::leader && is_leader);
+    if (!stop) return false;
+    (void)settle(f, kind::cancelled);
+    return f->stop.stop_possible();
+  }
+
+  // Publishes f's outcome and wakes its waiters (not its observers). After
+  // this, nobody can join f; if its fn still runs, the entry stays, marked
+  // settled, so that no second fn for the key starts until it returns.
+  std::size_t settle(flight_t* f, kind k) noexcept {
+    assert(f->kind == kind::pending);
+    f->kind = k;
+    unlink_deadline(f);
+    if (k == kind::timeout) ++st_.timeouts;
+    if (k == kind::fn_error || k == kind::dropped) ++st_.failures;
+    return f->list.wake_if([](const detail::waiter& w) { return !w.observer; });
+  }
+
+  // f's fn has returned (or will never run): settle if still pending, erase
+  // the entry if the map still holds this very flight, release observers.
+  std::size_t finish(flight_t* f, kind k) noexcept {
+    f->fn_done = true;
+    std::size_t woken = 0;
+    if (f->kind == kind::pending) woken = settle(f, k);
+    if (f->home != nullptr) {
+      // Identity-checked: found by node address, never by key, so a flight
+      // that forget() detached cannot erase its successor.
+      auto it = map_.find(detail::node_probe{f->home, f->home_hash});
+      assert(it != map_.end() && it->second == f);
+      if (it != map_.end() && it->second == f) {
+        map_.erase(it);
+        f->release();  // the map's reference
+      }
+      f->home = nullptr;
+    }
+    unlink_live(f);
+    f->list.wake_if([](const detail::waiter&) { return true; });
+    return woken;
+  }
+
+  void exit_user() noexcept {
+    --users_;
+    if (closed_) drain_cv_.notify_all();
+  }
+
+  void link_live(flight_t* f) noexcept {
+    f->live_prev = nullptr;
+    f->live_next = live_;
+    if (live_ != nullptr) live_->live_prev = f;
+    live_ = f;
+  }
+  void unlink_live(flight_t* f) noexcept {
+    if (f->live_prev != nullptr) {
+      f->live_prev->live_next = f->live_next;
+    } else if (live_ == f) {
+      live_ = f->live_next;
+    }
+    if (f->live_next != nullptr) f->live_next->live_prev = f->live_prev;
+    f->live_prev = f->live_next = nullptr;
+  }
+
+  // Every flight gets the same timeout and deadlines are taken under the
+  // lock from a steady clock, so appending keeps the list sorted.
+  void link_deadline(flight_t* f) noexcept {
+    f->deadline = clock::now() + std::chrono::ceil<clock::duration>(opts_.timeout);
+    f->dl_prev = dl_tail_;
+    f->dl_next = nullptr;
+    if (dl_tail_ != nullptr) {
+      dl_tail_->dl_next = f;
+    } else {
+      dl_head_ = f;
+      timer_cv_.notify_one();  // under mu_: the timer waits on it
+    }
+    dl_tail_ = f;
+    f->dl_linked = true;
+  }
+  void unlink_deadline(flight_t* f) noexcept {
+    if (!f->dl_linked) return;
+    if (f->dl_prev != nullptr) {
+      f->dl_prev->dl_next = f->dl_next;
+    } else {
+      dl_head_ = f->dl_next;
+    }
+    if (f->dl_next != nullptr) {
+      f->dl_next->dl_prev = f->dl_prev;
+    } else {
+      dl_tail_ = f->dl_prev;
+    }
+    f->dl_prev = f->dl_next = nullptr;
+    f->dl_linked = false;
+  }
+
+  // Stops every flight on the intrusive list `head` (built under mu_ with a
+  // reference each), after mu_ has been released.
+  static void stop_all(flight_t* head) noexcept {
+    while (head != nullptr) {
+      flight_t* f = head;
+      head = f->stop_next;
+      f->stop_next = nullptr;
+      f->stop.request_stop();
+      f->release();
+    }
+  }
+
+  void timer_loop() {
+    std::unique_lock<std::mutex> lk(mu_);
+    while (!timer_stop_) {
+      if (dl_head_ == nullptr) {
+        timer_cv_.wait(lk);
+        continue;
+      }
+      const auto now = clock::now();
+      if (now < dl_head_->deadline) {
+        timer_cv_.wait_until(lk, dl_head_->deadline);
+        continue;
+      }
+      flight_t* to_stop = nullptr;
+      while (dl_head_ != nullptr && dl_head_->deadline <= now) {
+        flight_t* f = dl_head_;
+        (void)settle(f, kind::timeout);  // unlinks f from the deadline list
+        if (f->stop.stop_possible()) {
+          f->retain();
+          f->stop_next = to_stop;
+          to_stop = f;
+        }
+      }
+      lk.unlock();
+      stop_all(to_stop);
+      lk.lock();
+    }
+  }
+
+  bool close_until(std::optional<clock::time_point> until) {
+    const std::size_t own = detail::frame::users_here(this);
+    std::unique_lock<std::mutex> lk(mu_);
+    if (!closed_) {
+      closed_ = true;
+      flight_t* to_stop = nullptr;
+      for (flight_t* f = live_; f != nullptr; f = f->live_next) {
+        if (f->kind == kind::pending) {
+          (void)settle(f, kind::closed);
+          if (f->stop.stop_possible()) {
+            f->retain();
+            f->stop_next = to_stop;
+            to_stop = f;
+          }
+        }
+        f->list.wake_if([](const detail::waiter&) { return true; });  // observers
+      }
+      lk.unlock();
+      stop_all(to_stop);
+      lk.lock();
+    }
+    const auto drained = [&] { return users_ <= own; };
+    if (until) {
+      if (!drain_cv_.wait_until(lk, *until, drained)) return false;
+    } else {
+      drain_cv_.wait(lk, drained);
+    }
+    if (own != 0) return true;  // called from inside fn: the destructor joins
+    timer_stop_ = true;
+    timer_cv_.notify_all();
+    lk.unlock();
+    join_threads();
+    return true;
+  }
+
+  void join_threads() {
+    std::thread timer;
+    std::list<worker> workers;
+    {
+      std::lock_guard<std::mutex> lk(threads_mu_);
+      timer = std::move(timer_);
+      workers.splice(workers.end(), workers_);
+    }
+    const auto self = std::this_thread::get_id();
+    if (timer.joinable()) {
+      if (timer.get_id() == self) {
+        timer.detach();  // close() from a stop callback run by the timer itself
+      } else {
+        timer.join();
+      }
+    }
+    for (worker& w : workers) {
+      if (w.thread.joinable()) w.thread.join();
+    }
+  }
+
+  T deliver(ticket& t) {
+    switch (t.outcome) {
+      case kind::value:
+        if (t.sole) return std::move(*t.f->value);
+        return *t.f->value;  // each caller's own copy, made outside the lock
+      case kind::fn_error:
+      case kind::dropped:
+        std::rethrow_exception(t.f->error);
+      case kind::cancelled:
+        throw cancelled_error();
+      case kind::closed:
+        throw closed_error();
+      case kind::timeout:
+        throw timeout_error();
+      case kind::pending:
+        break;
+    }
+    assert(false && "singleflight: delivered a pending outcome");
+    throw error("singleflight: internal error (pending outcome)");
+  }
+
+  struct worker {
+    std::thread thread;
+    bool done = false;  // guarded by threads_mu_
+  };
+
+  options opts_;
+  bool builtin_threads_ = false;
+  [[no_unique_address]] Hash hash_{};
+
+  mutable std::mutex mu_;
+  map_t map_;                    // guarded by mu_
+  singleflight::stats st_{};     // guarded by mu_
+  std::uint64_t seq_ = 0;        // guarded by mu_: number of the last flight started
+  std::size_t users_ = 0;        // guarded by mu_: calls inside the group + unfinished tasks
+  bool closed_ = false;          // guarded by mu_
+  flight_t* live_ = nullptr;     // guarded by mu_: flights whose fn has not returned
+  flight_t* dl_head_ = nullptr;  // guarded by mu_: flights with a pending deadline
+  flight_t* dl_tail_ = nullptr;
+  bool timer_stop_ = false;      // guarded by mu_
+  std::condition_variable drain_cv_;
+  std::condition_variable timer_cv_;
+
+  std::mutex threads_mu_;
+  std::thread timer_;          // guarded by threads_mu_ once running
+  std::list<worker> workers_;  // guarded by threads_mu_
+};
+
+}  // namespace singleflight

@@ -1,0 +1,60 @@
+// singleflight/options.hpp
+//
+// `singleflight::ownership` and `singleflight::options`: the per-group
+// policies, fixed at construction.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+
+#include "task.hpp"
+
+namespace singleflight {
+
+// ownership
+//
+// Who decides that a flight's work is no longer wanted. In every policy a
+// caller whose own stop_token fires stops waiting at once (cancelled_error);
+// the policy only decides what that does to the shared work.
+enum class ownership {
+  // waiters (default): the current waiter set owns the work. When the last
+  // waiter leaves, the flight's token is stopped, its waiters are gone, and no
+  // newcomer can join it (a newcomer starts a fresh flight once the stopped fn
+  // has returned).
+  waiters,
+  // group: the group owns the work. Leaving only stops waiting; the work runs
+  // to completion, to its deadline, or to close(), and stays joinable.
+  group,
+  // leader: the first caller owns the work. Its stop cancels the flight for
+  // every waiter (cancelled_error); other callers leaving only stop waiting.
+  leader,
+};
+
+// options
+//
+// Construction-time settings of a group. All fields have usable defaults.
+struct options {
+  // Who owns the shared work; see `ownership`.
+  ownership owner = ownership::waiters;
+
+  // Deadline inside each flight, measured from the moment the flight starts.
+  // At the deadline the flight settles with timeout_error for all its waiters,
+  // its token is stopped and it is no longer joinable. 0 = no deadline.
+  // A group with a timeout owns one timer thread.
+  std::chrono::nanoseconds timeout{0};
+
+  // Cap on map entries (flights whose fn has not returned). A caller that
+  // would start one more gets overloaded_error; joining is never capped.
+  // 0 = unbounded.
+  std::size_t max_in_flight = 0;
+
+  // Where flights run. Empty: the first caller runs fn on its own thread and
+  // returns when fn does. Set: every flight is handed to it as a `task` and
+  // every caller, the first included, is a waiter that can leave at once.
+  // `singleflight::thread_executor{}` runs each flight on its own thread,
+  // owned and joined by the group.
+  std::function<void(task)> executor;
+};
+
+}  // namespace singleflight

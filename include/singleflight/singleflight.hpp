@@ -1,0 +1,19 @@
+// singleflight/singleflight.hpp
+//
+// Umbrella header: everything the library offers.
+//
+//   #include <singleflight/singleflight.hpp>
+//
+// singleflight coalesces concurrent identical calls within one process: the
+// callers that ask for the same key at the same time share one execution of
+// the work and each receive its outcome. See group.hpp for the contract.
+#pragma once
+
+#include "errors.hpp"          // IWYU pragma: export
+#include "group.hpp"           // IWYU pragma: export
+#include "hash.hpp"            // IWYU pragma: export
+#include "options.hpp"         // IWYU pragma: export
+#include "stats.hpp"           // IWYU pragma: export
+#include "task.hpp"            // IWYU pragma: export
+#include "thread_executor.hpp" // IWYU pragma: export
+#include "version.hpp"         // IWYU pragma: export
