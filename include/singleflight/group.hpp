@@ -70,6 +70,7 @@
 
 #include "detail/flight.hpp"
 #include "detail/frames.hpp"
+#include "detail/hooks.hpp"
 #include "detail/key.hpp"
 #include "detail/task_base.hpp"
 #include "errors.hpp"
@@ -341,7 +342,12 @@ class group {
         w->stop_fired = true;
         stop = g->leave(f, /*is_leader=*/true);
       }
-      if (stop) f->stop.request_stop();
+      if (stop) {
+#if defined(SINGLEFLIGHT_TEST_HOOKS)
+        ::singleflight::detail::hook(::singleflight::detail::hook_point::stop_requesting, g);
+#endif
+        f->stop.request_stop();
+      }
     }
   };
 
@@ -403,6 +409,7 @@ class group {
     detail::frame fr(this);
     detail::waiter w;
     ticket t;
+    SINGLEFLIGHT_HOOK(caller_entering);
     {
       std::unique_lock<std::mutex> lk(mu_);
       ++st_.calls;
@@ -432,7 +439,11 @@ class group {
       if (t.outcome == kind::cancelled) ++st_.cancellations;
       exit_user();
     }
-    if (t.stop) t.f->stop.request_stop();
+    SINGLEFLIGHT_HOOK(caller_exiting);
+    if (t.stop) {
+      SINGLEFLIGHT_HOOK(stop_requesting);
+      t.f->stop.request_stop();
+    }
     return deliver(t);
   }
 
@@ -580,6 +591,7 @@ class group {
         const kind k = invoke_fn(f, fn);
         fr.set_flight(nullptr);
         cb.reset();
+        SINGLEFLIGHT_HOOK(leader_fn_returned);
         lk.lock();
         const std::size_t woken = finish(f, k);
         ticket t;
@@ -687,6 +699,7 @@ class group {
     fr.set_flight(f);
     const kind k = invoke_fn(f, fn);
     fr.set_flight(nullptr);
+    SINGLEFLIGHT_HOOK(leader_fn_returned);
     std::lock_guard<std::mutex> lk(mu_);
     (void)finish(f, k);
     exit_user();
@@ -836,6 +849,7 @@ class group {
         timer_cv_.wait_until(lk, dl_head_->deadline);
         continue;
       }
+      SINGLEFLIGHT_HOOK_UNLOCKED(lk, timer_due);
       flight_t* to_stop = nullptr;
       while (dl_head_ != nullptr && dl_head_->deadline <= now) {
         flight_t* f = dl_head_;
@@ -847,6 +861,7 @@ class group {
         }
       }
       lk.unlock();
+      if (to_stop != nullptr) SINGLEFLIGHT_HOOK(stop_requesting);
       stop_all(to_stop);
       lk.lock();
     }
@@ -870,6 +885,8 @@ class group {
         f->list.wake_if([](const detail::waiter&) { return true; });  // observers
       }
       lk.unlock();
+      SINGLEFLIGHT_HOOK(close_marked);
+      if (to_stop != nullptr) SINGLEFLIGHT_HOOK(stop_requesting);
       stop_all(to_stop);
       lk.lock();
     }
