@@ -224,8 +224,8 @@ TEST_CASE("do_fresh receives a flight that started after it arrived", "[g2]") {
   std::atomic<int> fn_no{0};
   auto origin = [&] {
     const int no = fn_no.fetch_add(1) + 1;
+    const int read = version.load();  // read at start: a snapshot, before the test can see us
     meter.enter();
-    const int read = version.load();  // read at start: a snapshot
     (no == 1 ? first_may_return : second_may_return).wait("origin released");
     meter.leave();
     return read;

@@ -17,6 +17,21 @@ namespace singleflight {
 class error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+
+  // what(): the message. The library's own errors carry a string literal, so
+  // throwing one allocates nothing beyond the exception object itself (a
+  // caller leaving on its stop_token stays allocation-free).
+  const char* what() const noexcept override {
+    return literal_ != nullptr ? literal_ : std::runtime_error::what();
+  }
+
+ protected:
+  struct literal_tag {};
+  // An empty runtime_error message shares libstdc++'s empty representation.
+  error(literal_tag, const char* literal) : std::runtime_error(""), literal_(literal) {}
+
+ private:
+  const char* literal_ = nullptr;
 };
 
 // cancelled_error
@@ -27,7 +42,7 @@ class error : public std::runtime_error {
 // caller starts and joins nothing).
 class cancelled_error : public error {
  public:
-  cancelled_error() : error("singleflight: the call was cancelled") {}
+  cancelled_error() : error(literal_tag{}, "singleflight: the call was cancelled") {}
   using error::error;
 };
 
@@ -37,7 +52,7 @@ class cancelled_error : public error {
 // every waiter of a flight that `close()` stopped.
 class closed_error : public error {
  public:
-  closed_error() : error("singleflight: the group is closed") {}
+  closed_error() : error(literal_tag{}, "singleflight: the group is closed") {}
   using error::error;
 };
 
@@ -48,7 +63,7 @@ class closed_error : public error {
 // predecessor outlasted the same bound.
 class timeout_error : public error {
  public:
-  timeout_error() : error("singleflight: the flight's deadline passed") {}
+  timeout_error() : error(literal_tag{}, "singleflight: the flight's deadline passed") {}
   using error::error;
 };
 
@@ -59,7 +74,7 @@ class timeout_error : public error {
 // existing flight is never rejected.
 class overloaded_error : public error {
  public:
-  overloaded_error() : error("singleflight: max_in_flight reached") {}
+  overloaded_error() : error(literal_tag{}, "singleflight: max_in_flight reached") {}
   using error::error;
 };
 

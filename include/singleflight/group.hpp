@@ -67,6 +67,7 @@
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "detail/flight.hpp"
 #include "detail/frames.hpp"
@@ -148,6 +149,7 @@ class group {
   // Throws std::system_error when options.timeout > 0 and the timer thread
   // cannot be started.
   explicit group(options opts) : opts_(std::move(opts)) {
+    spare_nodes_.reserve(spare_limit);
     builtin_threads_ = opts_.executor && opts_.executor.template target<thread_executor>() != nullptr;
     if (opts_.timeout < std::chrono::nanoseconds::zero()) opts_.timeout = std::chrono::nanoseconds::zero();
     if (opts_.timeout > std::chrono::nanoseconds::zero()) {
@@ -162,7 +164,14 @@ class group {
   //
   // Equivalent to close(): rejects, stops and drains, then returns. Undefined
   // if called concurrently with any other member or from inside fn.
-  ~group() { close(); }
+  ~group() {
+    close();
+    while (spare_flights_ != nullptr) {
+      flight_t* f = spare_flights_;
+      spare_flights_ = f->stop_next;
+      f->release();
+    }
+  }
 
   // do_(key, fn, caller)
   //
@@ -226,16 +235,20 @@ class group {
   // entry. Thread-safe. Throws whatever Hash or KeyEqual throws.
   bool forget(const Key& key) {
     const std::size_t h = hash_(key);
-    std::lock_guard<std::mutex> lk(mu_);
-    auto it = map_.find(detail::probe<Key>{key, h});
-    if (it == map_.end()) return false;
-    flight_t* f = it->second;
-    map_.erase(it);
-    f->home = nullptr;
-    // Observers waited for this fn only because of the no-overlap rule, which
-    // forget() just lifted: let them go round again.
-    f->list.wake_if([](const detail::waiter& w) { return w.observer; });
-    f->release();  // the map's reference; the runner still holds one
+    detail::wake_batch wake;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      auto it = map_.find(detail::probe<Key>{key, h});
+      if (it == map_.end()) return false;
+      flight_t* f = it->second;
+      map_.erase(it);
+      f->home = nullptr;
+      // Observers waited for this fn only because of the no-overlap rule,
+      // which forget() just lifted: let them go round again.
+      claim_observers(f, wake);
+      f->release();  // the map's reference; the runner still holds one
+    }
+    wake.signal_all();
     return true;
   }
 
@@ -298,9 +311,11 @@ class group {
   struct ticket {
     ref_t f;
     kind outcome = kind::pending;
-    bool sole = false;      // nobody else reads f->value: the caller may move it out
-    bool stop = false;      // request_stop on f once the lock is released
-    bool rejected = false;  // neither started nor joined
+    bool sole = false;       // the value is in the leader's own `local`, not in f
+    bool stop = false;       // request_stop on f once the lock is released
+    bool rejected = false;   // neither started nor joined
+    bool accounted = false;  // claimed by a settler, who did the bookkeeping; lock not held
+    detail::wake_batch wake; // waiters this call claimed, to signal after unlocking
   };
 
   // K may be used to probe the map directly only when hashing and comparing
@@ -313,35 +328,38 @@ class group {
       (std::same_as<Hash, default_hash> && std::same_as<KeyEqual, std::equal_to<>> &&
        detail::string_like<K> && detail::string_like<Key>);
 
+  // Recycling bounds: a few finished flights and map nodes are kept for the
+  // next start, so a steady uncontended leader path allocates nothing.
+  static constexpr std::size_t spare_limit = 16;
+
   // ---- stop callbacks -----------------------------------------------------
 
-  // A blocked caller's stop: wake it. Runs in the thread that requested stop;
-  // never registered or destroyed under mu_.
+  // A blocked caller's stop: wake it. Runs in the thread that requested stop
+  // and touches only the waiter (see detail::waiter).
   struct wake_on_stop {
-    group* g;
     detail::waiter* w;
-    void operator()() const noexcept {
-      std::lock_guard<std::mutex> lk(g->mu_);
-      w->stop_fired = true;
-      w->cv.notify_one();
-    }
+    void operator()() const noexcept { w->stop(); }
   };
 
   // An inline leader's stop: it cannot stop waiting (it is running fn), so it
   // leaves right here, which may stop the flight under the ownership policy.
+  // Takes the group's mutex: the leader destroys this callback before it
+  // stops counting as a user, so the group outlives every run of it.
   struct leave_on_stop {
     group* g;
     flight_t* f;
     detail::waiter* w;
     void operator()() const noexcept {
       bool stop = false;
+      detail::wake_batch wake;
       {
         std::lock_guard<std::mutex> lk(g->mu_);
         // A flight that already settled keeps its outcome for the leader.
         if (w->stop_fired || f->kind != kind::pending) return;
-        w->stop_fired = true;
-        stop = g->leave(f, /*is_leader=*/true);
+        w->stop_fired = true;  // guarded by the group's mutex for an inline leader
+        stop = g->leave(f, /*is_leader=*/true, wake);
       }
+      wake.signal_all();
       if (stop) {
 #if defined(SINGLEFLIGHT_TEST_HOOKS)
         ::singleflight::detail::hook(::singleflight::detail::hook_point::stop_requesting, g);
@@ -408,6 +426,7 @@ class group {
     const std::size_t h = hash_(key);  // user code: outside the lock
     detail::frame fr(this);
     detail::waiter w;
+    std::optional<T> local;  // an inline leader's value, when nobody else needs it
     ticket t;
     SINGLEFLIGHT_HOOK(caller_entering);
     {
@@ -427,7 +446,7 @@ class group {
       ++users_;
       fr.set_counted();
       try {
-        t = route(lk, key, h, std::forward<F>(fn), caller, fresh, w, fr, info);
+        t = route(lk, key, h, std::forward<F>(fn), caller, fresh, w, fr, local, info);
       } catch (...) {
         // Every throw inside route() happens under the lock and before the
         // call attached to anything: nothing to roll back but the counts.
@@ -435,30 +454,40 @@ class group {
         exit_user();
         throw;
       }
-      if (t.rejected) ++st_.rejections;
-      if (t.outcome == kind::cancelled) ++st_.cancellations;
-      exit_user();
+      if (!t.accounted) {
+        if (t.rejected) ++st_.rejections;
+        if (t.outcome == kind::cancelled) ++st_.cancellations;
+        exit_user();
+      }
     }
+    // From here on this call no longer counts as a user of the group (close()
+    // may be returning): only the flight (owned through t.f), the waiters in
+    // t.wake and this frame are touched.
+    t.wake.signal_all();
     SINGLEFLIGHT_HOOK(caller_exiting);
     if (t.stop) {
       SINGLEFLIGHT_HOOK(stop_requesting);
       t.f->stop.request_stop();
     }
-    return deliver(t);
+    return deliver(t, local);
   }
 
-  // Finds, joins, waits for or starts the flight. Called and returns with
-  // `lk` held; throws only while holding it and before attaching.
+  // Finds, joins, waits for or starts the flight. Called with `lk` held;
+  // returns with it held unless the ticket is `accounted`; throws only while
+  // holding it and before attaching.
   template <class P, class F>
   ticket route(std::unique_lock<std::mutex>& lk, const P& key, std::size_t h, F&& fn,
                const std::stop_token& caller, bool fresh, detail::waiter& w, detail::frame& fr,
-               call_info* info) {
+               std::optional<T>& local, call_info* info) {
     const std::uint64_t arrival = seq_;
     std::optional<clock::time_point> wait_deadline;
     for (;;) {
       if (closed_) return rejected(kind::closed);
+      if (caller.stop_requested()) return rejected(kind::cancelled);  // after an observe
       auto it = map_.find(detail::probe<P>{key, h});
-      if (it == map_.end()) return lead(lk, key, h, std::forward<F>(fn), caller, w, fr, info);
+      if (it == map_.end()) {
+        return lead(lk, key, h, std::forward<F>(fn), caller, w, fr, local, info);
+      }
       flight_t* f = it->second;
       if (detail::frame::runs_here(f)) {
         throw std::logic_error(
@@ -490,62 +519,80 @@ class group {
     return t;
   }
 
+  // Blocks on the waiter's own mutex until signalled or stopped (or, with a
+  // deadline, until it passes). Called and returns without the group's lock.
+  static void block(detail::waiter& w, const std::optional<clock::time_point>& deadline) {
+    std::unique_lock<std::mutex> wl(w.m);
+    const auto ready = [&w] { return w.signaled || w.stop_fired; };
+    if (deadline) {
+      (void)w.cv.wait_until(wl, *deadline, ready);
+    } else {
+      w.cv.wait(wl, ready);
+    }
+  }
+
+  // A claimed waiter's signal is on its way; wait for it before the waiter
+  // can be reused or destroyed. Without the group's lock.
+  static void await_signal(detail::waiter& w) {
+    std::unique_lock<std::mutex> wl(w.m);
+    w.cv.wait(wl, [&w] { return w.signaled; });
+  }
+
   // Waits, as an observer, until f's fn has returned. Returns pending to go
-  // round again, or the reason to give up.
+  // round again, or the reason to give up. Called and returns with `lk` held.
   kind observe(std::unique_lock<std::mutex>& lk, ref_t f, const std::stop_token& caller,
                detail::waiter& w, const std::optional<clock::time_point>& deadline) {
     w.reset(/*as_observer=*/true);
     f->list.push(w);
-    std::optional<std::stop_callback<wake_on_stop>> cb;
-    if (caller.stop_possible()) {
-      lk.unlock();
-      cb.emplace(caller, wake_on_stop{this, &w});
+    lk.unlock();
+    {
+      std::optional<std::stop_callback<wake_on_stop>> cb;
+      if (caller.stop_possible()) cb.emplace(caller, wake_on_stop{&w});
+      block(w, deadline);
+    }
+    if (!w.try_leave()) {
+      // Claimed: fn returned, forget() or close(). Observers still count as
+      // users, so after the signal it is safe to take the lock again.
+      await_signal(w);
       lk.lock();
+      return closed_ ? kind::closed : kind::pending;
     }
-    bool timed_out = false;
-    while (!w.woken && !w.stop_fired && !timed_out && !closed_) {
-      if (deadline) {
-        timed_out = w.cv.wait_until(lk, *deadline) == std::cv_status::timeout && !w.woken;
-      } else {
-        w.cv.wait(lk);
-      }
-    }
-    if (w.linked) f->list.erase(w);
-    if (cb) {
-      lk.unlock();
-      cb.reset();
-      lk.lock();
-    }
-    if (w.woken) return closed_ ? kind::closed : kind::pending;
-    if (w.stop_fired) return kind::cancelled;
-    if (closed_) return kind::closed;
-    return kind::timeout;
+    lk.lock();
+    f->list.erase(w);
+    std::lock_guard<std::mutex> wl(w.m);
+    return w.stop_fired ? kind::cancelled : kind::timeout;
   }
 
-  // Blocks until f settles (woken) or the caller's token fires (leaves).
+  // Blocks until f settles (claimed and signalled) or the caller's token
+  // fires (leaves). Called with `lk` held and `w` linked; returns with `lk`
+  // held, or released when the ticket is `accounted`.
   ticket wait_outcome(std::unique_lock<std::mutex>& lk, ref_t f, const std::stop_token& caller,
                       detail::waiter& w, bool is_leader) {
-    std::optional<std::stop_callback<wake_on_stop>> cb;
-    if (caller.stop_possible()) {
-      lk.unlock();
-      cb.emplace(caller, wake_on_stop{this, &w});
-      lk.lock();
+    lk.unlock();
+    {
+      std::optional<std::stop_callback<wake_on_stop>> cb;
+      if (caller.stop_possible()) cb.emplace(caller, wake_on_stop{&w});
+      block(w, std::nullopt);
     }
-    while (!w.woken && !w.stop_fired) w.cv.wait(lk);
     ticket t;
-    if (w.woken) {
-      t.outcome = f->kind;
-    } else {
+    if (w.try_leave()) {
+      // Our own stop came first, and no settler can claim us now: leave.
+      lk.lock();
       f->list.erase(w);
       t.outcome = kind::cancelled;
-      t.stop = leave(f.get(), is_leader);
+      t.stop = leave(f.get(), is_leader, t.wake);
+      t.f = std::move(f);
+      return t;  // lock held: the caller does the bookkeeping
     }
+    // Claimed (perhaps at the same moment as our stop: the outcome wins).
+    // The settler did our bookkeeping and no longer counts us as a user:
+    // from here on the group's mutex is off limits. It published f->kind
+    // before signalling us through w.m, which orders that write before
+    // this read.
+    await_signal(w);
+    t.outcome = f->kind;
     t.f = std::move(f);
-    if (cb) {
-      lk.unlock();
-      cb.reset();
-      lk.lock();
-    }
+    t.accounted = true;
     return t;
   }
 
@@ -553,26 +600,22 @@ class group {
   template <class P, class F>
   ticket lead(std::unique_lock<std::mutex>& lk, const P& key, std::size_t h, F&& fn,
               const std::stop_token& caller, detail::waiter& w, detail::frame& fr,
-              call_info* info) {
+              std::optional<T>& local, call_info* info) {
     using Fn = std::decay_t<F>;
     if (opts_.max_in_flight != 0 && map_.size() >= opts_.max_in_flight) {
       ++st_.overloaded;
       throw overloaded_error();
     }
-    // Allocate, then insert: each step either completes or leaves no trace.
-    auto* f = new flight_t(detail::takes_token<Fn>, seq_ + 1);
+    flight_t* f = acquire_flight(detail::takes_token<Fn>);  // may throw: nothing changed yet
     try {
-      auto [it, inserted] = map_.emplace(detail::stored_key<Key>{Key(key), h}, f);
-      assert(inserted);
-      (void)inserted;
-      f->home = &it->first;
-      f->home_hash = h;
+      insert_entry(key, h, f);
     } catch (...) {
       f->release();
       throw;
     }
     // Committed: nothing below throws.
     ++seq_;
+    f->seq = seq_;
     ++st_.flights;
     f->waiters = 1;
     link_live(f);
@@ -580,28 +623,7 @@ class group {
     if (info != nullptr) *info = call_info{role::leader, f->seq};
     ref_t mine = ref_t::share(f);
 
-    if (!opts_.executor) {
-      // Inline: run fn on this thread. The leader counts as a waiter and
-      // leaves through its stop callback, since it cannot stop waiting.
-      fr.set_flight(f);
-      lk.unlock();
-      {
-        std::optional<std::stop_callback<leave_on_stop>> cb;
-        if (caller.stop_possible()) cb.emplace(caller, leave_on_stop{this, f, &w});
-        const kind k = invoke_fn(f, fn);
-        fr.set_flight(nullptr);
-        cb.reset();
-        SINGLEFLIGHT_HOOK(leader_fn_returned);
-        lk.lock();
-        const std::size_t woken = finish(f, k);
-        ticket t;
-        t.outcome = w.stop_fired ? kind::cancelled : f->kind;
-        t.sole = t.outcome == kind::value && k == kind::value && woken == 0 &&
-                 f->kind == kind::value;
-        t.f = std::move(mine);
-        return t;
-      }
-    }
+    if (!opts_.executor) return lead_inline(lk, std::move(mine), fn, caller, w, fr, local);
 
     // Executor: package fn into a task and wait like everyone else.
     ++users_;  // the task is a user until it finishes or is dropped
@@ -610,8 +632,10 @@ class group {
     f->list.push(w);
     lk.unlock();
     std::exception_ptr submit_error;
+    bool handed_off = false;
     try {
       task tk(std::make_unique<task_impl<Fn>>(this, f, std::forward<F>(fn)));
+      handed_off = true;
       submit(std::move(tk));
     } catch (...) {
       submit_error = std::current_exception();
@@ -619,34 +643,152 @@ class group {
     lk.lock();
     f->submitting = false;
     if ((submit_error || f->dropped_in_submit) && !f->fn_done) {
-      // The task will never run: fail the flight with the reason.
-      if (submit_error) {
-        f->error = submit_error;
-        (void)finish(f, kind::fn_error);
-      } else {
-        f->error = dropped_error();
-        (void)finish(f, kind::dropped);
+      // The flight fails with the reason. The leader takes its own outcome
+      // here unless a settler (close, deadline) already claimed it.
+      ticket t;
+      const bool own = w.try_leave();
+      if (own) f->list.erase(w);
+      if (f->kind == kind::pending) {
+        f->error = submit_error ? submit_error : dropped_error();
+        settle(f, submit_error ? kind::fn_error : kind::dropped, t.wake);
       }
-      exit_user();
+      if (!handed_off || f->dropped_in_submit) {
+        // No task exists any more: the key is free.
+        finish(f, f->kind, t.wake);
+        exit_user();  // the task's
+      }
+      // Otherwise the executor threw but kept the task: it may still run,
+      // so it stays a user and keeps its (unjoinable) entry until it runs
+      // (and, seeing the flight settled, skips fn) or is destroyed.
+      t.f = std::move(mine);
+      if (own) {
+        t.outcome = t.f->kind;
+        return t;  // lock held: the caller does the bookkeeping
+      }
+      lk.unlock();
+      await_signal(w);
+      t.outcome = t.f->kind;
+      t.accounted = true;
+      return t;
     }
     return wait_outcome(lk, std::move(mine), caller, w, /*is_leader=*/true);
   }
 
-  // Runs fn with the flight's token (or none) and stores the outcome in f.
-  // Called without the lock.
+  // Runs fn on the leader's own thread. The leader counts as a waiter and
+  // leaves through its stop callback, since it cannot stop waiting.
+  template <class F>
+  ticket lead_inline(std::unique_lock<std::mutex>& lk, ref_t mine, F& fn,
+                     const std::stop_token& caller, detail::waiter& w, detail::frame& fr,
+                     std::optional<T>& local) {
+    flight_t* f = mine.get();
+    w.reset(/*as_observer=*/false);  // stop_fired: guarded by mu_ for an inline leader
+    fr.set_flight(f);
+    lk.unlock();
+    kind k;
+    {
+      std::optional<std::stop_callback<leave_on_stop>> cb;
+      if (caller.stop_possible()) cb.emplace(caller, leave_on_stop{this, f, &w});
+      k = invoke_fn(local, f, fn);
+      fr.set_flight(nullptr);
+    }
+    SINGLEFLIGHT_HOOK(leader_fn_returned);
+    lk.lock();
+    ticket t;
+    if (k == kind::value && f->kind == kind::pending && f->list.has_followers()) {
+      // Followers need the value in the flight. Move it there outside the
+      // lock (T's move is user code); nobody reads it before the settle.
+      lk.unlock();
+      try {
+        f->value.emplace(std::move(*local));
+      } catch (...) {
+        f->error = std::current_exception();
+        k = kind::fn_error;
+      }
+      local.reset();
+      lk.lock();
+    }
+    const bool sole = k == kind::value && f->kind == kind::pending;  // nobody else reads it
+    (void)finish(f, k, t.wake);
+    t.outcome = w.stop_fired ? kind::cancelled : f->kind;
+    if (sole && local) {
+      t.sole = true;
+      if (f->unique()) {
+        recycle_flight(mine);  // no one else can reach it: keep it for the next start
+      }
+    }
+    if (!t.sole) local.reset();
+    t.f = std::move(mine);
+    return t;
+  }
+
+  // Runs fn with the flight's token (or none). The value goes to `out`; an
+  // exception to f->error. Called without the lock.
   template <class Fn>
-  static kind invoke_fn(flight_t* f, Fn& fn) noexcept {
+  static kind invoke_fn(std::optional<T>& out, flight_t* f, Fn& fn) noexcept {
     try {
       if constexpr (detail::takes_token<Fn>) {
-        f->value.emplace(std::invoke(fn, f->stop.get_token()));
+        out.emplace(std::invoke(fn, f->stop.get_token()));
       } else {
-        f->value.emplace(std::invoke(fn));
+        out.emplace(std::invoke(fn));
       }
       return kind::value;
     } catch (...) {
       f->error = std::current_exception();
       return kind::fn_error;
     }
+  }
+
+  // A flight object for a new start: recycled when one is spare.
+  flight_t* acquire_flight(bool stoppable) {
+    if (spare_flights_ == nullptr) return new flight_t(stoppable, 0);
+    flight_t* f = spare_flights_;
+    if (stoppable) {
+      f->reuse(true, 0);  // may throw (allocates the stop state): f stays spare
+    } else {
+      f->reuse(false, 0);
+    }
+    spare_flights_ = f->stop_next;
+    f->stop_next = nullptr;
+    --spare_flight_count_;
+    return f;
+  }
+
+  // Takes the sole reference of a settled, unlinked flight and keeps the
+  // object for the next start. Under mu_.
+  void recycle_flight(ref_t& mine) noexcept {
+    if (spare_flight_count_ >= spare_limit) return;  // released normally
+    flight_t* f = mine.detach();
+    f->retire();
+    f->stop_next = spare_flights_;
+    spare_flights_ = f;
+    ++spare_flight_count_;
+  }
+
+  // Inserts the map entry for a new flight, reusing a spare node (and the
+  // key object in it, whose storage an assignment can reuse) when there is
+  // one. Throws (allocation, Key's copy, KeyEqual) leave the map unchanged.
+  template <class P>
+  void insert_entry(const P& key, std::size_t h, flight_t* f) {
+    if (!spare_nodes_.empty()) {
+      typename map_t::node_type nh = std::move(spare_nodes_.back());
+      spare_nodes_.pop_back();
+      if constexpr (std::is_assignable_v<Key&, const P&>) {
+        nh.key().key = key;
+      } else {
+        nh.key().key = Key(key);
+      }
+      nh.key().hash = h;
+      nh.mapped() = f;
+      auto r = map_.insert(std::move(nh));
+      assert(r.inserted);
+      f->home = &r.position->first;
+    } else {
+      auto [it, inserted] = map_.emplace(detail::stored_key<Key>{Key(key), h}, f);
+      assert(inserted);
+      (void)inserted;
+      f->home = &it->first;
+    }
+    f->home_hash = h;
   }
 
   void submit(task tk) {
@@ -685,37 +827,47 @@ class group {
   void run_task(flight_t* f, Fn& fn) noexcept {
     detail::frame fr(this);
     fr.set_counted();  // counted in users_ since submission
+    detail::wake_batch wake;
+    bool run = false;
     {
       std::lock_guard<std::mutex> lk(mu_);
       if (f->fn_done) return;  // failed at submission; the submitter accounted for it
-      if (f->kind != kind::pending) {
+      if (f->kind == kind::pending) {
+        run = true;
+      } else {
         // Stopped while queued (no waiters left, deadline, close): the work
         // is no longer wanted, so it is not started at all.
-        (void)finish(f, f->kind);
+        (void)finish(f, f->kind, wake);
         exit_user();
-        return;
       }
     }
-    fr.set_flight(f);
-    const kind k = invoke_fn(f, fn);
-    fr.set_flight(nullptr);
-    SINGLEFLIGHT_HOOK(leader_fn_returned);
-    std::lock_guard<std::mutex> lk(mu_);
-    (void)finish(f, k);
-    exit_user();
+    if (run) {
+      fr.set_flight(f);
+      const kind k = invoke_fn(f->value, f, fn);
+      fr.set_flight(nullptr);
+      SINGLEFLIGHT_HOOK(leader_fn_returned);
+      std::lock_guard<std::mutex> lk(mu_);
+      (void)finish(f, k, wake);
+      exit_user();
+    }
+    wake.signal_all();
   }
 
   void task_dropped(flight_t* f) noexcept {
     std::exception_ptr e = dropped_error();
-    std::lock_guard<std::mutex> lk(mu_);
-    if (f->submitting) {
-      f->dropped_in_submit = true;  // the submitter fails the flight
-      return;
+    detail::wake_batch wake;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (f->submitting) {
+        f->dropped_in_submit = true;  // the submitter fails the flight
+        return;
+      }
+      if (f->fn_done) return;
+      f->error = std::move(e);
+      (void)finish(f, kind::dropped, wake);
+      exit_user();
     }
-    if (f->fn_done) return;
-    f->error = std::move(e);
-    (void)finish(f, kind::dropped);
-    exit_user();
+    wake.signal_all();
   }
 
   static std::exception_ptr dropped_error() noexcept {
@@ -729,48 +881,60 @@ class group {
   // ---- state transitions (all under mu_) ----------------------------------
 
   // A counted caller leaves f. Returns whether f's token must be stopped.
-  bool leave(flight_t* f, bool is_leader) noexcept {
+  bool leave(flight_t* f, bool is_leader, detail::wake_batch& wake) noexcept {
     --f->waiters;
     if (f->kind != kind::pending) return false;
     const bool stop = (opts_.owner == ownership::waiters && f->waiters == 0) ||
                       (opts_.owner == ownership::leader && is_leader);
     if (!stop) return false;
-    (void)settle(f, kind::cancelled);
+    settle(f, kind::cancelled, wake);
     return f->stop.stop_possible();
   }
 
-  // Publishes f's outcome and wakes its waiters (not its observers). After
-  // this, nobody can join f; if its fn still runs, the entry stays, marked
-  // settled, so that no second fn for the key starts until it returns.
-  std::size_t settle(flight_t* f, kind k) noexcept {
+  // Publishes f's outcome and claims its waiters (not its observers) into
+  // `wake`, doing their bookkeeping: from here on they no longer count as
+  // users. After this nobody can join f; if its fn still runs, the entry
+  // stays, settled, so that no second fn for the key starts until it returns.
+  void settle(flight_t* f, kind k, detail::wake_batch& wake) noexcept {
     assert(f->kind == kind::pending);
     f->kind = k;
     unlink_deadline(f);
     if (k == kind::timeout) ++st_.timeouts;
     if (k == kind::fn_error || k == kind::dropped) ++st_.failures;
-    return f->list.wake_if([](const detail::waiter& w) { return !w.observer; });
+    const bool cancelled = k == kind::cancelled;
+    (void)f->list.claim_if([](const detail::waiter& w) { return !w.observer; },
+                           [&](const detail::waiter&) {
+                             if (cancelled) ++st_.cancellations;
+                             exit_user();
+                           },
+                           wake);
   }
 
   // f's fn has returned (or will never run): settle if still pending, erase
-  // the entry if the map still holds this very flight, release observers.
-  std::size_t finish(flight_t* f, kind k) noexcept {
+  // the entry if the map still holds this very flight, claim the observers.
+  void finish(flight_t* f, kind k, detail::wake_batch& wake) noexcept {
     f->fn_done = true;
-    std::size_t woken = 0;
-    if (f->kind == kind::pending) woken = settle(f, k);
+    if (f->kind == kind::pending) settle(f, k, wake);
     if (f->home != nullptr) {
       // Identity-checked: found by node address, never by key, so a flight
       // that forget() detached cannot erase its successor.
       auto it = map_.find(detail::node_probe{f->home, f->home_hash});
       assert(it != map_.end() && it->second == f);
       if (it != map_.end() && it->second == f) {
-        map_.erase(it);
+        typename map_t::node_type nh = map_.extract(it);
+        if (spare_nodes_.size() < spare_nodes_.capacity()) spare_nodes_.push_back(std::move(nh));
         f->release();  // the map's reference
       }
       f->home = nullptr;
     }
     unlink_live(f);
-    f->list.wake_if([](const detail::waiter&) { return true; });
-    return woken;
+    claim_observers(f, wake);
+  }
+
+  // Observers stay users after being claimed (they come back for the lock).
+  static void claim_observers(flight_t* f, detail::wake_batch& wake) noexcept {
+    (void)f->list.claim_if([](const detail::waiter& w) { return w.observer; },
+                           [](const detail::waiter&) {}, wake);
   }
 
   void exit_user() noexcept {
@@ -825,8 +989,16 @@ class group {
     f->dl_linked = false;
   }
 
-  // Stops every flight on the intrusive list `head` (built under mu_ with a
-  // reference each), after mu_ has been released.
+  // Adds f (with a reference) to an intrusive list of flights to stop once
+  // mu_ is released.
+  static void collect_stop(flight_t* f, flight_t*& head) noexcept {
+    if (!f->stop.stop_possible()) return;
+    f->retain();
+    f->stop_next = head;
+    head = f;
+  }
+
+  // Stops every collected flight; call without mu_.
   static void stop_all(flight_t* head) noexcept {
     while (head != nullptr) {
       flight_t* f = head;
@@ -845,22 +1017,21 @@ class group {
         continue;
       }
       const auto now = clock::now();
-      if (now < dl_head_->deadline) {
-        timer_cv_.wait_until(lk, dl_head_->deadline);
+      if (const auto next = dl_head_->deadline; now < next) {
+        // A copy: the flight may settle and be freed while we wait.
+        timer_cv_.wait_until(lk, next);
         continue;
       }
       SINGLEFLIGHT_HOOK_UNLOCKED(lk, timer_due);
       flight_t* to_stop = nullptr;
+      detail::wake_batch wake;
       while (dl_head_ != nullptr && dl_head_->deadline <= now) {
         flight_t* f = dl_head_;
-        (void)settle(f, kind::timeout);  // unlinks f from the deadline list
-        if (f->stop.stop_possible()) {
-          f->retain();
-          f->stop_next = to_stop;
-          to_stop = f;
-        }
+        settle(f, kind::timeout, wake);  // unlinks f from the deadline list
+        collect_stop(f, to_stop);
       }
       lk.unlock();
+      wake.signal_all();
       if (to_stop != nullptr) SINGLEFLIGHT_HOOK(stop_requesting);
       stop_all(to_stop);
       lk.lock();
@@ -873,18 +1044,16 @@ class group {
     if (!closed_) {
       closed_ = true;
       flight_t* to_stop = nullptr;
+      detail::wake_batch wake;
       for (flight_t* f = live_; f != nullptr; f = f->live_next) {
         if (f->kind == kind::pending) {
-          (void)settle(f, kind::closed);
-          if (f->stop.stop_possible()) {
-            f->retain();
-            f->stop_next = to_stop;
-            to_stop = f;
-          }
+          settle(f, kind::closed, wake);
+          collect_stop(f, to_stop);
         }
-        f->list.wake_if([](const detail::waiter&) { return true; });  // observers
+        claim_observers(f, wake);
       }
       lk.unlock();
+      wake.signal_all();
       SINGLEFLIGHT_HOOK(close_marked);
       if (to_stop != nullptr) SINGLEFLIGHT_HOOK(stop_requesting);
       stop_all(to_stop);
@@ -904,31 +1073,29 @@ class group {
     return true;
   }
 
+  // Joins the timer and the worker threads. Serialised by join_mu_, so a
+  // second close() returns only once the first has joined everything.
   void join_threads() {
-    std::thread timer;
+    std::lock_guard<std::mutex> serial(join_mu_);
     std::list<worker> workers;
+    bool timer_is_me = false;
     {
       std::lock_guard<std::mutex> lk(threads_mu_);
-      timer = std::move(timer_);
+      timer_is_me = timer_.get_id() == std::this_thread::get_id();
       workers.splice(workers.end(), workers_);
     }
-    const auto self = std::this_thread::get_id();
-    if (timer.joinable()) {
-      if (timer.get_id() == self) {
-        timer.detach();  // close() from a stop callback run by the timer itself
-      } else {
-        timer.join();
-      }
-    }
+    // close() from a stop callback that the timer itself runs: leave the
+    // timer to the destructor, which joins it from another thread.
+    if (timer_.joinable() && !timer_is_me) timer_.join();
     for (worker& w : workers) {
       if (w.thread.joinable()) w.thread.join();
     }
   }
 
-  T deliver(ticket& t) {
+  T deliver(ticket& t, std::optional<T>& local) {
     switch (t.outcome) {
       case kind::value:
-        if (t.sole) return std::move(*t.f->value);
+        if (t.sole) return std::move(*local);
         return *t.f->value;  // each caller's own copy, made outside the lock
       case kind::fn_error:
       case kind::dropped:
@@ -965,11 +1132,15 @@ class group {
   flight_t* dl_head_ = nullptr;  // guarded by mu_: flights with a pending deadline
   flight_t* dl_tail_ = nullptr;
   bool timer_stop_ = false;      // guarded by mu_
+  flight_t* spare_flights_ = nullptr;  // guarded by mu_: recycled flight objects
+  std::size_t spare_flight_count_ = 0;
+  std::vector<typename map_t::node_type> spare_nodes_;  // guarded by mu_: recycled map nodes
   std::condition_variable drain_cv_;
   std::condition_variable timer_cv_;
 
+  std::mutex join_mu_;          // serialises join_threads()
   std::mutex threads_mu_;
-  std::thread timer_;          // guarded by threads_mu_ once running
+  std::thread timer_;          // started in the constructor, joined under join_mu_
   std::list<worker> workers_;  // guarded by threads_mu_
 };
 

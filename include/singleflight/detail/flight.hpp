@@ -6,11 +6,13 @@
 #pragma once
 
 #include <atomic>
+#include <cassert>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <mutex>
 #include <optional>
 #include <stop_token>
 #include <utility>
@@ -31,27 +33,114 @@ enum class outcome_kind : unsigned char {
 
 // waiter
 //
-// One interested party, linked into its flight's list. Today a waiter is a
-// blocked thread with its own condition variable (so settling wakes exactly
-// the waiters of that flight, and a caller's stop wakes only that caller).
-// The list is intrusive and the waiter lives in the caller's frame, so a join
-// allocates nothing. An asynchronous waiter (callback, coroutine) is another
-// kind of node in the same list whose wake-up is collected under the lock
-// and run after it is released.
+// One blocked caller, linked into its flight's list. It lives in the
+// caller's frame and the list is intrusive, so a join allocates nothing.
+//
+// Wake-up protocol (why a waiter has its own mutex): whoever settles a flight
+// *claims* its waiters under the group's mutex (unlinks them, sets
+// `claimed`, and settles their accounting), and *signals* them only after
+// releasing it, each under the waiter's own mutex. A woken caller therefore
+// never takes the group's mutex again: a burst of N waiters does not queue up
+// on it. A caller whose own stop fires takes the group's mutex to leave; if
+// it finds itself claimed, a signal is on its way and it waits for that
+// (briefly) instead, because the settler still holds a pointer to it.
+//
+// An asynchronous waiter (callback, coroutine) fits the same protocol: claim
+// under the lock, then run or resume it where this one is signalled.
 struct waiter {
   waiter* prev = nullptr;
   waiter* next = nullptr;
-  std::condition_variable cv;
-  bool linked = false;
-  bool woken = false;       // the thing waited for happened (settle, or fn_done for observers)
-  bool stop_fired = false;  // the caller's own stop_token fired
-  bool observer = false;    // waits for the fn to return, not for the outcome
+  waiter* signal_next = nullptr;  // the settler's batch, once claimed
 
+  // Guarded by the group's mutex.
+  bool linked = false;
+  bool observer = false;  // waits for the fn to return, not for the outcome
+
+  // Who decides this wait: a settler claiming it (under the group's mutex)
+  // or the caller leaving on its own stop (without it). Exactly one CAS from
+  // `waiting` wins. A claimed caller has been accounted for by the settler
+  // and, if it is not an observer, no longer counts as a user of the group,
+  // so it must not touch the group again; a leaving caller still counts and
+  // unlinks itself under the group's mutex.
+  // Memory ordering: acq_rel on both sides, so the winner's prior writes
+  // (the settler's outcome and bookkeeping) are visible to whoever reads the
+  // state after it; the signal through `m` orders them as well.
+  enum : unsigned char { waiting, claimed, leaving };
+  std::atomic<unsigned char> state{waiting};
+  bool try_claim() noexcept { return transition(claimed); }
+  bool try_leave() noexcept { return transition(leaving); }
+  bool is_claimed() const noexcept { return state.load(std::memory_order_acquire) == claimed; }
+
+  // Guarded by `m`.
+  std::mutex m;
+  std::condition_variable cv;
+  bool signaled = false;
+  bool stop_fired = false;  // the caller's own stop_token fired
+
+  // Prepares the waiter for a new wait; only while it is not linked and no
+  // stop callback refers to it.
   void reset(bool as_observer) noexcept {
-    woken = false;
-    stop_fired = false;
+    state.store(waiting, std::memory_order_relaxed);  // published by the lock that links it
     observer = as_observer;
+    signaled = false;
+    stop_fired = false;
   }
+
+  // Called by the settler after releasing the group's mutex. After the
+  // unlock below the waiter may return and destroy itself: touch nothing
+  // after it.
+  void signal() noexcept {
+    std::lock_guard<std::mutex> lk(m);
+    signaled = true;
+    cv.notify_one();
+  }
+
+  // The stop callback's side: touches only this waiter, never the group, so
+  // it can neither deadlock on the group's mutex nor outlive the group.
+  void stop() noexcept {
+    std::lock_guard<std::mutex> lk(m);
+    stop_fired = true;
+    cv.notify_one();
+  }
+
+ private:
+  bool transition(unsigned char to) noexcept {
+    unsigned char expected = waiting;
+    return state.compare_exchange_strong(expected, to, std::memory_order_acq_rel,
+                                         std::memory_order_acquire);
+  }
+};
+
+// wake_batch: waiters claimed under the group's mutex, to signal after it.
+class wake_batch {
+ public:
+  wake_batch() noexcept = default;
+  wake_batch(wake_batch&& o) noexcept : head_(std::exchange(o.head_, nullptr)) {}
+  wake_batch& operator=(wake_batch&& o) noexcept {
+    std::swap(head_, o.head_);
+    return *this;
+  }
+  wake_batch(const wake_batch&) = delete;
+  wake_batch& operator=(const wake_batch&) = delete;
+  ~wake_batch() { assert(head_ == nullptr && "singleflight: claimed waiters never signalled"); }
+
+  void add(waiter& w) noexcept {
+    w.signal_next = head_;
+    head_ = &w;
+  }
+  bool empty() const noexcept { return head_ == nullptr; }
+  // Signals every waiter; call with no lock held.
+  void signal_all() noexcept {
+    waiter* w = std::exchange(head_, nullptr);
+    while (w != nullptr) {
+      waiter* next = w->signal_next;  // read before the signal frees w
+      w->signal();
+      w = next;
+    }
+  }
+
+ private:
+  waiter* head_ = nullptr;
 };
 
 class waiter_list {
@@ -81,22 +170,31 @@ class waiter_list {
     w.prev = w.next = nullptr;
     w.linked = false;
   }
-  // Wakes and unlinks every waiter for which pred(w) holds; returns how many.
-  // Notifies under the caller's lock (the waiters' mutex): no lost wake-up.
-  template <class Pred>
-  std::size_t wake_if(Pred pred) noexcept {
+  // Claims every waiter for which pred(w) holds and which is not already
+  // leaving: unlinks it, calls on_claim(w) (accounting, under the group's
+  // mutex) and adds it to `batch`. A leaving waiter stays linked; it unlinks
+  // itself. Returns how many were claimed.
+  template <class Pred, class OnClaim>
+  std::size_t claim_if(Pred pred, OnClaim on_claim, wake_batch& batch) noexcept {
     std::size_t n = 0;
     for (waiter* w = head_; w != nullptr;) {
       waiter* next = w->next;
-      if (pred(*w)) {
+      if (pred(*w) && w->try_claim()) {
         erase(*w);
-        w->woken = true;
-        w->cv.notify_one();
+        on_claim(*w);
+        batch.add(*w);
         ++n;
       }
       w = next;
     }
     return n;
+  }
+  // True when some waiter wants the outcome (not only observers).
+  bool has_followers() const noexcept {
+    for (const waiter* w = head_; w != nullptr; w = w->next) {
+      if (!w->observer) return true;
+    }
+    return false;
   }
 
  private:
@@ -107,8 +205,33 @@ class waiter_list {
 template <class T>
 class flight {
  public:
-  flight(bool stoppable, std::uint64_t seq)
-      : stop(stoppable ? std::stop_source() : std::stop_source(std::nostopstate)), seq(seq) {}
+  flight(bool stoppable, std::uint64_t number)
+      : stop(stoppable ? std::stop_source() : std::stop_source(std::nostopstate)), seq(number) {}
+
+  // Readies a recycled flight (see group's pool) for a new start. Only for a
+  // flight nobody else references, under the group's mutex; `value` and
+  // `error` are already empty (the recycler checks).
+  void reuse(bool stoppable, std::uint64_t number) {
+    if (stoppable) stop = std::stop_source();  // a fresh source: never reuse a token's state
+    seq = number;
+    waiters = 0;
+    kind = outcome_kind::pending;
+    fn_done = false;
+    submitting = false;
+    dropped_in_submit = false;
+    home = nullptr;
+  }
+
+  // Readies a finished flight for the pool; drops its stop state, since a
+  // token handed to the previous fn may still be referenced.
+  void retire() noexcept {
+    stop = std::stop_source(std::nostopstate);
+  }
+
+  // True when the caller holds the only reference. Memory ordering: acquire,
+  // pairing with the release half of every other owner's decrement, so their
+  // last accesses happen before this flight is reused.
+  bool unique() const noexcept { return refs_.load(std::memory_order_acquire) == 1; }
 
   // Memory ordering: a new reference is always taken from an existing one, so
   // the increment needs no ordering (relaxed). The decrement is acq_rel: the
@@ -143,7 +266,7 @@ class flight {
   flight* dl_next = nullptr;
   bool dl_linked = false;
   std::chrono::steady_clock::time_point deadline{};
-  flight* stop_next = nullptr;  // scratch: flights to stop once the lock is released
+  flight* stop_next = nullptr;  // scratch: flights to stop once the lock is released; pool link
 
  private:
   ~flight() = default;
@@ -175,6 +298,8 @@ class flight_ref {
     if (f_ != nullptr) std::exchange(f_, nullptr)->release();
   }
   flight<T>* get() const noexcept { return f_; }
+  // Gives up ownership without releasing the reference.
+  flight<T>* detach() noexcept { return std::exchange(f_, nullptr); }
   flight<T>* operator->() const noexcept { return f_; }
   explicit operator bool() const noexcept { return f_ != nullptr; }
 
