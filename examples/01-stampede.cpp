@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <latch>
 #include <memory>
 #include <string>
 #include <thread>
@@ -24,15 +25,18 @@ int main() {
 
   constexpr int callers = 100;
   std::atomic<int> served{0};
+  std::latch ready(callers + 1);  // start the clock once every thread exists
   std::vector<std::jthread> requests;
   for (int i = 0; i < callers; ++i) {
     requests.emplace_back([&, i] {
+      ready.arrive_and_wait();
       std::this_thread::sleep_for(400us * i);  // arrivals spread over 40 ms
       // The key holds everything that changes the result: tenant, user, locale, version.
       auto profile = profiles.do_("tenant-7|user-42|en-GB|v3", fetch_from_origin);
       if (*profile == "profile of user 42") served.fetch_add(1);
     });
   }
+  ready.arrive_and_wait();
   requests.clear();  // joins
 
   const singleflight::stats s = profiles.stats();
