@@ -42,11 +42,18 @@
 // with any other call and must not be called from inside fn.
 //
 // Locking: one std::mutex per group, held only for map operations and
-// bookkeeping. It is never held while user code runs (fn, T's copy, a
-// stop_callback, the executor, Hash), with one exception: KeyEqual runs under
-// it during lookup and insertion. Stop requests are always made after the
-// mutex is released, because stop callbacks run synchronously in the
-// requesting thread.
+// bookkeeping. It is never held while user code runs (fn, T's copy or move,
+// a stop_callback, the executor, Hash), with two exceptions: KeyEqual runs
+// under it during lookup and insertion, and Key's assignment when a spare
+// map node is reused. Stop requests are always made after the mutex is
+// released, because stop callbacks run synchronously in the requesting
+// thread; waiters are signalled after it is released too (see
+// detail::waiter for the claim/leave protocol).
+//
+// Allocation: a join allocates nothing. A leader without followers whose fn
+// takes no stop_token allocates nothing in steady state (flight objects and
+// map nodes are recycled, a few at a time); a fn taking a stop_token costs
+// one allocation (the stop state: a token handed to one fn is never reused).
 #pragma once
 
 #include <cassert>
@@ -184,6 +191,14 @@ class group {
   // returns when fn does (it cannot leave earlier); followers block until the
   // flight settles or their `caller` token fires. With an executor every
   // caller blocks and can leave at once.
+  //
+  // Where waiters are resumed: a blocked caller is woken by the thread that
+  // settles the flight (the one whose fn returned, the timer thread at a
+  // deadline, the caller of close(), or the last waiter leaving), after that
+  // thread has released the group's lock; the woken caller then copies its
+  // value on its own thread, without taking the group's lock again. A
+  // caller's own stop wakes it on the thread that requested the stop, which
+  // only flags the caller; the caller itself does the rest.
   //
   // Throws:
   //   * whatever fn threw (the same exception object in every waiter);
