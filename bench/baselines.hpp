@@ -103,8 +103,16 @@ class future_group {
     } catch (...) {
       // Both hold an exception: compare the exception objects instead.
       std::exception_ptr a, b;
-      try { (void)entry.get(); } catch (...) { a = std::current_exception(); }
-      try { (void)mine.get(); } catch (...) { b = std::current_exception(); }
+      try {
+        (void)entry.get();
+      } catch (...) {
+        a = std::current_exception();
+      }
+      try {
+        (void)mine.get();
+      } catch (...) {
+        b = std::current_exception();
+      }
       return a == b;
     }
   }
@@ -132,8 +140,8 @@ class cv_group {
 
   // Followers leave when `st` fires (std::condition_variable_any only).
   template <class F>
-    requires std::same_as<CV, std::condition_variable_any>
-  T do_(const Key& key, F&& fn, std::stop_token st) {
+  requires std::same_as<CV, std::condition_variable_any> T do_(const Key& key, F&& fn,
+                                                               std::stop_token st) {
     return do_impl(key, std::forward<F>(fn), &st);
   }
 

@@ -60,7 +60,8 @@ std::atomic<std::uint64_t> g_alloc_bytes{0};
 std::atomic<bool> g_enabled{true};
 constinit thread_local std::uint64_t t_allocs = 0;
 constinit thread_local std::uint64_t t_bytes = 0;
-constinit thread_local std::int64_t t_live = 0;  // usable bytes allocated minus freed on this thread
+constinit thread_local std::int64_t t_live =
+    0;  // usable bytes allocated minus freed on this thread
 
 inline void on_alloc(void* p, std::size_t n) noexcept {
   ++t_allocs;
@@ -144,8 +145,12 @@ void operator delete(void* p, std::size_t, std::align_val_t) noexcept { alloc::d
 void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { alloc::deallocate(p); }
 void operator delete(void* p, const std::nothrow_t&) noexcept { alloc::deallocate(p); }
 void operator delete[](void* p, const std::nothrow_t&) noexcept { alloc::deallocate(p); }
-void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { alloc::deallocate(p); }
-void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { alloc::deallocate(p); }
+void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept {
+  alloc::deallocate(p);
+}
+void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept {
+  alloc::deallocate(p);
+}
 
 namespace {
 
@@ -236,7 +241,8 @@ struct lib_tok_impl : lib_impl<Key, T> {
   }
   template <class F>
   T do_(const Key& k, F&& f, std::stop_token st) {
-    return this->g.do_(k, [&f](std::stop_token) { return f(); }, std::move(st));
+    return this->g.do_(
+        k, [&f](std::stop_token) { return f(); }, std::move(st));
   }
 };
 
@@ -627,7 +633,8 @@ void bm_seed(benchmark::State& state) {
   }
   std::sort(lat.begin(), lat.end());
   const auto pct = [&](double q) {
-    const std::size_t idx = std::min(lat.size() - 1, static_cast<std::size_t>(q * static_cast<double>(lat.size())));
+    const std::size_t idx =
+        std::min(lat.size() - 1, static_cast<std::size_t>(q * static_cast<double>(lat.size())));
     return lat[idx] / 1e6;
   };
   state.counters["p50_ms"] = pct(0.50);
@@ -635,7 +642,8 @@ void bm_seed(benchmark::State& state) {
   state.counters["max_ms"] = lat.back() / 1e6;
   state.counters["origin_calls"] = static_cast<double>(origin_total) / static_cast<double>(rounds);
   state.counters["coalescing_ratio"] =
-      totals.calls == 0 ? 1.0 : static_cast<double>(totals.flights) / static_cast<double>(totals.calls);
+      totals.calls == 0 ? 1.0
+                        : static_cast<double>(totals.flights) / static_cast<double>(totals.calls);
 }
 
 // ---------------------------------------------------------------------------
@@ -699,10 +707,13 @@ void bm_churn(benchmark::State& state) {
       }
       const alloc::probe p;
       try {
-        (void)g.do_(key, [&] {
-          origin.fetch_add(1);
-          return value_t{7};
-        }, src.get_token());
+        (void)g.do_(
+            key,
+            [&] {
+              origin.fetch_add(1);
+              return value_t{7};
+            },
+            src.get_token());
         wrong.fetch_add(1);  // must have been stopped
       } catch (const std::exception&) {
       }
@@ -747,7 +758,8 @@ void bm_churn(benchmark::State& state) {
       return value_t{7};
     });
   });
-  (void)await([&] { return joins_of(g) >= joins_before_late + 1; }, std::chrono::milliseconds(2000));
+  (void)await([&] { return joins_of(g) >= joins_before_late + 1; },
+              std::chrono::milliseconds(2000));
   hold.open();
   late.join();
   c.wait();
@@ -755,8 +767,8 @@ void bm_churn(benchmark::State& state) {
     state.SkipWithError("churn: the long flight did not survive (origin calls != 1)");
     return;
   }
-  state.counters["allocs_per_join_leave"] =
-      static_cast<double>(churn_allocs.load()) / static_cast<double>(std::max<std::uint64_t>(done, 1));
+  state.counters["allocs_per_join_leave"] = static_cast<double>(churn_allocs.load()) /
+                                            static_cast<double>(std::max<std::uint64_t>(done, 1));
   state.counters["origin_calls"] = origin.load();
 }
 
@@ -804,15 +816,20 @@ std::string nm(const std::string& scenario) {
 
 template <template <class, class> class Impl>
 void register_leader() {
-  benchmark::RegisterBenchmark(nm<Impl>("leader_same_key_str").c_str(),
-                               [](benchmark::State& s) { bm_leader_same_key<Impl>(s, make_key(7, 7)); })
-      ->UseRealTime()->MinTime(0.2);
-  benchmark::RegisterBenchmark(nm<Impl>("leader_same_key_int").c_str(),
-                               [](benchmark::State& s) { bm_leader_same_key<Impl>(s, std::uint64_t{77}); })
-      ->UseRealTime()->MinTime(0.2);
+  benchmark::RegisterBenchmark(
+      nm<Impl>("leader_same_key_str").c_str(),
+      [](benchmark::State& s) { bm_leader_same_key<Impl>(s, make_key(7, 7)); })
+      ->UseRealTime()
+      ->MinTime(0.2);
+  benchmark::RegisterBenchmark(
+      nm<Impl>("leader_same_key_int").c_str(),
+      [](benchmark::State& s) { bm_leader_same_key<Impl>(s, std::uint64_t{77}); })
+      ->UseRealTime()
+      ->MinTime(0.2);
   benchmark::RegisterBenchmark(nm<Impl>("leader_distinct_1024").c_str(),
                                [](benchmark::State& s) { bm_leader_distinct<Impl>(s); })
-      ->UseRealTime()->MinTime(0.2);
+      ->UseRealTime()
+      ->MinTime(0.2);
 }
 
 template <template <class, class> class Impl>
@@ -834,14 +851,16 @@ void register_coalescing() {
   for (int n : {16, 128}) {
     benchmark::RegisterBenchmark(nm<Impl>("join/N:" + std::to_string(n)).c_str(),
                                  [n](benchmark::State& s) { bm_join<Impl>(s, n); })
-        ->UseRealTime()->MinTime(0.1);
+        ->UseRealTime()
+        ->MinTime(0.1);
   }
   for (int n : {8, 64, 1024}) {
     for (int us : {0, 100, 1000}) {
       benchmark::RegisterBenchmark(
           nm<Impl>("burst/N:" + std::to_string(n) + "/fn_us:" + std::to_string(us)).c_str(),
           [n, us](benchmark::State& s) { bm_burst<Impl>(s, n, us, true); })
-          ->UseRealTime()->MinTime(0.1);
+          ->UseRealTime()
+          ->MinTime(0.1);
     }
   }
   for (int n : {64, 1024}) {
@@ -849,7 +868,8 @@ void register_coalescing() {
       benchmark::RegisterBenchmark(
           nm<Impl>("burst_natural/N:" + std::to_string(n) + "/fn_us:" + std::to_string(us)).c_str(),
           [n, us](benchmark::State& s) { bm_burst<Impl>(s, n, us, false); })
-          ->UseRealTime()->MinTime(0.1);
+          ->UseRealTime()
+          ->MinTime(0.1);
     }
   }
 }
@@ -858,21 +878,25 @@ template <template <class, class> class Impl>
 void register_seed() {
   benchmark::RegisterBenchmark(nm<Impl>("seed_100x40ms_origin200ms").c_str(),
                                [](benchmark::State& s) { bm_seed<Impl>(s); })
-      ->UseRealTime()->Iterations(3)->Unit(benchmark::kMillisecond);
+      ->UseRealTime()
+      ->Iterations(3)
+      ->Unit(benchmark::kMillisecond);
 }
 
 template <template <class, class> class Impl>
 void register_inflight() {
   benchmark::RegisterBenchmark(nm<Impl>("inflight_bytes/D:256").c_str(),
                                [](benchmark::State& s) { bm_inflight_bytes<Impl>(s, 256); })
-      ->UseRealTime()->Iterations(3);
+      ->UseRealTime()
+      ->Iterations(3);
 }
 
 template <template <class, class> class Impl>
 void register_churn() {
   benchmark::RegisterBenchmark(nm<Impl>("churn_join_leave").c_str(),
                                [](benchmark::State& s) { bm_churn<Impl>(s); })
-      ->UseRealTime()->MinTime(0.2);
+      ->UseRealTime()
+      ->MinTime(0.2);
 }
 
 const bool registered = [] {

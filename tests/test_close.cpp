@@ -56,9 +56,10 @@ TEST_CASE("close() is idempotent", "[close]") {
   g.close();
 }  // and the destructor closes once more
 
-TEST_CASE("close() from two threads at once: neither returns before the running fn has "
-          "returned",
-          "[close]") {
+TEST_CASE(
+    "close() from two threads at once: neither returns before the running fn has "
+    "returned",
+    "[close]") {
   group_t g{threads()};
   sftest::gate release;
   std::atomic<bool> fn_started{false};
@@ -123,9 +124,10 @@ TEST_CASE("calls after close() throw closed_error and start nothing", "[close]")
   CHECK(s.in_flight == 0);
 }
 
-TEST_CASE("close() settles waiters with closed_error, stops the token, and returns only after "
-          "every fn has returned",
-          "[close][inline]") {
+TEST_CASE(
+    "close() settles waiters with closed_error, stops the token, and returns only after "
+    "every fn has returned",
+    "[close][inline]") {
   group_t g;
   sftest::gate release_a, release_b;
   std::atomic<int> fns_started{0};
@@ -336,8 +338,7 @@ TEST_CASE("close() draining a slow-to-stop worker", "[close][seed]") {
 // finds the list empty and returns at once, although the group's thread is
 // still running. close() promises to return only once "the group's own
 // threads are joined".
-TEST_CASE("concurrent_close_returns_only_after_the_groups_threads_are_joined",
-          "[close][bug]") {
+TEST_CASE("concurrent_close_returns_only_after_the_groups_threads_are_joined", "[close][bug]") {
   group_t g{threads()};
   sftest::gate hold_exit;
   std::atomic<bool> fn_started{false};

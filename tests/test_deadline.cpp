@@ -38,9 +38,10 @@ sf::options timed(bool with_executor = false) {
 
 }  // namespace
 
-TEST_CASE("at the deadline every waiter gets timeout_error, the token is stopped and the "
-          "entry is not joinable",
-          "[deadline][executor]") {
+TEST_CASE(
+    "at the deadline every waiter gets timeout_error, the token is stopped and the "
+    "entry is not joinable",
+    "[deadline][executor]") {
   group_t g{timed(/*with_executor=*/true)};
   sftest::gate release;
   std::atomic<bool> fn_started{false};
@@ -105,9 +106,10 @@ TEST_CASE("at the deadline every waiter gets timeout_error, the token is stopped
   CHECK_FALSE(fn2_overlapped.load());
 }
 
-TEST_CASE("a hanging inline origin never holds a follower past the deadline; the leader gets "
-          "timeout_error once fn returns",
-          "[deadline][inline]") {
+TEST_CASE(
+    "a hanging inline origin never holds a follower past the deadline; the leader gets "
+    "timeout_error once fn returns",
+    "[deadline][inline]") {
   group_t g{timed()};
   sftest::gate release;
   std::atomic<bool> fn_started{false};
@@ -126,7 +128,10 @@ TEST_CASE("a hanging inline origin never holds a follower past the deadline; the
   });
   sftest::must([&] { return fn_started.load(); }, "fn started");
   sf::call_info info;
-  auto tf = sftest::spawn(follower, [&] { return g.do_("k", [] { return -1; }, {}, info); });
+  auto tf = sftest::spawn(follower, [&] {
+    return g.do_(
+        "k", [] { return -1; }, {}, info);
+  });
   sftest::must([&] { return g.stats().joins == 1; }, "follower joined");
 
   // Bounded well below sftest::bound: the follower must come back at the
@@ -149,9 +154,10 @@ TEST_CASE("a hanging inline origin never holds a follower past the deadline; the
   CHECK(s.flights == 1);
 }
 
-TEST_CASE("a newcomer after the timeout waits for the timed-out fn instead of starting a "
-          "second one",
-          "[deadline][inline]") {
+TEST_CASE(
+    "a newcomer after the timeout waits for the timed-out fn instead of starting a "
+    "second one",
+    "[deadline][inline]") {
   group_t g{timed()};
   sftest::gate release;
   std::atomic<bool> fn_started{false};
@@ -206,9 +212,10 @@ TEST_CASE("a newcomer after the timeout waits for the timed-out fn instead of st
   CHECK(max_running == 1);
 }
 
-TEST_CASE("a newcomer waiting for a timed-out fn that does not return gets timeout_error at "
-          "its own deadline",
-          "[deadline][inline]") {
+TEST_CASE(
+    "a newcomer waiting for a timed-out fn that does not return gets timeout_error at "
+    "its own deadline",
+    "[deadline][inline]") {
   group_t g{timed()};
   sftest::gate release;
   std::atomic<bool> fn_started{false};
@@ -298,9 +305,10 @@ TEST_CASE("leader_times_out_first: under ownership::leader everyone gets cancell
 // The same schedule under the default policy (ownership::waiters), with an
 // executor so that the leader can leave: the leader's stop only ends the
 // leader's wait; the follower still waiting keeps the work alive and gets the value.
-TEST_CASE("leader_times_out_first: under the default policy a waiting follower still gets "
-          "the value",
-          "[deadline][seed][ownership]") {
+TEST_CASE(
+    "leader_times_out_first: under the default policy a waiting follower still gets "
+    "the value",
+    "[deadline][seed][ownership]") {
   group_t g{sf::options{.executor = sf::thread_executor{}}};
   sftest::gate release;
   std::stop_source leader_stop;
@@ -333,9 +341,10 @@ TEST_CASE("leader_times_out_first: under the default policy a waiting follower s
 
 // Go article seed: "a follower times out first". Its own stop ends only its
 // own wait: it leaves at once, and the inline leader still gets the value.
-TEST_CASE("follower_times_out_first: the follower leaves at once and the leader still gets the "
-          "value",
-          "[deadline][seed][ownership]") {
+TEST_CASE(
+    "follower_times_out_first: the follower leaves at once and the leader still gets the "
+    "value",
+    "[deadline][seed][ownership]") {
   group_t g;
   sftest::gate release;
   std::stop_source follower_stop;
@@ -354,8 +363,10 @@ TEST_CASE("follower_times_out_first: the follower leaves at once and the leader 
     });
   });
   sftest::must([&] { return fn_started.load(); }, "fn started");
-  auto tf = sftest::spawn(follower,
-                          [&] { return g.do_("k", [] { return -1; }, follower_stop.get_token()); });
+  auto tf = sftest::spawn(follower, [&] {
+    return g.do_(
+        "k", [] { return -1; }, follower_stop.get_token());
+  });
   sftest::must([&] { return g.stats().joins == 1; }, "follower joined");
 
   follower_stop.request_stop();

@@ -62,7 +62,9 @@ void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
   }
 }
 void* operator new[](std::size_t n) { return ::operator new(n); }
-void* operator new[](std::size_t n, const std::nothrow_t& t) noexcept { return ::operator new(n, t); }
+void* operator new[](std::size_t n, const std::nothrow_t& t) noexcept {
+  return ::operator new(n, t);
+}
 void operator delete(void* p, const std::nothrow_t&) noexcept { ::operator delete(p); }
 void operator delete[](void* p) noexcept { ::operator delete(p); }
 void operator delete[](void* p, std::size_t) noexcept { ::operator delete(p); }
@@ -261,9 +263,10 @@ TEST_CASE("a Key whose copy throws on insertion leaves the group unchanged",
   CHECK(s.calls == s.flights + s.joins + s.rejections);
 }
 
-TEST_CASE("T whose copy throws for one caller: that caller gets the exception, the others "
-          "their values",
-          "[exception_safety][value_copy]") {
+TEST_CASE(
+    "T whose copy throws for one caller: that caller gets the exception, the others "
+    "their values",
+    "[exception_safety][value_copy]") {
   const bool refusing_leader = GENERATE(false, true);
   CAPTURE(refusing_leader);
   sf::group<std::string, picky> g;
@@ -273,11 +276,14 @@ TEST_CASE("T whose copy throws for one caller: that caller gets the exception, t
   sftest::result<int> leader, f1, f2;
   auto tl = sftest::spawn(leader, [&] {
     picky::refuse = refusing_leader;
-    return g.do_("k", [&] {
-             fn_started = true;
-             release.wait("release fn");
-             return picky{7};
-           }).v;
+    return g
+        .do_("k",
+             [&] {
+               fn_started = true;
+               release.wait("release fn");
+               return picky{7};
+             })
+        .v;
   });
   sftest::must([&] { return fn_started.load(); }, "fn started");
   auto t1 = sftest::spawn(f1, [&] {
@@ -303,9 +309,10 @@ TEST_CASE("T whose copy throws for one caller: that caller gets the exception, t
   CHECK(g.do_("k", [] { return picky{8}; }).v == 8);
 }
 
-TEST_CASE("fn throwing a non-std type: every waiter catches the same object, after the entry "
-          "is gone",
-          "[exception_safety][fn_error]") {
+TEST_CASE(
+    "fn throwing a non-std type: every waiter catches the same object, after the entry "
+    "is gone",
+    "[exception_safety][fn_error]") {
   const bool throw_int = GENERATE(true, false);
   CAPTURE(throw_int);
   sf::group<std::string, int> g;

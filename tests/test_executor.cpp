@@ -458,8 +458,7 @@ TEST_CASE("executor_throwing_after_handoff_keeps_one_fn_per_key", "[executor][th
     });
   });
   sftest::must([&] { return g->stats().calls == 2; }, "newcomer arrived");
-  const bool second_fn_started_early =
-      sftest::becomes([&] { return fn2_started.load(); }, 200ms);
+  const bool second_fn_started_early = sftest::becomes([&] { return fn2_started.load(); }, 200ms);
   const std::size_t in_flight_while_fn1_runs = g->in_flight();
   release1.open();
   sftest::finish(t2, r2, "newcomer returns");

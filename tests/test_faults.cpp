@@ -210,7 +210,8 @@ TEST_CASE("deadline releases callers of a fn that ignores its token", "[faults]"
   CHECK(st.calls == st.flights + st.joins + st.rejections);
 }
 
-TEST_CASE("deadline releases followers of an inline leader whose fn ignores its token", "[faults]") {
+TEST_CASE("deadline releases followers of an inline leader whose fn ignores its token",
+          "[faults]") {
   sf::options o;
   o.timeout = 20ms;
   sf::group<std::string, int> g(o);
@@ -276,9 +277,9 @@ TEST_CASE("close_for gives up on a fn that ignores its token; close drains it la
 namespace {
 
 struct sweep_result {
-  int faults = 0;     // calls that failed with bad_alloc at the injected point
-  int absorbed = 0;   // injected failures the call survived (it returned the value)
-  int points = 0;     // allocation points found
+  int faults = 0;    // calls that failed with bad_alloc at the injected point
+  int absorbed = 0;  // injected failures the call survived (it returned the value)
+  int points = 0;    // allocation points found
 };
 
 // Calls `one(n)` for n = 1, 2, ... with the Nth allocation of the calling
@@ -358,7 +359,8 @@ TEST_CASE("allocation failure at each point of an inline leader's call leaves th
       sf::group<std::string, std::string> g;
       return armed_call(g, n, [&] { return g.do_(long_key, fn); });
     });
-    WARN("allocation points " << r.points << ", faulted " << r.faults << ", absorbed " << r.absorbed);
+    WARN("allocation points " << r.points << ", faulted " << r.faults << ", absorbed "
+                              << r.absorbed);
     CHECK(r.points >= 2);
     CHECK(r.faults == r.points);
   }
@@ -368,7 +370,8 @@ TEST_CASE("allocation failure at each point of an inline leader's call leaves th
       (void)g.do_(std::string(long_key.rbegin(), long_key.rend()), fn);
       return armed_call(g, n, [&] { return g.do_(long_key, fn); });
     });
-    WARN("allocation points " << r.points << ", faulted " << r.faults << ", absorbed " << r.absorbed);
+    WARN("allocation points " << r.points << ", faulted " << r.faults << ", absorbed "
+                              << r.absorbed);
     CHECK(r.faults == r.points);
     // The documented steady state: a recycled flight and map node (and the
     // key's storage in it) make an uncontended leader's call allocation-free.
@@ -385,7 +388,8 @@ TEST_CASE("allocation failure at each point of an inline leader's call leaves th
       sf::group<std::string, std::string> g(o);
       return armed_call(g, n, [&] { return g.do_(long_key, token_fn); });
     });
-    WARN("allocation points " << r.points << ", faulted " << r.faults << ", absorbed " << r.absorbed);
+    WARN("allocation points " << r.points << ", faulted " << r.faults << ", absorbed "
+                              << r.absorbed);
     CHECK(r.faults == r.points);
   }
   SECTION("do_fresh with a stop token and call_info") {
@@ -396,7 +400,8 @@ TEST_CASE("allocation failure at each point of an inline leader's call leaves th
       const int k = armed_call(g, n, [&] { return g.do_fresh(long_key, fn, s.get_token(), info); });
       return k;
     });
-    WARN("allocation points " << r.points << ", faulted " << r.faults << ", absorbed " << r.absorbed);
+    WARN("allocation points " << r.points << ", faulted " << r.faults << ", absorbed "
+                              << r.absorbed);
     CHECK(r.faults == r.points);
   }
 }
@@ -414,7 +419,8 @@ TEST_CASE("allocation failure at each point of an executor call leaves the group
       sf::group<std::string, std::string> g(with_threads());
       return armed_call(g, n, [&] { return g.do_(long_key, fn); });
     });
-    WARN("allocation points " << r.points << ", faulted " << r.faults << ", absorbed " << r.absorbed);
+    WARN("allocation points " << r.points << ", faulted " << r.faults << ", absorbed "
+                              << r.absorbed);
     CHECK(r.points >= 2);
     CHECK(r.faults == r.points);
   }
@@ -439,7 +445,8 @@ TEST_CASE("allocation failure at each point of an executor call leaves the group
       for (auto& t : runners) t.join();
       return k;
     });
-    WARN("allocation points " << r.points << ", faulted " << r.faults << ", absorbed " << r.absorbed);
+    WARN("allocation points " << r.points << ", faulted " << r.faults << ", absorbed "
+                              << r.absorbed);
     CHECK(r.faults + r.absorbed == r.points);
   }
 }
@@ -527,7 +534,8 @@ struct filler {
 };
 }  // namespace
 
-TEST_CASE("one million distinct keys with max_in_flight = 1000 stay within the cap", "[faults][slow]") {
+TEST_CASE("one million distinct keys with max_in_flight = 1000 stay within the cap",
+          "[faults][slow]") {
   // 1000 batches of 1000 distinct keys; each batch is held open (in the map)
   // until its deepest fn has checked in_flight() and tried one key more,
   // which must be rejected with overloaded_error. Catches: the cap not
@@ -711,12 +719,20 @@ TEST_CASE("destroying a group while its flights run drains them first", "[faults
           s0.get_token());
     });
     must([&] { return first_started.load(); }, "first fn running");
-    auto t1 = spawn(r1, [&] { return g->do_(1, [&] { return queued_ran = true, 1; }, s1.get_token()); });
-    auto t2 = spawn(r2, [&] { return g->do_(2, [&] { return queued_ran = true, 2; }, s2.get_token()); });
-    must([&] {
-      std::lock_guard<std::mutex> lk(m);
-      return queue.size() == 2;
-    }, "two tasks queued");
+    auto t1 = spawn(r1, [&] {
+      return g->do_(
+          1, [&] { return queued_ran = true, 1; }, s1.get_token());
+    });
+    auto t2 = spawn(r2, [&] {
+      return g->do_(
+          2, [&] { return queued_ran = true, 2; }, s2.get_token());
+    });
+    must(
+        [&] {
+          std::lock_guard<std::mutex> lk(m);
+          return queue.size() == 2;
+        },
+        "two tasks queued");
     s0.request_stop();
     s1.request_stop();
     s2.request_stop();
@@ -739,7 +755,7 @@ TEST_CASE("destroying a group while its flights run drains them first", "[faults
       drop_me = std::move(queue[1]);
       queue.clear();
     }
-    run_me();                 // settled closed while queued: fn is skipped
+    run_me();                                // settled closed while queued: fn is skipped
     { sf::task gone = std::move(drop_me); }  // dropped unrun
     must([&] { return destroyed.load(); }, "destructor returned");
     destroyer.join();

@@ -45,7 +45,10 @@ TEST_CASE("late_cleanup_does_not_evict_newer_flight", "[forget][regression]") {
         {}, i_old_leader);
   });
   sftest::must([&] { return fn1_started.load(); }, "old fn started");
-  auto t2 = sftest::spawn(old_follower, [&] { return g.do_("k", [] { return -1; }, {}, i_old_follower); });
+  auto t2 = sftest::spawn(old_follower, [&] {
+    return g.do_(
+        "k", [] { return -1; }, {}, i_old_follower);
+  });
   sftest::must([&] { return g.stats().joins == 1; }, "old follower joined");
 
   CHECK(g.forget("k"));
@@ -75,7 +78,10 @@ TEST_CASE("late_cleanup_does_not_evict_newer_flight", "[forget][regression]") {
   CHECK(*old_follower.value == 1);
   // ...and its cleanup leaves the newer entry alone.
   CHECK(g.in_flight() == 1);
-  auto t4 = sftest::spawn(new_follower, [&] { return g.do_("k", [] { return -1; }, {}, i_new_follower); });
+  auto t4 = sftest::spawn(new_follower, [&] {
+    return g.do_(
+        "k", [] { return -1; }, {}, i_new_follower);
+  });
   sftest::must([&] { return g.stats().joins == 2; }, "third caller joined the new flight");
   CHECK(g.stats().flights == 2);
 

@@ -356,7 +356,10 @@ TEST_CASE("rejected_flight_cleanup_does_not_evict_successor", "[g3][seed]") {
     });
   });
   must([&] { return g.stats().flights == 2; }, "C started E2");
-  auto td = spawn(d, [&] { return g.do_("k", [] { return 3; }, {}, d_info); });
+  auto td = spawn(d, [&] {
+    return g.do_(
+        "k", [] { return 3; }, {}, d_info);
+  });
   must([&] { return g.stats().joins == 2; }, "D joined E2");
   e2_returns.open();
   sftest::finish(tb, b, "B returned");
@@ -394,7 +397,8 @@ TEST_CASE("each caller receives its own copy of T", "[g4]") {
       });
     }));
     must([&] { return g.stats().flights == 1; }, "leader started");
-    for (int i = 1; i < n; ++i) ts.push_back(spawn(rs[i], [&] { return g.do_(1, [] { return counted(0); }); }));
+    for (int i = 1; i < n; ++i)
+      ts.push_back(spawn(rs[i], [&] { return g.do_(1, [] { return counted(0); }); }));
     must([&] { return g.stats().joins == n - 1; }, "followers joined");
     counted::reset();
     release.open();
@@ -443,7 +447,7 @@ TEST_CASE("an exception of any type reaches every waiter as the same object", "[
   for (auto& t : ts) t.join();
   for (int i = 0; i < n; ++i) {
     CHECK(codes[i] == 77);
-    CHECK(seen[i].load() == seen[0].load());    // one object, rethrown to all
+    CHECK(seen[i].load() == seen[0].load());     // one object, rethrown to all
     CHECK(in_flight_when_woken[i].load() == 0);  // entry gone before anyone woke
   }
 }
@@ -455,7 +459,9 @@ TEST_CASE("a caller whose token is already stopped starts nothing", "[g5]") {
   std::stop_source s;
   s.request_stop();
   bool ran = false;
-  CHECK_THROWS_AS(g.do_(1, [&] { return ran = true, 1; }, s.get_token()), sf::cancelled_error);
+  CHECK_THROWS_AS(g.do_(
+                      1, [&] { return ran = true, 1; }, s.get_token()),
+                  sf::cancelled_error);
   CHECK_FALSE(ran);
   CHECK(g.in_flight() == 0);
   CHECK(g.stats().flights == 0);
@@ -477,7 +483,10 @@ TEST_CASE("follower_times_out_first: a follower leaves at once, the work goes on
   });
   must([&] { return g.stats().flights == 1; }, "leader started");
   std::stop_source follower_deadline;
-  auto tf = spawn(follower, [&] { return g.do_(1, [] { return -1; }, follower_deadline.get_token()); });
+  auto tf = spawn(follower, [&] {
+    return g.do_(
+        1, [] { return -1; }, follower_deadline.get_token());
+  });
   must([&] { return g.stats().joins == 1; }, "follower joined");
   follower_deadline.request_stop();
   sftest::finish(tf, follower, "follower left while the origin is still blocked");
@@ -533,7 +542,10 @@ TEST_CASE("ownership::waiters: an inline leader is a waiter too", "[g5]") {
         sa.get_token());
   });
   must([&] { return g.stats().flights == 1; }, "A leads inline");
-  auto tb = spawn(b, [&] { return g.do_(1, [] { return 0; }, sb.get_token()); });
+  auto tb = spawn(b, [&] {
+    return g.do_(
+        1, [] { return 0; }, sb.get_token());
+  });
   must([&] { return g.stats().joins == 1; }, "B joined");
   sb.request_stop();
   sftest::finish(tb, b, "B left");
@@ -575,7 +587,8 @@ TEST_CASE("ownership::group: leaving only stops waiting; the flight stays joinab
   CHECK_FALSE(token_stopped);
 }
 
-TEST_CASE("leader_times_out_first: ownership::leader cancels the flight for everyone", "[g5][seed]") {
+TEST_CASE("leader_times_out_first: ownership::leader cancels the flight for everyone",
+          "[g5][seed]") {
   // Go article, case 1, made explicit: under ownership::leader the first
   // caller's stop cancels the shared work, and every follower is told so
   // with cancelled_error (not a generic context error).
@@ -653,7 +666,8 @@ TEST_CASE("stampede: 100 callers across 40 ms share one 200 ms origin call", "[s
       });
     }));
   }
-  must([&] { return g.stats().calls == n && g.stats().joins == n - 1; }, "all 100 callers attached");
+  must([&] { return g.stats().calls == n && g.stats().joins == n - 1; },
+       "all 100 callers attached");
   origin_done.open();
   for (int i = 0; i < n; ++i) sftest::finish(ts[i], rs[i], "caller served");
   CHECK(origin_calls == 1);
@@ -680,11 +694,16 @@ TEST_CASE("a flight stopped while its task is queued never starts fn", "[g5]") {
   std::atomic<bool> ran{false};
   std::stop_source s;
   result<int> r;
-  auto t = spawn(r, [&] { return g.do_(1, [&] { return ran = true, 1; }, s.get_token()); });
-  must([&] {
-    std::lock_guard<std::mutex> lk(m);
-    return queue.size() == 1;
-  }, "task queued");
+  auto t = spawn(r, [&] {
+    return g.do_(
+        1, [&] { return ran = true, 1; }, s.get_token());
+  });
+  must(
+      [&] {
+        std::lock_guard<std::mutex> lk(m);
+        return queue.size() == 1;
+      },
+      "task queued");
   s.request_stop();  // the only waiter leaves: the work is no longer wanted
   sftest::finish(t, r, "caller left");
   CHECK(r.threw<sf::cancelled_error>());
@@ -701,10 +720,12 @@ TEST_CASE("a flight stopped while its task is queued never starts fn", "[g5]") {
   // The key is free again: the next caller starts (and here runs) a fresh flight.
   result<int> r2;
   auto t2 = spawn(r2, [&] { return g.do_(1, [] { return 2; }); });
-  must([&] {
-    std::lock_guard<std::mutex> lk(m);
-    return queue.size() == 1;
-  }, "second task queued");
+  must(
+      [&] {
+        std::lock_guard<std::mutex> lk(m);
+        return queue.size() == 1;
+      },
+      "second task queued");
   {
     std::lock_guard<std::mutex> lk(m);
     queued = std::move(queue.back());

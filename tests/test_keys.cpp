@@ -61,7 +61,9 @@ void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
   }
 }
 void* operator new[](std::size_t n) { return ::operator new(n); }
-void* operator new[](std::size_t n, const std::nothrow_t& t) noexcept { return ::operator new(n, t); }
+void* operator new[](std::size_t n, const std::nothrow_t& t) noexcept {
+  return ::operator new(n, t);
+}
 void operator delete(void* p, const std::nothrow_t&) noexcept { ::operator delete(p); }
 void operator delete[](void* p) noexcept { ::operator delete(p); }
 void operator delete[](void* p, std::size_t) noexcept { ::operator delete(p); }
@@ -85,9 +87,10 @@ long allocations_during(F&& call) {
 
 }  // namespace
 
-TEST_CASE("string_view, const char* and char array probes join a flight started with a "
-          "std::string key",
-          "[keys][heterogeneous]") {
+TEST_CASE(
+    "string_view, const char* and char array probes join a flight started with a "
+    "std::string key",
+    "[keys][heterogeneous]") {
   sf::group<std::string, int> g;
   sftest::gate release;
   std::atomic<bool> fn_started{false};
@@ -112,9 +115,8 @@ TEST_CASE("string_view, const char* and char array probes join a flight started 
     ++fn_calls;
     return -1;
   };
-  auto t1 = sftest::spawn(r1, [&] {
-    return g.do_(std::string_view("tenant-a|user-42|en-GB"), other, {}, i1);
-  });
+  auto t1 = sftest::spawn(
+      r1, [&] { return g.do_(std::string_view("tenant-a|user-42|en-GB"), other, {}, i1); });
   auto t2 = sftest::spawn(r2, [&] {
     const char* p = "tenant-a|user-42|en-GB";
     return g.do_(p, other, {}, i2);
@@ -187,7 +189,10 @@ TEST_CASE("a follower probing with a long string_view joins without allocating",
   sftest::must([&] { return fn_started.load(); }, "fn started");
   auto tf = sftest::spawn(follower, [&] {
     int v = 0;
-    follower_allocs = allocations_during([&] { v = g.do_(key, [] { return -1; }, {}, follower_info); });
+    follower_allocs = allocations_during([&] {
+      v = g.do_(
+          key, [] { return -1; }, {}, follower_info);
+    });
     return v;
   });
   sftest::must([&] { return g.stats().joins == 1; }, "follower joined");
@@ -252,7 +257,9 @@ TEST_CASE("std::tuple and std::pair keys work out of the box", "[keys][composite
     });
   });
   sftest::must([&] { return p_started.load(); }, "pair fn started");
-  auto tpb = sftest::spawn(pb, [&] { return p.do_(std::pair<std::string, int>{"user", 7}, [] { return -1; }); });
+  auto tpb = sftest::spawn(pb, [&] {
+    return p.do_(std::pair<std::string, int>{"user", 7}, [] { return -1; });
+  });
   sftest::must([&] { return p.stats().joins == 1; }, "equal pair joined");
   CHECK(p.do_(std::pair<std::string, int>{"user", 8}, [] { return 80; }) == 80);
   release_p.open();

@@ -98,7 +98,8 @@ class schedule {
     schedule* s = current().load(std::memory_order_acquire);
     if (s == nullptr) return;
     const int tag = tl_tag;
-    if (tag >= 0 && tag < n_tags) s->hits_[static_cast<int>(point)][tag].fetch_add(1, std::memory_order_acq_rel);
+    if (tag >= 0 && tag < n_tags)
+      s->hits_[static_cast<int>(point)][tag].fetch_add(1, std::memory_order_acq_rel);
     const int n = s->n_parks_.load(std::memory_order_acquire);
     for (int i = 0; i < n; ++i) {
       park* p = s->parks_[i].get();
@@ -175,7 +176,10 @@ TEST_CASE("woken_rejected_waiter_does_not_evict_successor_flight", "[schedule][s
     });
   });
   must([&] { return g.stats().flights == 2; }, "C started E2");
-  auto td = spawn_as(D, d, [&] { return g.do_("k", [] { return -3; }, {}, d_info); });
+  auto td = spawn_as(D, d, [&] {
+    return g.do_(
+        "k", [] { return -3; }, {}, d_info);
+  });
   must([&] { return g.stats().joins == 2; }, "D joined E2");
 
   b_exit.go();
@@ -183,7 +187,10 @@ TEST_CASE("woken_rejected_waiter_does_not_evict_successor_flight", "[schedule][s
   CHECK(b.threw<std::runtime_error>());
   // B's exit must not have touched E2.
   CHECK(g.in_flight() == 1);
-  auto te = spawn_as(E, e, [&] { return g.do_("k", [] { return -5; }, {}, e_info); });
+  auto te = spawn_as(E, e, [&] {
+    return g.do_(
+        "k", [] { return -5; }, {}, e_info);
+  });
   must([&] { return g.stats().joins == 3; }, "E joined E2 after B left");
   e2_returns.open();
   sftest::finish(tc, c, "C returned");
@@ -273,7 +280,10 @@ TEST_CASE("replacement_call_does_not_overlap_winding_down_fn", "[schedule]") {
   must([&] { return fn_calls == 2; }, "N's fresh fn started");
   CHECK(g.stats().flights == 2);
   CHECK(g.in_flight() == 1);  // the old finish did not evict N's entry
-  auto tj = spawn_as(C, j, [&] { return g.do_("k", [] { return -1; }, {}, j_info); });
+  auto tj = spawn_as(C, j, [&] {
+    return g.do_(
+        "k", [] { return -1; }, {}, j_info);
+  });
   must([&] { return g.stats().joins == 1; }, "C joined N's flight");
   new_may_return.open();
   sftest::finish(tn, n, "N returned");
@@ -311,7 +321,10 @@ TEST_CASE("forgotten_flight_completion_does_not_evict_successor", "[schedule]") 
     });
   });
   must([&] { return g.stats().flights == 1; }, "A started E1");
-  auto tb = spawn_as(B, b, [&] { return g.do_("k", [] { return -1; }, {}, b_info); });
+  auto tb = spawn_as(B, b, [&] {
+    return g.do_(
+        "k", [] { return -1; }, {}, b_info);
+  });
   must([&] { return g.stats().joins == 1; }, "B joined E1");
   e1_returns.open();
   a_ret.wait_parked();
@@ -333,7 +346,10 @@ TEST_CASE("forgotten_flight_completion_does_not_evict_successor", "[schedule]") 
   CHECK(*b.value == 1);
   CHECK(b_info.flight == 1);
   CHECK(g.in_flight() == 1);  // E2 survived E1's finish
-  auto td = spawn_as(D, d, [&] { return g.do_("k", [] { return -4; }, {}, d_info); });
+  auto td = spawn_as(D, d, [&] {
+    return g.do_(
+        "k", [] { return -4; }, {}, d_info);
+  });
   must([&] { return g.stats().joins == 2; }, "D joined E2");
   CHECK(g.stats().flights == 2);
   e2_returns.open();
@@ -386,7 +402,8 @@ TEST_CASE("newcomer_does_not_join_flight_being_stopped", "[schedule]") {
   a_stop_park.wait_parked();
   CHECK_FALSE(old_saw_stop.load());  // settled, token not yet stopped
   auto tn = spawn_as(N, n, [&] {
-    return g.do_("k", [] { return 2; }, {}, n_info);
+    return g.do_(
+        "k", [] { return 2; }, {}, n_info);
   });
   must([&] { return g.stats().calls == 2; }, "N arrived and decided");
   CHECK(g.stats().joins == 0);
@@ -582,12 +599,15 @@ TEST_CASE("cancelled_waiter_does_not_delete_newer_entry", "[schedule][peer]") {
     });
   });
   must([&] { return g.stats().flights == 1; }, "A started E1");
-  auto tb = spawn_as(B, b, [&] { return g.do_("k", [] { return -1; }, b_stop.get_token(), b_info); });
+  auto tb = spawn_as(B, b, [&] {
+    return g.do_(
+        "k", [] { return -1; }, b_stop.get_token(), b_info);
+  });
   must([&] { return g.stats().joins == 1; }, "B joined E1");
   e1_returns.open();
-  a_ret.wait_parked();       // E1's fn returned, not yet published
-  b_stop.request_stop();     // B leaves while the flight completes
-  b_exit.wait_parked();      // B has left (cancelled), not yet returned
+  a_ret.wait_parked();    // E1's fn returned, not yet published
+  b_stop.request_stop();  // B leaves while the flight completes
+  b_exit.wait_parked();   // B has left (cancelled), not yet returned
   CHECK(g.stats().cancellations == 1);
   a_ret.go();
   sftest::finish(ta, a, "A returned E1's value");
@@ -605,7 +625,10 @@ TEST_CASE("cancelled_waiter_does_not_delete_newer_entry", "[schedule][peer]") {
   CHECK(b.threw<sf::cancelled_error>());
   CHECK(b_info.flight == 1);
   CHECK(g.in_flight() == 1);
-  auto td = spawn_as(D, d, [&] { return g.do_("k", [] { return -4; }, {}, d_info); });
+  auto td = spawn_as(D, d, [&] {
+    return g.do_(
+        "k", [] { return -4; }, {}, d_info);
+  });
   must([&] { return g.stats().joins == 2; }, "D joined E2");
   e2_returns.open();
   sftest::finish(tc, c, "C returned");
@@ -619,7 +642,8 @@ TEST_CASE("cancelled_waiter_does_not_delete_newer_entry", "[schedule][peer]") {
   CHECK(g.in_flight() == 0);
 }
 
-TEST_CASE("cancelled_executor_waiter_racing_settle_does_not_delete_newer_entry", "[schedule][peer]") {
+TEST_CASE("cancelled_executor_waiter_racing_settle_does_not_delete_newer_entry",
+          "[schedule][peer]") {
   // janos/singleflight#4 with an executor: waiter B's stop fires while the
   // runner is parked at leader_fn_returned; B leaves and is parked at
   // caller_exiting; the runner finishes (leader A gets the value); C starts
@@ -643,7 +667,10 @@ TEST_CASE("cancelled_executor_waiter_racing_settle_does_not_delete_newer_entry",
     });
   });
   must([&] { return g.stats().flights == 1; }, "A started E1");
-  auto tb = spawn_as(B, b, [&] { return g.do_("k", [] { return -1; }, b_stop.get_token()); });
+  auto tb = spawn_as(B, b, [&] {
+    return g.do_(
+        "k", [] { return -1; }, b_stop.get_token());
+  });
   must([&] { return g.stats().joins == 1; }, "B joined E1");
   e1_returns.open();
   run_ret.wait_parked();
@@ -665,7 +692,10 @@ TEST_CASE("cancelled_executor_waiter_racing_settle_does_not_delete_newer_entry",
   sftest::finish(tb, b, "B returned");
   CHECK(b.threw<sf::cancelled_error>());
   CHECK(g.in_flight() == 1);
-  auto td = spawn_as(D, d, [&] { return g.do_("k", [] { return -4; }, {}, d_info); });
+  auto td = spawn_as(D, d, [&] {
+    return g.do_(
+        "k", [] { return -4; }, {}, d_info);
+  });
   must([&] { return g.stats().joins == 2; }, "D joined E2");
   e2_returns.open();
   sftest::finish(tc, c, "C returned");

@@ -43,8 +43,7 @@ sf::options where(int mode) {
 
 }  // namespace
 
-TEST_CASE("fn calling do_ or do_fresh for its own key throws std::logic_error",
-          "[self_deadlock]") {
+TEST_CASE("fn calling do_ or do_fresh for its own key throws std::logic_error", "[self_deadlock]") {
   const int mode = GENERATE(0, 1, 2);  // inline, thread_executor, synchronous executor
   CAPTURE(mode);
   group_t g{where(mode)};
@@ -75,7 +74,8 @@ TEST_CASE("fn calling do_ for another key works (re-entrancy)", "[self_deadlock]
   group_t g{where(mode)};
   sf::call_info inner;
   const int v = g.do_("outer", [&] {
-    const int w = g.do_("inner", [] { return 20; }, {}, inner);
+    const int w = g.do_(
+        "inner", [] { return 20; }, {}, inner);
     return w + 1;
   });
   CHECK(v == 21);
@@ -129,9 +129,10 @@ TEST_CASE("the same key from another thread joins rather than throwing", "[self_
 // After its deadline a flight is settled but its fn still runs and its entry
 // stays. A fn calling its own key then must still get logic_error, not wait
 // (as an observer) for itself until its wait's deadline.
-TEST_CASE("a timed-out fn calling its own key throws std::logic_error instead of waiting for "
-          "itself",
-          "[self_deadlock][deadline]") {
+TEST_CASE(
+    "a timed-out fn calling its own key throws std::logic_error instead of waiting for "
+    "itself",
+    "[self_deadlock][deadline]") {
   sf::options o;
   o.timeout = 200ms;
   group_t g{o};

@@ -51,7 +51,6 @@
 namespace sf = singleflight;
 using namespace std::chrono_literals;
 
-
 namespace {
 
 using steady = std::chrono::steady_clock;
@@ -79,7 +78,9 @@ enum outcome_tag : std::uint64_t {
   o_timeout = 4,
   o_closed = 5,
 };
-std::uint64_t code(outcome_tag t, std::uint64_t payload) { return (std::uint64_t{t} << 56) | payload; }
+std::uint64_t code(outcome_tag t, std::uint64_t payload) {
+  return (std::uint64_t{t} << 56) | payload;
+}
 
 long long encode_value(int key, std::uint64_t seq) {
   return static_cast<long long>((std::uint64_t(key) << 40) | seq);
@@ -112,9 +113,9 @@ struct soak {
   std::unordered_map<std::uint64_t, std::uint64_t> outcome_of;
 
   // The test's own counts.
-  std::atomic<std::uint64_t> calls{0}, leaders{0}, followers{0}, nones{0}, cancelled{0},
-      fn_runs{0}, fn_throws{0}, forgets{0}, forgets_hit{0}, values{0}, closed_calls{0},
-      timeouts_seen{0}, cancels_fired{0};
+  std::atomic<std::uint64_t> calls{0}, leaders{0}, followers{0}, nones{0}, cancelled{0}, fn_runs{0},
+      fn_throws{0}, forgets{0}, forgets_hit{0}, values{0}, closed_calls{0}, timeouts_seen{0},
+      cancels_fired{0};
 
   // Violations, recorded by any thread, asserted by the test thread.
   std::mutex vm;
@@ -137,8 +138,8 @@ struct soak {
     for (std::uint64_t other : running[k]) {
       overlaps.fetch_add(1);
       if (std::min(other, seq) > forgiven[k]) {
-        violation("overlap: key " + std::to_string(k) + " flights " + std::to_string(other) + " and " +
-                  std::to_string(seq) + " ran together without a forget");
+        violation("overlap: key " + std::to_string(k) + " flights " + std::to_string(other) +
+                  " and " + std::to_string(seq) + " ran together without a forget");
       }
     }
     running[k].push_back(seq);
@@ -173,7 +174,7 @@ struct soak {
 
 struct worker_slot {
   std::mutex m;
-  std::shared_ptr<std::stop_source> src;  // the current call's, while cancellable
+  std::shared_ptr<std::stop_source> src;    // the current call's, while cancellable
   std::atomic<std::int64_t> op_started{0};  // steady ticks; 0 when idle
 };
 
@@ -255,7 +256,8 @@ void run_worker(soak& s, worker_slot& slot, std::uint64_t seed, const std::atomi
     bool was_cancelled = false;
     bool saw_closed = false;  // close() has begun: this worker is done after this call
     try {
-      const long long v = fresh ? s.g.do_fresh(k, fn, tok, ctx->info) : s.g.do_(k, fn, tok, ctx->info);
+      const long long v =
+          fresh ? s.g.do_fresh(k, fn, tok, ctx->info) : s.g.do_(k, fn, tok, ctx->info);
       s.values.fetch_add(1);
       const auto uv = static_cast<std::uint64_t>(v);
       if (static_cast<int>(uv >> 40) != k) s.violation("value of another key");
@@ -285,7 +287,8 @@ void run_worker(soak& s, worker_slot& slot, std::uint64_t seed, const std::atomi
       s.violation(std::string("unexpected singleflight::error: ") + e.what());
     } catch (const std::runtime_error& e) {
       keep.push_back(std::current_exception());
-      if (std::to_string(ctx->info.flight) != e.what()) s.violation("runtime_error from another flight");
+      if (std::to_string(ctx->info.flight) != e.what())
+        s.violation("runtime_error from another flight");
       got = code(o_runtime, ctx->info.flight);
     } catch (...) {
       keep.push_back(std::current_exception());
@@ -314,7 +317,8 @@ void run_worker(soak& s, worker_slot& slot, std::uint64_t seed, const std::atomi
     }
     if (info.flight <= settled_before) {
       s.violation("stale: key " + std::to_string(k) + " got flight " + std::to_string(info.flight) +
-                  " but flight " + std::to_string(settled_before) + " had settled before it arrived");
+                  " but flight " + std::to_string(settled_before) +
+                  " had settled before it arrived");
     }
     if (fresh && info.flight <= started_before) {
       s.violation("do_fresh got flight " + std::to_string(info.flight) + " but flight " +
@@ -332,8 +336,8 @@ void run_worker(soak& s, worker_slot& slot, std::uint64_t seed, const std::atomi
 void run_soak(const char* name, sf::options opts) {
   const std::uint64_t seed = env_u64("SINGLEFLIGHT_SOAK_SEED", std::random_device{}());
   const double seconds = env_seconds();
-  std::printf("soak %s: seed %llu (SINGLEFLIGHT_SOAK_SEED), %.1f s (SINGLEFLIGHT_SOAK_SECONDS)\n", name,
-              static_cast<unsigned long long>(seed), seconds);
+  std::printf("soak %s: seed %llu (SINGLEFLIGHT_SOAK_SEED), %.1f s (SINGLEFLIGHT_SOAK_SECONDS)\n",
+              name, static_cast<unsigned long long>(seed), seconds);
   std::fflush(stdout);
   INFO("seed " << seed);
 
@@ -346,8 +350,8 @@ void run_soak(const char* name, sf::options opts) {
   std::array<std::vector<std::exception_ptr>, n_workers> kept;
   for (int i = 0; i < n_workers; ++i) {
     workers.emplace_back([&, i] {
-      run_worker(s, slots[i], seed * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(i) + 1, finished,
-                 kept[i]);
+      run_worker(s, slots[i], seed * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(i) + 1,
+                 finished, kept[i]);
       exited.fetch_add(1);
     });
   }
@@ -370,14 +374,16 @@ void run_soak(const char* name, sf::options opts) {
   });
 
   const auto t0 = steady::now();
-  const auto until = t0 + std::chrono::duration_cast<steady::duration>(std::chrono::duration<double>(seconds));
+  const auto until =
+      t0 + std::chrono::duration_cast<steady::duration>(std::chrono::duration<double>(seconds));
   auto t1 = t0;
   while ((t1 = steady::now()) < until) {
     std::this_thread::sleep_for(10ms);  // the run's duration, and the watchdog's period
     const auto now = steady::now().time_since_epoch().count();
     for (auto& w : slots) {
       const auto started = w.op_started.load(std::memory_order_acquire);
-      if (started != 0 && steady::duration(now - started) > sftest::bound) sftest::hang("soak call never ended");
+      if (started != 0 && steady::duration(now - started) > sftest::bound)
+        sftest::hang("soak call never ended");
     }
   }
   // The final close() races the workers' calls: each stops after its first
@@ -400,16 +406,21 @@ void run_soak(const char* name, sf::options opts) {
     if (tag == o_int || tag == o_runtime) ++flight_errors;
   }
   std::printf(
-      "soak %s: %llu calls before close() in %.2f s (%.0f calls/s), %llu in all; flights %llu joins %llu rejections %llu "
+      "soak %s: %llu calls before close() in %.2f s (%.0f calls/s), %llu in all; flights %llu "
+      "joins %llu rejections %llu "
       "failures %llu cancellations %llu timeouts %llu; values %llu closed %llu; forgets %llu "
       "(hit %llu), justified overlaps %llu, peak fns per key %d; cancels fired %llu\n",
       name, static_cast<unsigned long long>(calls_before_close), secs,
-      static_cast<double>(calls_before_close) / secs, static_cast<unsigned long long>(s.calls.load()),
-      static_cast<unsigned long long>(st.flights), static_cast<unsigned long long>(st.joins),
-      static_cast<unsigned long long>(st.rejections), static_cast<unsigned long long>(st.failures),
-      static_cast<unsigned long long>(st.cancellations), static_cast<unsigned long long>(st.timeouts),
-      static_cast<unsigned long long>(s.values.load()), static_cast<unsigned long long>(s.closed_calls.load()),
-      static_cast<unsigned long long>(s.forgets.load()), static_cast<unsigned long long>(s.forgets_hit.load()),
+      static_cast<double>(calls_before_close) / secs,
+      static_cast<unsigned long long>(s.calls.load()), static_cast<unsigned long long>(st.flights),
+      static_cast<unsigned long long>(st.joins), static_cast<unsigned long long>(st.rejections),
+      static_cast<unsigned long long>(st.failures),
+      static_cast<unsigned long long>(st.cancellations),
+      static_cast<unsigned long long>(st.timeouts),
+      static_cast<unsigned long long>(s.values.load()),
+      static_cast<unsigned long long>(s.closed_calls.load()),
+      static_cast<unsigned long long>(s.forgets.load()),
+      static_cast<unsigned long long>(s.forgets_hit.load()),
       static_cast<unsigned long long>(s.overlaps.load()), s.peak_running.load(),
       static_cast<unsigned long long>(s.cancels_fired.load()));
   std::fflush(stdout);

@@ -21,9 +21,7 @@ namespace sf = singleflight;
 using namespace std::chrono_literals;
 using group_t = sf::group<std::string, int>;
 
-void check_identity(const sf::stats& s) {
-  CHECK(s.calls == s.flights + s.joins + s.rejections);
-}
+void check_identity(const sf::stats& s) { CHECK(s.calls == s.flights + s.joins + s.rejections); }
 
 }  // namespace
 
@@ -59,7 +57,10 @@ TEST_CASE("stats count a scripted scenario", "[stats]") {
   });
   sftest::must([&] { return x_started.load(); }, "x started");
   auto tx1 = sftest::spawn(x1, [&] { return g.do_("x", [] { return -1; }); });
-  auto tx2 = sftest::spawn(x2, [&] { return g.do_("x", [] { return -1; }, leaving.get_token()); });
+  auto tx2 = sftest::spawn(x2, [&] {
+    return g.do_(
+        "x", [] { return -1; }, leaving.get_token());
+  });
   sftest::must([&] { return g.stats().joins == 2; }, "two followers joined x");
   auto s = g.stats();
   CHECK(s.calls == 4);
@@ -74,7 +75,9 @@ TEST_CASE("stats count a scripted scenario", "[stats]") {
   CHECK(x2.threw<sf::cancelled_error>());
   std::stop_source stopped;
   stopped.request_stop();
-  CHECK_THROWS_AS(g.do_("x", [] { return -1; }, stopped.get_token()), sf::cancelled_error);
+  CHECK_THROWS_AS(g.do_(
+                      "x", [] { return -1; }, stopped.get_token()),
+                  sf::cancelled_error);
   s = g.stats();
   CHECK(s.calls == 6);
   CHECK(s.rejections == 2);
@@ -112,8 +115,7 @@ TEST_CASE("stats count a scripted scenario", "[stats]") {
   check_identity(s);
 }
 
-TEST_CASE("calls == flights + joins + rejections after quiescence, under concurrency",
-          "[stats]") {
+TEST_CASE("calls == flights + joins + rejections after quiescence, under concurrency", "[stats]") {
   group_t g;
   sftest::gate go;
   std::atomic<int> fn_calls{0};
@@ -150,7 +152,8 @@ TEST_CASE("call_info: role and flight number", "[stats][call_info]") {
 
   // A leader without followers is a leader.
   sf::call_info alone;
-  CHECK(g.do_("k", [] { return 1; }, {}, alone) == 1);
+  CHECK(g.do_(
+            "k", [] { return 1; }, {}, alone) == 1);
   CHECK(alone.role == sf::role::leader);
   CHECK(alone.flight == 1);
 
@@ -171,8 +174,14 @@ TEST_CASE("call_info: role and flight number", "[stats][call_info]") {
         {}, li);
   });
   sftest::must([&] { return fn_started.load(); }, "fn started");
-  auto t1 = sftest::spawn(f1, [&] { return g.do_("k", [] { return -1; }, {}, f1i); });
-  auto t2 = sftest::spawn(f2, [&] { return g.do_("k", [] { return -1; }, {}, f2i); });
+  auto t1 = sftest::spawn(f1, [&] {
+    return g.do_(
+        "k", [] { return -1; }, {}, f1i);
+  });
+  auto t2 = sftest::spawn(f2, [&] {
+    return g.do_(
+        "k", [] { return -1; }, {}, f2i);
+  });
   sftest::must([&] { return g.stats().joins == 2; }, "two followers joined");
   release.open();
   sftest::finish(tl, l, "leader");
@@ -187,7 +196,8 @@ TEST_CASE("call_info: role and flight number", "[stats][call_info]") {
 
   // Filled on the exception path too.
   sf::call_info failed;
-  CHECK_THROWS_AS(g.do_("other", []() -> int { throw std::runtime_error("x"); }, {}, failed),
+  CHECK_THROWS_AS(g.do_(
+                      "other", []() -> int { throw std::runtime_error("x"); }, {}, failed),
                   std::runtime_error);
   CHECK(failed.role == sf::role::leader);
   CHECK(failed.flight == 3);
@@ -196,20 +206,24 @@ TEST_CASE("call_info: role and flight number", "[stats][call_info]") {
   std::stop_source stopped;
   stopped.request_stop();
   sf::call_info rejected{sf::role::follower, 2};
-  CHECK_THROWS_AS(g.do_("k", [] { return 3; }, stopped.get_token(), rejected),
+  CHECK_THROWS_AS(g.do_(
+                      "k", [] { return 3; }, stopped.get_token(), rejected),
                   sf::cancelled_error);
   CHECK(rejected.role == sf::role::none);
   CHECK(rejected.flight == 0);
 
   // do_fresh fills it as well; numbering continues.
   sf::call_info fresh;
-  CHECK(g.do_fresh("k", [] { return 4; }, {}, fresh) == 4);
+  CHECK(g.do_fresh(
+            "k", [] { return 4; }, {}, fresh) == 4);
   CHECK(fresh.role == sf::role::leader);
   CHECK(fresh.flight == 4);
 
   g.close();
   sf::call_info closed{sf::role::leader, 4};
-  CHECK_THROWS_AS(g.do_("k", [] { return 5; }, {}, closed), sf::closed_error);
+  CHECK_THROWS_AS(g.do_(
+                      "k", [] { return 5; }, {}, closed),
+                  sf::closed_error);
   CHECK(closed.role == sf::role::none);
   CHECK(closed.flight == 0);
 }

@@ -102,8 +102,7 @@ template <class F>
 struct fn_result {
   using type = std::invoke_result_t<F&>;
 };
-template <class F>
-  requires takes_token<F>
+template <takes_token F>
 struct fn_result<F> {
   using type = std::invoke_result_t<F&, std::stop_token>;
 };
@@ -157,8 +156,10 @@ class group {
   // cannot be started.
   explicit group(options opts) : opts_(std::move(opts)) {
     spare_nodes_.reserve(spare_limit);
-    builtin_threads_ = opts_.executor && opts_.executor.template target<thread_executor>() != nullptr;
-    if (opts_.timeout < std::chrono::nanoseconds::zero()) opts_.timeout = std::chrono::nanoseconds::zero();
+    builtin_threads_ =
+        opts_.executor && opts_.executor.template target<thread_executor>() != nullptr;
+    if (opts_.timeout < std::chrono::nanoseconds::zero())
+      opts_.timeout = std::chrono::nanoseconds::zero();
     if (opts_.timeout > std::chrono::nanoseconds::zero()) {
       timer_ = std::thread([this] { timer_loop(); });
     }
@@ -326,11 +327,11 @@ class group {
   struct ticket {
     ref_t f;
     kind outcome = kind::pending;
-    bool sole = false;       // the value is in the leader's own `local`, not in f
-    bool stop = false;       // request_stop on f once the lock is released
-    bool rejected = false;   // neither started nor joined
-    bool accounted = false;  // claimed by a settler, who did the bookkeeping; lock not held
-    detail::wake_batch wake; // waiters this call claimed, to signal after unlocking
+    bool sole = false;        // the value is in the leader's own `local`, not in f
+    bool stop = false;        // request_stop on f once the lock is released
+    bool rejected = false;    // neither started nor joined
+    bool accounted = false;   // claimed by a settler, who did the bookkeeping; lock not held
+    detail::wake_batch wake;  // waiters this call claimed, to signal after unlocking
   };
 
   // K may be used to probe the map directly only when hashing and comparing
@@ -338,10 +339,10 @@ class group {
   // default (transparent) hash and equality. Anything else is converted to
   // Key once, before the lock is taken.
   template <class K>
-  static constexpr bool direct_probe =
-      std::same_as<std::remove_cvref_t<K>, Key> ||
-      (std::same_as<Hash, default_hash> && std::same_as<KeyEqual, std::equal_to<>> &&
-       detail::string_like<K> && detail::string_like<Key>);
+  static constexpr bool direct_probe = std::same_as<std::remove_cvref_t<K>, Key> ||
+                                       (std::same_as<Hash, default_hash> &&
+                                        std::same_as<KeyEqual, std::equal_to<>> &&
+                                        detail::string_like<K> && detail::string_like<Key>);
 
   // Recycling bounds: a few finished flights and map nodes are kept for the
   // next start, so a steady uncontended leader path allocates nothing.
@@ -1146,14 +1147,14 @@ class group {
   flight_t* live_ = nullptr;     // guarded by mu_: flights whose fn has not returned
   flight_t* dl_head_ = nullptr;  // guarded by mu_: flights with a pending deadline
   flight_t* dl_tail_ = nullptr;
-  bool timer_stop_ = false;      // guarded by mu_
+  bool timer_stop_ = false;            // guarded by mu_
   flight_t* spare_flights_ = nullptr;  // guarded by mu_: recycled flight objects
   std::size_t spare_flight_count_ = 0;
   std::vector<typename map_t::node_type> spare_nodes_;  // guarded by mu_: recycled map nodes
   std::condition_variable drain_cv_;
   std::condition_variable timer_cv_;
 
-  std::mutex join_mu_;          // serialises join_threads()
+  std::mutex join_mu_;  // serialises join_threads()
   std::mutex threads_mu_;
   std::thread timer_;          // started in the constructor, joined under join_mu_
   std::list<worker> workers_;  // guarded by threads_mu_

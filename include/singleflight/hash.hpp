@@ -23,18 +23,24 @@ template <class K>
 concept string_like = std::convertible_to<const K&, std::string_view>;
 
 template <class K>
-concept tuple_like = requires { std::tuple_size<std::remove_cvref_t<K>>::value; };
+concept tuple_like = requires {
+  std::tuple_size<std::remove_cvref_t<K>>::value;
+};
 
 template <class K>
 concept std_hashable = requires(const K& k) {
   { std::hash<std::remove_cvref_t<K>>{}(k) } -> std::convertible_to<std::size_t>;
 };
 
+template <class K>
+concept default_hashable = string_like<K> || tuple_like<K> || std_hashable<K>;
+
 // Mixes one element's hash into a running seed (the 64-bit variant of
 // boost::hash_combine's constant, with a final avalanche from splitmix64).
 constexpr std::size_t hash_mix(std::size_t seed, std::size_t h) noexcept {
-  std::uint64_t x = static_cast<std::uint64_t>(seed) ^
-                    (static_cast<std::uint64_t>(h) + 0x9e3779b97f4a7c15ULL + (seed << 6) + (seed >> 2));
+  std::uint64_t x =
+      static_cast<std::uint64_t>(seed) ^
+      (static_cast<std::uint64_t>(h) + 0x9e3779b97f4a7c15ULL + (seed << 6) + (seed >> 2));
   x ^= x >> 30;
   x *= 0xbf58476d1ce4e5b9ULL;
   x ^= x >> 27;
@@ -62,8 +68,7 @@ constexpr std::size_t hash_mix(std::size_t seed, std::size_t h) noexcept {
 struct default_hash {
   using is_transparent = void;
 
-  template <class K>
-    requires detail::string_like<K> || detail::tuple_like<K> || detail::std_hashable<K>
+  template <detail::default_hashable K>
   std::size_t operator()(const K& key) const {
     if constexpr (detail::string_like<K>) {
       return std::hash<std::string_view>{}(std::string_view(key));

@@ -9,11 +9,11 @@
 // the work and each receive its outcome. See group.hpp for the contract.
 #pragma once
 
-#include "errors.hpp"          // IWYU pragma: export
-#include "group.hpp"           // IWYU pragma: export
-#include "hash.hpp"            // IWYU pragma: export
-#include "options.hpp"         // IWYU pragma: export
-#include "stats.hpp"           // IWYU pragma: export
-#include "task.hpp"            // IWYU pragma: export
-#include "thread_executor.hpp" // IWYU pragma: export
-#include "version.hpp"         // IWYU pragma: export
+#include "errors.hpp"           // IWYU pragma: export
+#include "group.hpp"            // IWYU pragma: export
+#include "hash.hpp"             // IWYU pragma: export
+#include "options.hpp"          // IWYU pragma: export
+#include "stats.hpp"            // IWYU pragma: export
+#include "task.hpp"             // IWYU pragma: export
+#include "thread_executor.hpp"  // IWYU pragma: export
+#include "version.hpp"          // IWYU pragma: export

@@ -9,6 +9,6 @@
 #define SINGLEFLIGHT_VERSION_PATCH 0
 
 // SINGLEFLIGHT_VERSION: MAJOR * 10000 + MINOR * 100 + PATCH, for `#if` tests.
-#define SINGLEFLIGHT_VERSION                                  \
+#define SINGLEFLIGHT_VERSION                                               \
   (SINGLEFLIGHT_VERSION_MAJOR * 10000 + SINGLEFLIGHT_VERSION_MINOR * 100 + \
    SINGLEFLIGHT_VERSION_PATCH)

@@ -224,9 +224,7 @@ class flight {
 
   // Readies a finished flight for the pool; drops its stop state, since a
   // token handed to the previous fn may still be referenced.
-  void retire() noexcept {
-    stop = std::stop_source(std::nostopstate);
-  }
+  void retire() noexcept { stop = std::stop_source(std::nostopstate); }
 
   // True when the caller holds the only reference. Memory ordering: acquire,
   // pairing with the release half of every other owner's decrement, so their

@@ -35,7 +35,8 @@ inline std::atomic<hook_fn> test_hook{nullptr};
 inline void hook(hook_point p, const void* group) {
   if (hook_fn h = test_hook.load(std::memory_order_acquire)) h(p, group);
 }
-#define SINGLEFLIGHT_HOOK(point) ::singleflight::detail::hook(::singleflight::detail::hook_point::point, this)
+#define SINGLEFLIGHT_HOOK(point) \
+  ::singleflight::detail::hook(::singleflight::detail::hook_point::point, this)
 // Opens a window with `lk` released, only in hook builds.
 #define SINGLEFLIGHT_HOOK_UNLOCKED(lk, point) \
   do {                                        \
