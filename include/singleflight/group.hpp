@@ -641,11 +641,13 @@ class group {
 
     if (!opts_.executor) return lead_inline(lk, std::move(mine), fn, caller, w, fr, local);
 
-    // Executor: package fn into a task and wait like everyone else.
+    // Executor: package fn into a task and wait like everyone else. The
+    // leader counts in f->waiters from the start, but links its waiter only
+    // once the submission is over: a waiter claimed while this thread still
+    // had to come back for the lock would be counted out too early (found by
+    // the spin model: close() could return while the leader was in here).
     ++users_;  // the task is a user until it finishes or is dropped
     f->submitting = true;
-    w.reset(/*as_observer=*/false);
-    f->list.push(w);
     lk.unlock();
     std::exception_ptr submit_error;
     bool handed_off = false;
@@ -658,15 +660,15 @@ class group {
     }
     lk.lock();
     f->submitting = false;
+    ticket t;
     if ((submit_error || f->dropped_in_submit) && !f->fn_done) {
-      // The flight fails with the reason. The leader takes its own outcome
-      // here unless a settler (close, deadline) already claimed it.
-      ticket t;
-      const bool own = w.try_leave();
-      if (own) f->list.erase(w);
+      // The flight fails with the reason.
       if (f->kind == kind::pending) {
         f->error = submit_error ? submit_error : dropped_error();
         settle(f, submit_error ? kind::fn_error : kind::dropped, t.wake);
+        // A task the executor kept may be running fn right now: stop it, or
+        // the key stays taken for as long as fn cares to run.
+        t.stop = f->stop.stop_possible();
       }
       if (!handed_off || f->dropped_in_submit) {
         // No task exists any more: the key is free.
@@ -676,17 +678,16 @@ class group {
       // Otherwise the executor threw but kept the task: it may still run,
       // so it stays a user and keeps its (unjoinable) entry until it runs
       // (and, seeing the flight settled, skips fn) or is destroyed.
-      t.f = std::move(mine);
-      if (own) {
-        t.outcome = t.f->kind;
-        return t;  // lock held: the caller does the bookkeeping
-      }
-      lk.unlock();
-      await_signal(w);
-      t.outcome = t.f->kind;
-      t.accounted = true;
-      return t;
     }
+    if (f->kind != kind::pending) {
+      // Settled while we were submitting (the task ran, the deadline, close,
+      // or the failure above): take the outcome directly.
+      t.outcome = f->kind;
+      t.f = std::move(mine);
+      return t;  // lock held: the caller does the bookkeeping
+    }
+    w.reset(/*as_observer=*/false);
+    f->list.push(w);
     return wait_outcome(lk, std::move(mine), caller, w, /*is_leader=*/true);
   }
 

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# tests/model/run.sh -- model-check the singleflight protocol with spin.
+#
+# For every configuration below: spin -a generates pan.c, gcc builds it, pan runs an
+# exhaustive search (no bitstate, no hash compaction), and the result is compared with
+# the expectation:
+#   pass   errors: 0 (no assertion violation, no invalid end state)
+#   fail   errors > 0, and the first violated assertion contains the expected text
+# Prints states stored, transitions (states explored), memory and time per run; exits
+# non-zero on any mismatch.
+#
+#   bash tests/model/run.sh            default configurations (< ~90 s on 2 idle cores)
+#   bash tests/model/run.sh --full     every configuration (also SINGLEFLIGHT_MODEL_FULL=1)
+#   JOBS=1 bash tests/model/run.sh     one pan at a time
+#   KEEP=1 ...                         keep the work directory (trails, pan output)
+#
+# Needs spin and a C compiler (CC, default gcc).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+CC="${CC:-gcc}"
+JOBS="${JOBS:-2}"
+command -v spin >/dev/null || { echo "run.sh: spin not found" >&2; exit 2; }
+command -v "$CC" >/dev/null || { echo "run.sh: $CC not found" >&2; exit 2; }
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/sf-model.XXXXXX")"
+if [[ "${KEEP:-0}" != 1 ]]; then trap 'rm -rf "$work"' EXIT; else echo "work directory: $work"; fi
+
+# Text of the violated assertion, for the expected failures.
+NO_OVERLAP='(seq_>=1)&& !(fn_done[1]))&& !(fforgot[1])'   # Monitor: at most one fn per key
+COUNTED='!(destroyed)&&counted[i]'                         # TOUCH: a caller counted out touches the group
+DESTROYED='assertion violated  !(destroyed)'               # TOUCH (-DNO_COUNTED_CHECK): touches a destroyed group
+
+# name | spin defines | pan compile flags | pan run flags | expect (pass|fail) | expected text
+# W/G/L = ownership waiters/group/leader (POLICY=0/1/2); n3/n2 = callers.
+# X = -DFIX_SUBMIT_WINDOW: the executor rows model the proposed fix of the executor-leader
+# bug this model found (README.md, "What it found"); the *.asis.* rows keep group.hpp as
+# it is and must fail.
+X="-DFIX_SUBMIT_WINDOW"
+XS="-DFIX_SUBMIT_WINDOW -DFIX_SUBMIT_STOP"
+HUNG='!(fstop[1])&&(fkind[1]==0)'                          # Watchdog: HUNG_OK (a fn nobody stops)
+
+# Default mode (ctest model.spin): the most valuable configurations, < ~90 s on 2 idle cores.
+configs=(
+  "W.n2.inline.deadline.forget.close|-DPOLICY=0 -DNCALLERS=2 -DDEADLINE -DFORGET -DCLOSE||-m200000|pass|"
+  "L.n3.inline|-DPOLICY=2||-m200000|pass|"
+  "W.n3.inline|-DPOLICY=0||-m200000|pass|"
+  "G.n3.inline|-DPOLICY=1||-m200000|pass|"
+  "W.n2.executor|-DPOLICY=0 -DNCALLERS=2 -DEXECUTOR $X||-m200000|pass|"
+  "G.n3.broken.unconditional_cleanup|-DPOLICY=1 -DFORGET -DUNCONDITIONAL_CLEANUP -DNO_FN_ERROR||-m200000|fail|$NO_OVERLAP"
+  "W.n2.broken.relock_after_claim|-DPOLICY=0 -DNCALLERS=2 -DRELOCK_AFTER_CLAIM||-m200000|fail|$COUNTED"
+  "W.n2.broken.relock_after_claim.close|-DPOLICY=0 -DNCALLERS=2 -DRELOCK_AFTER_CLAIM -DCLOSE -DNO_COUNTED_CHECK||-m200000|fail|$DESTROYED"
+  "W.n2.executor.asis.submit_window|-DPOLICY=0 -DNCALLERS=2 -DEXECUTOR||-m200000|fail|$COUNTED"
+  "W.n2.executor.asis.submit_window.close|-DPOLICY=0 -DNCALLERS=2 -DEXECUTOR -DCLOSE -DNO_COUNTED_CHECK||-m200000|fail|$DESTROYED"
+  "W.n2.executor.asis.submit_kept_unstopped|-DPOLICY=0 -DNCALLERS=2 -DEXECUTOR -DSUBMIT_FAIL $X||-m200000|fail|$HUNG"
+)
+
+# Full mode (run.sh --full, or SINGLEFLIGHT_MODEL_FULL=1): everything.
+if [[ "${SINGLEFLIGHT_MODEL_FULL:-0}" == 1 || "${1:-}" == --full ]]; then
+  FULL=1
+  for p in 0 1 2; do
+    P=$(echo "WGL" | cut -c$((p + 1)))
+    configs+=(
+      "$P.n3.inline.forget|-DPOLICY=$p -DFORGET -DNO_FN_ERROR||-m200000|pass|"
+      "$P.n2.executor.submit_fail.forget|-DPOLICY=$p -DNCALLERS=2 -DEXECUTOR -DSUBMIT_FAIL -DFORGET $XS||-m200000|pass|"
+    )
+  done
+  configs+=(
+    "G.n2.inline.deadline.forget.close|-DPOLICY=1 -DNCALLERS=2 -DDEADLINE -DFORGET -DCLOSE||-m200000|pass|"
+    "L.n2.inline.deadline.forget.close|-DPOLICY=2 -DNCALLERS=2 -DDEADLINE -DFORGET -DCLOSE||-m200000|pass|"
+    "W.n3.inline.close|-DPOLICY=0 -DCLOSE -DNO_FN_ERROR||-m200000|pass|"
+    "W.n2.executor.close|-DPOLICY=0 -DNCALLERS=2 -DEXECUTOR -DCLOSE -DNO_FN_ERROR $X||-m200000|pass|"
+    "W.n2.executor.deadline|-DPOLICY=0 -DNCALLERS=2 -DEXECUTOR -DDEADLINE $X||-m200000|pass|"
+    "W.n2.executor.submit_fail.close|-DPOLICY=0 -DNCALLERS=2 -DEXECUTOR -DSUBMIT_FAIL -DCLOSE -DNO_FN_ERROR $XS||-m200000|pass|"
+    "W.n3.broken.unconditional_cleanup|-DPOLICY=0 -DFORGET -DUNCONDITIONAL_CLEANUP -DNO_FN_ERROR||-m200000|fail|$NO_OVERLAP"
+    # no cycles at all: every execution is finite, so the Watchdog's terminal-state check
+    # is the whole liveness argument (non-progress search without progress labels)
+    "W.n2.nocycles|-DPOLICY=0 -DNCALLERS=2 -DDEADLINE -DFORGET -DCLOSE|-DNP|-l -m200000|pass|"
+    "W.n2.executor.nocycles|-DPOLICY=0 -DNCALLERS=2 -DEXECUTOR -DSUBMIT_FAIL $XS|-DNP|-l -m200000|pass|"
+  )
+fi
+
+run_one() {
+  local line="$1"
+  local name defs ccflags panflags expect text
+  IFS='|' read -r name defs ccflags panflags expect text <<<"$line"
+  local d="$work/$name"
+  mkdir -p "$d"
+  cp "$here"/*.pml "$d/"
+  local t0 t1 rc=0
+  t0=$(date +%s.%N)
+  (
+    cd "$d"
+    # shellcheck disable=SC2086
+    spin -a $defs singleflight.pml >spin.txt 2>&1 || { echo "spin -a failed" >>pan.txt; exit 1; }
+    local safety="-DSAFETY"
+    [[ "$ccflags" == *-DNP* ]] && safety=""
+    # shellcheck disable=SC2086
+    "$CC" -w -O0 $safety $ccflags -o pan pan.c >cc.txt 2>&1 || { echo "cc failed" >>pan.txt; exit 1; }
+    # shellcheck disable=SC2086
+    ./pan $panflags >pan.txt 2>&1 || true
+  ) || rc=1
+  t1=$(date +%s.%N)
+  local out="$d/pan.txt"
+  local errors states mem verdict="ok"
+  errors=$(grep -o 'errors: [0-9]*' "$out" | awk '{print $2}' | tail -1)
+  states=$(grep 'states, stored' "$out" | awk '{print $1}' | tail -1)
+  mem=$(grep 'total actual memory usage' "$out" | awk '{print $1}' | tail -1)
+  if [[ $rc != 0 || -z "$errors" ]]; then
+    verdict="MISMATCH (no result)"
+  elif [[ "$expect" == pass && "$errors" != 0 ]]; then
+    verdict="MISMATCH (expected errors: 0): $(grep -m1 -E 'violated|invalid end|cycle' "$out" | cut -c1-160)"
+  elif [[ "$expect" == fail && "$errors" == 0 ]]; then
+    verdict="MISMATCH (expected a violation)"
+  elif [[ "$expect" == fail ]] && ! grep -m1 'assertion violated' "$out" | grep -qF -- "$text"; then
+    verdict="MISMATCH (violated something else): $(grep -m1 -E 'violated|invalid end' "$out" | cut -c1-160)"
+  fi
+  local transitions
+  transitions=$(grep 'transitions (= stored+matched)' "$out" | awk '{print $1}' | tail -1)
+  printf '%-44s %-4s errors: %-2s stored: %-9s transitions: %-10s mem: %7s MB %6.1fs  %s\n' \
+    "$name" "$expect" "${errors:-?}" "${states:-?}" "${transitions:-?}" "${mem:-?}" \
+    "$(echo "$t1 - $t0" | bc)" "$verdict"
+}
+export -f run_one
+export work here CC
+
+echo "spin model of singleflight::group ($(spin -V | head -1)); $([[ ${FULL:-0} == 1 ]] && echo full || echo default) mode, ${#configs[@]} configurations, $JOBS jobs"
+start=$(date +%s)
+printf '%s\n' "${configs[@]}" | xargs -d '\n' -P "$JOBS" -I{} bash -c 'run_one "$1"' _ {} | tee "$work/summary.txt"
+echo "total: $(( $(date +%s) - start ))s"
+if grep -q MISMATCH "$work/summary.txt"; then
+  echo "run.sh: FAILED ($(grep -c MISMATCH "$work/summary.txt") mismatches)"
+  exit 1
+fi
+echo "run.sh: all $(wc -l <"$work/summary.txt") configurations as expected"
