@@ -4,6 +4,7 @@
 #include <singleflight/singleflight.hpp>
 
 #include <atomic>
+#include <exception>
 #include <latch>
 #include <memory>
 #include <mutex>
@@ -423,6 +424,7 @@ TEST_CASE("an exception of any type reaches every waiter as the same object", "[
   std::vector<std::atomic<const void*>> seen(n);
   std::vector<std::atomic<int>> codes(n);
   std::vector<std::atomic<std::size_t>> in_flight_when_woken(n);
+  std::vector<std::exception_ptr> kept(n);  // one slot per thread, read after join
   std::atomic<int> done{0};
   std::vector<std::jthread> ts;
   for (int i = 0; i < n; ++i) {
@@ -433,6 +435,10 @@ TEST_CASE("an exception of any type reaches every waiter as the same object", "[
           throw not_an_exception{77};
         });
       } catch (not_an_exception& e) {
+        // Keep the object alive until every thread is joined: libstdc++'s
+        // exception reference count is invisible to TSan, which would
+        // otherwise report the last waiter's free against another's read.
+        kept[i] = std::current_exception();
         seen[i] = &e;
         codes[i] = e.code;
         in_flight_when_woken[i] = g.in_flight();
