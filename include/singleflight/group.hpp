@@ -802,7 +802,16 @@ class group {
       typename map_t::node_type nh = std::move(spare_nodes_.back());
       spare_nodes_.pop_back();
       if constexpr (std::is_assignable_v<Key&, const P&>) {
+// GCC 12 at -O3 reports a bogus -Wrestrict overlap inside std::string's
+// assignment from a C string once it is inlined here (GCC PR 105329).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wrestrict"
+#endif
         nh.key().key = key;
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
       } else {
         nh.key().key = Key(key);
       }
