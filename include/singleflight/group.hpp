@@ -51,8 +51,9 @@
 // detail::waiter for the claim/leave protocol).
 //
 // Allocation: a join allocates nothing. A leader without followers whose fn
-// takes no stop_token allocates nothing in steady state (flight objects and
-// map nodes are recycled, a few at a time); a fn taking a stop_token costs
+// takes no stop_token allocates nothing in steady state (up to 16 finished
+// flight objects and 16 map nodes, the old key object included, are kept per
+// group for reuse); a fn taking a stop_token costs
 // one allocation (the stop state: a token handed to one fn is never reused).
 #pragma once
 
