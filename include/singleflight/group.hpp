@@ -772,11 +772,7 @@ class group {
   flight_t* acquire_flight(bool stoppable) {
     if (spare_flights_ == nullptr) return new flight_t(stoppable, 0);
     flight_t* f = spare_flights_;
-    if (stoppable) {
-      f->reuse(true, 0);  // may throw (allocates the stop state): f stays spare
-    } else {
-      f->reuse(false, 0);
-    }
+    f->reuse(stoppable, 0);  // may throw (allocates the stop state): f stays spare
     spare_flights_ = f->stop_next;
     f->stop_next = nullptr;
     --spare_flight_count_;

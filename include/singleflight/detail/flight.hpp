@@ -69,7 +69,6 @@ struct waiter {
   std::atomic<unsigned char> state{waiting};
   bool try_claim() noexcept { return transition(claimed); }
   bool try_leave() noexcept { return transition(leaving); }
-  bool is_claimed() const noexcept { return state.load(std::memory_order_acquire) == claimed; }
 
   // Guarded by `m`.
   std::mutex m;
