@@ -78,4 +78,17 @@ class overloaded_error : public error {
   using error::error;
 };
 
+// broken_promise_error
+//
+// Thrown to every waiter of a flight whose asynchronous fn let its
+// `completion<T>` be destroyed without resolving it (set_value or
+// set_exception): the work can no longer finish, so the flight fails rather
+// than stranding its waiters.
+class broken_promise_error : public error {
+ public:
+  broken_promise_error()
+      : error(literal_tag{}, "singleflight: the completion was destroyed without a result") {}
+  using error::error;
+};
+
 }  // namespace singleflight

@@ -57,10 +57,12 @@
 // one allocation (the stop state: a token handed to one fn is never reused).
 #pragma once
 
+#include <atomic>
 #include <cassert>
 #include <chrono>
 #include <concepts>
 #include <condition_variable>
+#include <coroutine>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -77,6 +79,7 @@
 #include <utility>
 #include <vector>
 
+#include "completion.hpp"
 #include "detail/flight.hpp"
 #include "detail/frames.hpp"
 #include "detail/hooks.hpp"
@@ -85,6 +88,7 @@
 #include "errors.hpp"
 #include "hash.hpp"
 #include "options.hpp"
+#include "outcome.hpp"
 #include "stats.hpp"
 #include "task.hpp"
 #include "thread_executor.hpp"
@@ -93,19 +97,31 @@ namespace singleflight {
 
 namespace detail {
 
+// An asynchronous fn: starts the work, returns at once, and finishes it later
+// through the completion.
+template <class F, class T>
+concept async_fn = std::invocable<F&, std::stop_token, completion<T>> &&
+    std::is_void_v<std::invoke_result_t<F&, std::stop_token, completion<T>>>;
+
 template <class F>
 concept takes_token = std::invocable<F&, std::stop_token>;
 
-template <class F>
-concept flight_fn = takes_token<F> || std::invocable<F&>;
+template <class F, class T>
+concept flight_fn = async_fn<F, T> || takes_token<F> || std::invocable<F&>;
 
-template <class F>
+// What a synchronous fn returns (an async fn "returns" T through its completion).
+template <class F, class T>
 struct fn_result {
   using type = std::invoke_result_t<F&>;
 };
-template <takes_token F>
-struct fn_result<F> {
+template <class F, class T>
+requires(takes_token<F> && !async_fn<F, T>) struct fn_result<F, T> {
   using type = std::invoke_result_t<F&, std::stop_token>;
+};
+template <class F, class T>
+requires async_fn<F, T>
+struct fn_result<F, T> {
+  using type = T;
 };
 
 }  // namespace detail
@@ -243,6 +259,105 @@ class group {
     return call(key, std::forward<F>(fn), std::move(caller), true, &info);
   }
 
+  // async_do(key, fn, on_done, caller)
+  //
+  // Like do_, without blocking: `on_done(singleflight::outcome<T>)` receives
+  // this caller's outcome (its own copy of the value, or the exception that
+  // do_ would have thrown). `fn` is what do_ accepts, or asynchronous:
+  // `void fn(std::stop_token, singleflight::completion<T>)`, which starts the
+  // work and returns at once; the work finishes it through the completion.
+  //
+  // on_done is called exactly once, never while a lock of the group is held,
+  // and may re-enter the group (do_, async_do, forget, close, ...). Where:
+  //   * before async_do returns, on this thread, for an immediate outcome:
+  //     closed_error (closed group), cancelled_error (`caller` already
+  //     stopped), overloaded_error (max_in_flight reached and this call
+  //     would start a flight);
+  //   * on the thread that settles the flight: the one resolving the
+  //     completion (or destroying it unresolved), the one whose sync fn
+  //     returned, the timer thread at a deadline, the one calling close(),
+  //     the one whose stop cancelled the flight under the ownership policy.
+  //     A sync fn without an executor runs inside async_do, on this thread,
+  //     when this caller starts the flight: on_done then usually runs before
+  //     async_do returns. A caller that finds the key's previous fn still
+  //     winding down (stopped, not yet returned) goes round again, and may
+  //     start the next flight, on the thread where that fn returns;
+  //   * with cancelled_error, on the thread that requested stop on `caller`,
+  //     inside request_stop(), when that came first. If the stop races with
+  //     async_do itself, on_done may run on this thread before it returns.
+  //
+  // An async caller counts as a waiter for the ownership policy (a leader
+  // included), and joining a flight that this very thread is running is
+  // fine (nothing blocks). close() waits for async callers whose outcome is
+  // not decided yet, and for unresolved completions; it does not wait for
+  // on_done calls already under way.
+  //
+  // Throws (and then never calls on_done) only what Hash, KeyEqual, Key's
+  // copy or allocation throw, with the group unchanged. If on_done throws,
+  // std::terminate is called. Thread-safe.
+  template <class K, class F, class Callback>
+  void async_do(const K& key, F&& fn, Callback&& on_done, std::stop_token caller = {}) {
+    using Fn = std::decay_t<F>;
+    using Cb = std::decay_t<Callback>;
+    static_assert(detail::flight_fn<Fn, T>,
+                  "singleflight::group::async_do: fn must be invocable as T fn(std::stop_token), "
+                  "T fn(), or (asynchronous) void fn(std::stop_token, "
+                  "singleflight::completion<T>)");
+    static_assert(std::is_invocable_v<Cb&, outcome<T>&&>,
+                  "singleflight::group::async_do: on_done must be invocable with "
+                  "singleflight::outcome<T>");
+    static_assert(direct_probe<K> || std::constructible_from<Key, const K&>,
+                  "singleflight::group::async_do: the key argument must be a Key or something "
+                  "a Key can be constructed from");
+    if constexpr (detail::flight_fn<Fn, T> && std::is_invocable_v<Cb&, outcome<T>&&>) {
+      static_assert(std::convertible_to<typename detail::fn_result<Fn, T>::type, T>,
+                    "singleflight::group::async_do: fn's result must convert to the group's T");
+      if constexpr (direct_probe<K>) {
+        start_callback(key, std::forward<F>(fn), std::forward<Callback>(on_done),
+                       std::move(caller));
+      } else if constexpr (std::constructible_from<Key, const K&>) {
+        const Key converted(key);
+        start_callback(converted, std::forward<F>(fn), std::forward<Callback>(on_done),
+                       std::move(caller));
+      }
+    }
+  }
+
+  // co_do(key, fn, caller)
+  //
+  //   T v = co_await g.co_do(key, fn, token);
+  //
+  // The coroutine form of async_do: yields this caller's copy of the value
+  // or throws what do_ would throw. Works from any coroutine type (the
+  // awaiter takes a std::coroutine_handle<>), and costs no allocation per
+  // join: the waiter lives in the awaiting coroutine's frame.
+  //
+  // The coroutine resumes on the thread that settles the flight (see
+  // async_do for the list), or on the thread that requested stop on
+  // `caller` with cancelled_error; it does not suspend at all when the
+  // outcome is immediate (closed, already cancelled, overloaded, a sync fn
+  // without an executor that ran to completion inside the co_await, or a
+  // flight that settled before the suspension was complete).
+  //
+  // The awaitable refers to `key` and `fn`: co_await it in the same full
+  // expression (its operator co_await is rvalue-only). Thread-safe.
+  template <class K, class F>
+  [[nodiscard]] auto co_do(const K& key, F&& fn, std::stop_token caller = {}) {
+    using Fn = std::decay_t<F>;
+    static_assert(detail::flight_fn<Fn, T>,
+                  "singleflight::group::co_do: fn must be invocable as T fn(std::stop_token), "
+                  "T fn(), or (asynchronous) void fn(std::stop_token, "
+                  "singleflight::completion<T>)");
+    static_assert(direct_probe<K> || std::constructible_from<Key, const K&>,
+                  "singleflight::group::co_do: the key argument must be a Key or something a "
+                  "Key can be constructed from");
+    if constexpr (detail::flight_fn<Fn, T>) {
+      static_assert(std::convertible_to<typename detail::fn_result<Fn, T>::type, T>,
+                    "singleflight::group::co_do: fn's result must convert to the group's T");
+    }
+    return co_operation<K, F>(this, key, fn, std::move(caller));
+  }
+
   // forget(key)
   //
   // Removes the entry for `key`, if any, and returns whether there was one.
@@ -349,12 +464,16 @@ class group {
   // next start, so a steady uncontended leader path allocates nothing.
   static constexpr std::size_t spare_limit = 16;
 
+  // Whether a flight running Fn needs a stop state of its own.
+  template <class Fn>
+  static constexpr bool needs_stop = detail::takes_token<Fn> || detail::async_fn<Fn, T>;
+
   // ---- stop callbacks -----------------------------------------------------
 
   // A blocked caller's stop: wake it. Runs in the thread that requested stop
   // and touches only the waiter (see detail::waiter).
   struct wake_on_stop {
-    detail::waiter* w;
+    detail::blocking_waiter* w;
     void operator()() const noexcept { w->stop(); }
   };
 
@@ -365,7 +484,7 @@ class group {
   struct leave_on_stop {
     group* g;
     flight_t* f;
-    detail::waiter* w;
+    detail::blocking_waiter* w;
     void operator()() const noexcept {
       bool stop = false;
       detail::wake_batch wake;
@@ -413,16 +532,452 @@ class group {
     bool ran_ = false;
   };
 
+  // ---- asynchronous waiters -----------------------------------------------
+  //
+  // An async caller is an async_node linked into the flight's list like a
+  // blocked thread. The differences: it registers its stop callback before
+  // it attaches (so nothing touches it after the lock that attaches it is
+  // released), its stop callback leaves the flight itself (taking the
+  // group's mutex: the node is a user until its outcome is decided, so the
+  // group is alive), and being notified means running its callback or
+  // resuming its coroutine. An async observer (waiting for a stopped fn to
+  // return) goes round again when notified, on the notifying thread.
+
+  struct async_node;
+  struct async_on_stop {
+    async_node* n;
+    void operator()() const noexcept { async_stopped(n); }
+  };
+
+  struct async_node : detail::waiter {
+    async_node(group* grp, std::stop_token tok) noexcept : g(grp), caller(std::move(tok)) {
+      notify = &on_notify;
+    }
+    async_node(const async_node&) = delete;
+    async_node& operator=(const async_node&) = delete;
+    ~async_node() = default;
+
+    group* g;
+    std::stop_token caller;
+    std::size_t h = 0;
+    ref_t f;                      // the flight joined, led or observed
+    kind result = kind::pending;  // the outcome, once decided
+    std::exception_ptr error;     // a failure of this caller's own (going round again)
+    bool is_leader = false;       // guarded by the group's mutex
+    bool has_key = true;          // false: must copy the key before it can go round again
+    // Set by the stop callback before it tries to leave. Memory ordering:
+    // seq_cst, see detail::waiter::state.
+    std::atomic<bool> stop_flag{false};
+    std::optional<std::stop_callback<async_on_stop>> cb;
+    void (*complete)(async_node*) noexcept = nullptr;  // deliver `result`; may destroy the node
+    void (*again)(async_node*) noexcept = nullptr;     // an observer's wait is over
+
+    static void on_notify(detail::waiter* w) noexcept {
+      auto* n = static_cast<async_node*>(w);
+      if (n->observer) {
+        n->again(n);
+        return;
+      }
+      n->result = n->f->kind;  // published by the settle that claimed us (same thread)
+      deliver(n);
+    }
+  };
+
+  // Hands an async caller its outcome. Without the group's lock; the node
+  // no longer counts as a user. Unregisters the stop callback first (waiting
+  // for it if it is running elsewhere: it lost the race and returns at once).
+  static void deliver(async_node* n) noexcept {
+    n->cb.reset();
+    n->complete(n);
+  }
+
+  // The exception an async caller receives, for every outcome but a value.
+  static std::exception_ptr failure_of(const async_node& n) noexcept {
+    if (n.error) return n.error;
+    switch (n.result) {
+      case kind::fn_error:
+      case kind::dropped:
+        return n.f->error;
+      case kind::cancelled:
+        return std::make_exception_ptr(cancelled_error());
+      case kind::closed:
+        return std::make_exception_ptr(closed_error());
+      case kind::timeout:
+        return std::make_exception_ptr(timeout_error());
+      case kind::overloaded:
+        return std::make_exception_ptr(overloaded_error());
+      case kind::value:
+      case kind::pending:
+        break;
+    }
+    assert(false && "singleflight: no failure to deliver");
+    return std::make_exception_ptr(error("singleflight: internal error (no outcome)"));
+  }
+
+  // A callback waiter: owns the callback, fn (used if it leads after going
+  // round again) and, once needed, a copy of the key. Heap-allocated by
+  // async_do, deleted after on_done returns.
+  template <class Fn, class Cb>
+  struct callback_node final : async_node {
+    template <class F, class C>
+    callback_node(group* grp, F&& f_in, C&& cb_in, std::stop_token tok)
+        : async_node(grp, std::move(tok)),
+          fn(std::forward<F>(f_in)),
+          on_done(std::forward<C>(cb_in)) {
+      this->complete = &complete_fn;
+      this->again = &again_fn;
+    }
+    Fn fn;
+    Cb on_done;
+    std::optional<Key> key;
+
+    static void complete_fn(async_node* b) noexcept {
+      auto* n = static_cast<callback_node*>(b);
+      {
+        outcome<T> o = make_outcome(*n);
+        std::invoke(n->on_done, std::move(o));  // a throw terminates (noexcept)
+      }
+      delete n;
+    }
+    static void again_fn(async_node* b) noexcept {
+      auto* n = static_cast<callback_node*>(b);
+      n->g->go_again(n, *n->key, std::move(n->fn));
+    }
+    static outcome<T> make_outcome(const async_node& n) noexcept {
+      if (!n.error && n.result == kind::value) {
+        try {
+          return outcome<T>(std::in_place, *n.f->value);  // this caller's own copy
+        } catch (...) {
+          return outcome<T>(std::current_exception());
+        }
+      }
+      return outcome<T>(failure_of(n));
+    }
+  };
+
+  template <class P, class F, class C>
+  void start_callback(const P& key, F&& fn, C&& on_done, std::stop_token caller) {
+    using node_t = callback_node<std::decay_t<F>, std::decay_t<C>>;
+    const std::size_t h = hash_(key);  // user code: outside the lock
+    auto* n = new node_t(this, std::forward<F>(fn), std::forward<C>(on_done), std::move(caller));
+    n->h = h;
+    n->has_key = false;
+    try {
+      start(n, key, std::move(n->fn), [n](const P& k) { n->key.emplace(k); });
+    } catch (...) {
+      delete n;
+      throw;
+    }
+  }
+
+  // A coroutine waiter: lives in the awaiter, in the coroutine's frame.
+  // `phase` decides who resumes the coroutine: the thread delivering the
+  // outcome, if await_suspend has finished (`suspended`); otherwise
+  // await_suspend itself, by not suspending. Memory ordering: acq_rel on both
+  // exchanges, so the outcome written before one side's exchange is visible
+  // to whoever resumes the coroutine after the other's.
+  template <class P, class F>
+  struct coroutine_node final : async_node {
+    enum : unsigned char { starting, suspended, ready };
+    coroutine_node(group* grp, const P& k, std::remove_reference_t<F>& f_in,
+                   std::stop_token tok) noexcept
+        : async_node(grp, std::move(tok)), key(&k), fn(&f_in) {
+      this->complete = &complete_fn;
+      this->again = &again_fn;
+    }
+    const P* key;
+    std::remove_reference_t<F>* fn;
+    std::coroutine_handle<> handle;
+    std::atomic<unsigned char> phase{starting};
+
+    static void complete_fn(async_node* b) noexcept {
+      auto* n = static_cast<coroutine_node*>(b);
+      if (n->phase.exchange(ready, std::memory_order_acq_rel) == suspended) n->handle.resume();
+    }
+    static void again_fn(async_node* b) noexcept {
+      auto* n = static_cast<coroutine_node*>(b);
+      n->g->go_again(n, *n->key, std::forward<F>(*n->fn));
+    }
+  };
+
+  // What co_await runs. Not movable: the waiter inside is linked by address.
+  template <class P, class F>
+  class co_awaiter {
+   public:
+    co_awaiter(group* g, const P& key, std::remove_reference_t<F>& fn, std::stop_token caller)
+        : node_(g, key, fn, std::move(caller)) {}
+    co_awaiter(const co_awaiter&) = delete;
+    co_awaiter& operator=(const co_awaiter&) = delete;
+    ~co_awaiter() = default;
+
+    bool await_ready() const noexcept { return false; }
+
+    // Attaches the waiter; returns false (do not suspend) when the outcome
+    // is already there. Throws, with nothing attached, what Hash, KeyEqual,
+    // Key's copy or allocation throw.
+    bool await_suspend(std::coroutine_handle<> h) {
+      node_.handle = h;
+      node_.h = node_.g->hash_(*node_.key);
+      node_.g->start(&node_, *node_.key, std::forward<F>(*node_.fn), [](const P&) {});
+      // The last touch of this awaiter by this thread when it suspends.
+      return node_.phase.exchange(node_t::suspended, std::memory_order_acq_rel) != node_t::ready;
+    }
+
+    T await_resume() {
+      if (!node_.error && node_.result == kind::value) return *node_.f->value;  // our own copy
+      std::rethrow_exception(failure_of(node_));
+    }
+
+   private:
+    using node_t = coroutine_node<P, F>;
+    node_t node_;
+  };
+
+  template <class>
+  static constexpr bool dependent_false = false;
+
+  // What co_do returns: refers to the key and fn until co_awaited.
+  template <class K, class F>
+  class co_operation {
+   public:
+    co_operation(group* g, const K& key, std::remove_reference_t<F>& fn,
+                 std::stop_token caller) noexcept
+        : g_(g), key_(&key), fn_(&fn), caller_(std::move(caller)) {}
+    co_operation(const co_operation&) = delete;
+    co_operation& operator=(const co_operation&) = delete;
+    ~co_operation() = default;
+
+    auto operator co_await() && {
+      if constexpr (direct_probe<K>) {
+        return co_awaiter<K, F>(g_, *key_, *fn_, std::move(caller_));
+      } else {
+        return converting_awaiter(g_, *key_, *fn_, std::move(caller_));
+      }
+    }
+    template <class Self = co_operation>
+    void operator co_await() & {
+      static_assert(dependent_false<Self>,
+                    "singleflight::group::co_do: co_await the result in the same expression "
+                    "(co_await g.co_do(key, fn)); it refers to key and fn");
+    }
+
+   private:
+    // A key that is not probed directly is converted to Key first.
+    class converting_awaiter {
+     public:
+      converting_awaiter(group* g, const K& key, std::remove_reference_t<F>& fn,
+                         std::stop_token caller)
+          : key_(key), inner_(g, key_, fn, std::move(caller)) {}
+      bool await_ready() const noexcept { return false; }
+      bool await_suspend(std::coroutine_handle<> h) { return inner_.await_suspend(h); }
+      T await_resume() { return inner_.await_resume(); }
+
+     private:
+      const Key key_;
+      co_awaiter<Key, F> inner_;
+    };
+
+    group* g_;
+    const K* key_;
+    std::remove_reference_t<F>* fn_;
+    std::stop_token caller_;
+  };
+
+  // Registers the stop callback, then attaches. Throws only before
+  // attaching, with the callback unregistered again.
+  template <class P, class F, class KeepKey>
+  void start(async_node* n, const P& key, F&& fn, KeepKey keep) {
+    // If `caller` is already stopped, the callback runs right here; it finds
+    // nothing attached and attach() answers cancelled.
+    if (n->caller.stop_possible()) n->cb.emplace(n->caller, async_on_stop{n});
+    try {
+      attach(n, key, std::forward<F>(fn), /*first=*/true, keep);
+    } catch (...) {
+      n->cb.reset();
+      throw;
+    }
+  }
+
+  // An observer's wait is over (its predecessor's fn returned, forget() or
+  // close()): attach again. Runs on the notifying thread; the node is still a
+  // user. A failure (allocation, Hash, KeyEqual) becomes its outcome.
+  template <class P, class F>
+  void go_again(async_node* n, const P& key, F&& fn) noexcept {
+    try {
+      attach(n, key, std::forward<F>(fn), /*first=*/false, [](const P&) {});
+    } catch (...) {
+      n->error = std::current_exception();
+      n->cb.reset();  // outside the lock: a stop callback in flight takes it
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        exit_user();
+      }
+      deliver(n);
+    }
+  }
+
+  // Joins, observes or leads the flight for `key`, or decides an immediate
+  // outcome and delivers it. `first`: from async_do / co_await (the node is
+  // not a user yet); otherwise an observer going round again (it is one).
+  // Throws only before attaching, and never touches the node after the lock
+  // that attached it is released.
+  template <class P, class F, class KeepKey>
+  void attach(async_node* n, const P& key, F&& fn, bool first, KeepKey keep) {
+    ref_t previous;  // an observer's old flight: released after the lock
+    std::unique_lock<std::mutex> lk(mu_);
+    kind immediate = kind::pending;
+    try {
+      if (first) {
+        ++st_.calls;
+      } else {
+        n->rearm();  // then read the stop flag: see detail::waiter::state
+      }
+      for (;;) {
+        if (closed_) {
+          immediate = kind::closed;
+          break;
+        }
+        if (n->stop_flag.load(std::memory_order_seq_cst)) {
+          immediate = kind::cancelled;
+          break;
+        }
+        auto it = map_.find(detail::probe<P>{key, n->h});
+        if (it == map_.end()) {
+          if (opts_.max_in_flight != 0 && map_.size() >= opts_.max_in_flight) {
+            ++st_.overloaded;
+            immediate = kind::overloaded;
+            break;
+          }
+          lead_async(lk, n, key, std::forward<F>(fn), first, previous);
+          return;
+        }
+        flight_t* f = it->second;
+        if (f->kind == kind::pending) {
+          ++f->waiters;
+          ++st_.joins;
+          if (first) ++users_;
+          previous = std::exchange(n->f, ref_t::share(f));
+          n->observer = false;
+          n->is_leader = false;
+          f->list.push(*n);
+          return;  // unlocks; the node may be delivered from here on
+        }
+        // A stopped fn still winding down: wait for it to return, then go
+        // round again (on the thread where it returns).
+        if (!n->has_key) {
+          lk.unlock();
+          keep(key);  // the caller's key will be gone by then
+          n->has_key = true;
+          lk.lock();
+          continue;
+        }
+        if (first) ++users_;
+        previous = std::exchange(n->f, ref_t::share(f));
+        n->observer = true;
+        n->is_leader = false;
+        f->list.push(*n);
+        return;
+      }
+    } catch (...) {
+      if (!lk.owns_lock()) lk.lock();
+      ++st_.rejections;
+      throw;
+    }
+    // Immediate outcome. If the claim fails, the stop callback is leaving:
+    // it found nothing linked and leaves the answer (cancelled) to us.
+    if (!n->try_claim()) immediate = kind::cancelled;
+    ++st_.rejections;
+    if (immediate == kind::cancelled) ++st_.cancellations;
+    n->result = immediate;
+    lk.unlock();
+    if (!first) {
+      n->cb.reset();  // outside the lock: a stop callback in flight takes it
+      lk.lock();
+      exit_user();
+      lk.unlock();
+    }
+    deliver(n);
+  }
+
+  // Starts a flight with an async caller as its leader. Called with `lk`
+  // held, returns with it released.
+  template <class P, class F>
+  void lead_async(std::unique_lock<std::mutex>& lk, async_node* n, const P& key, F&& fn, bool first,
+                  ref_t& previous) {
+    using Fn = std::decay_t<F>;
+    flight_t* f = acquire_flight(needs_stop<Fn>);  // may throw: nothing changed yet
+    try {
+      insert_entry(key, n->h, f);
+    } catch (...) {
+      f->release();
+      throw;
+    }
+    // Committed: nothing below throws.
+    ++seq_;
+    f->seq = seq_;
+    ++st_.flights;
+    f->waiters = 1;
+    link_live(f);
+    if (opts_.timeout > std::chrono::nanoseconds::zero()) link_deadline(f);
+    if (first) ++users_;
+    previous = std::exchange(n->f, ref_t::share(f));
+    n->observer = false;
+    n->is_leader = true;
+    f->list.push(*n);  // unlike a blocked leader, the node is a user of its own
+    ++users_;          // this thread, until the hand-off is over
+    detail::frame fr(this);
+    fr.set_counted();
+    ref_t mine = ref_t::share(f);
+    detail::wake_batch wake;
+    const bool stop = hand_off(lk, f, std::forward<F>(fn), wake);
+    exit_user();
+    fr.set_counted(false);
+    lk.unlock();
+    wake.signal_all();
+    if (stop) mine->stop.request_stop();
+  }
+
+  // An async caller's stop callback: runs on the thread that requested stop.
+  static void async_stopped(async_node* n) noexcept {
+    n->stop_flag.store(true, std::memory_order_seq_cst);
+    if (!n->try_leave())
+      return;  // claimed: its outcome is on the way, or its next round sees the flag
+    group* g = n->g;
+    bool stop = false;
+    detail::wake_batch wake;
+    {
+      std::lock_guard<std::mutex> lk(g->mu_);
+      // Not attached (yet, or between two rounds): the attaching thread
+      // sees `leaving` and answers cancelled itself.
+      if (!n->linked) return;
+      flight_t* f = n->f.get();
+      f->list.erase(*n);
+      if (n->observer) {
+        ++g->st_.rejections;
+      } else {
+        stop = g->leave(f, n->is_leader, wake);
+      }
+      ++g->st_.cancellations;
+      g->exit_user();
+    }
+    // No longer a user: only the node and its flight reference are touched.
+    wake.signal_all();
+    if (stop) n->f->stop.request_stop();
+    n->result = kind::cancelled;
+    deliver(n);
+  }
+
   // ---- the call -----------------------------------------------------------
 
   template <class K, class F>
   T call(const K& key, F&& fn, std::stop_token caller, bool fresh, call_info* info) {
     using Fn = std::decay_t<F>;
-    static_assert(detail::flight_fn<Fn>,
-                  "singleflight::group::do_: fn must be invocable as fn(std::stop_token) or "
-                  "fn()");
-    if constexpr (detail::flight_fn<Fn>) {
-      using R = typename detail::fn_result<Fn>::type;
+    static_assert(detail::flight_fn<Fn, T>,
+                  "singleflight::group::do_: fn must be invocable as T fn(std::stop_token), "
+                  "T fn(), or (asynchronous) void fn(std::stop_token, "
+                  "singleflight::completion<T>)");
+    if constexpr (detail::flight_fn<Fn, T>) {
+      using R = typename detail::fn_result<Fn, T>::type;
       static_assert(std::convertible_to<R, T>,
                     "singleflight::group::do_: fn's result must convert to the group's T");
       static_assert(direct_probe<K> || std::constructible_from<Key, const K&>,
@@ -450,7 +1005,7 @@ class group {
     if (info != nullptr) *info = call_info{};
     const std::size_t h = hash_(key);  // user code: outside the lock
     detail::frame fr(this);
-    detail::waiter w;
+    detail::blocking_waiter w;
     std::optional<T> local;  // an inline leader's value, when nobody else needs it
     ticket t;
     SINGLEFLIGHT_HOOK(caller_entering);
@@ -477,6 +1032,7 @@ class group {
         // call attached to anything: nothing to roll back but the counts.
         ++st_.rejections;
         exit_user();
+        fr.set_counted(false);
         throw;
       }
       if (!t.accounted) {
@@ -485,6 +1041,7 @@ class group {
         exit_user();
       }
     }
+    fr.set_counted(false);
     // From here on this call no longer counts as a user of the group (close()
     // may be returning): only the flight (owned through t.f), the waiters in
     // t.wake and this frame are touched.
@@ -506,8 +1063,8 @@ class group {
   // holding it and before attaching.
   template <class P, class F>
   ticket route(std::unique_lock<std::mutex>& lk, const P& key, std::size_t h, F&& fn,
-               const std::stop_token& caller, bool fresh, detail::waiter& w, detail::frame& fr,
-               std::optional<T>& local, call_info* info) {
+               const std::stop_token& caller, bool fresh, detail::blocking_waiter& w,
+               detail::frame& fr, std::optional<T>& local, call_info* info) {
     const std::uint64_t arrival = seq_;
     std::optional<clock::time_point> wait_deadline;
     for (;;) {
@@ -550,7 +1107,7 @@ class group {
 
   // Blocks on the waiter's own mutex until signalled or stopped (or, with a
   // deadline, until it passes). Called and returns without the group's lock.
-  static void block(detail::waiter& w, const std::optional<clock::time_point>& deadline) {
+  static void block(detail::blocking_waiter& w, const std::optional<clock::time_point>& deadline) {
     std::unique_lock<std::mutex> wl(w.m);
     const auto ready = [&w] { return w.signaled || w.stop_fired; };
     if (deadline) {
@@ -562,7 +1119,7 @@ class group {
 
   // A claimed waiter's signal is on its way; wait for it before the waiter
   // can be reused or destroyed. Without the group's lock.
-  static void await_signal(detail::waiter& w) {
+  static void await_signal(detail::blocking_waiter& w) {
     std::unique_lock<std::mutex> wl(w.m);
     w.cv.wait(wl, [&w] { return w.signaled; });
   }
@@ -570,7 +1127,7 @@ class group {
   // Waits, as an observer, until f's fn has returned. Returns pending to go
   // round again, or the reason to give up. Called and returns with `lk` held.
   kind observe(std::unique_lock<std::mutex>& lk, ref_t f, const std::stop_token& caller,
-               detail::waiter& w, const std::optional<clock::time_point>& deadline) {
+               detail::blocking_waiter& w, const std::optional<clock::time_point>& deadline) {
     w.reset(/*as_observer=*/true);
     f->list.push(w);
     lk.unlock();
@@ -596,7 +1153,7 @@ class group {
   // fires (leaves). Called with `lk` held and `w` linked; returns with `lk`
   // held, or released when the ticket is `accounted`.
   ticket wait_outcome(std::unique_lock<std::mutex>& lk, ref_t f, const std::stop_token& caller,
-                      detail::waiter& w, bool is_leader) {
+                      detail::blocking_waiter& w, bool is_leader) {
     lk.unlock();
     {
       std::optional<std::stop_callback<wake_on_stop>> cb;
@@ -628,14 +1185,14 @@ class group {
   // Starts a new flight for `key` with this caller as its leader.
   template <class P, class F>
   ticket lead(std::unique_lock<std::mutex>& lk, const P& key, std::size_t h, F&& fn,
-              const std::stop_token& caller, detail::waiter& w, detail::frame& fr,
+              const std::stop_token& caller, detail::blocking_waiter& w, detail::frame& fr,
               std::optional<T>& local, call_info* info) {
     using Fn = std::decay_t<F>;
     if (opts_.max_in_flight != 0 && map_.size() >= opts_.max_in_flight) {
       ++st_.overloaded;
       throw overloaded_error();
     }
-    flight_t* f = acquire_flight(detail::takes_token<Fn>);  // may throw: nothing changed yet
+    flight_t* f = acquire_flight(needs_stop<Fn>);  // may throw: nothing changed yet
     try {
       insert_entry(key, h, f);
     } catch (...) {
@@ -652,13 +1209,39 @@ class group {
     if (info != nullptr) *info = call_info{role::leader, f->seq};
     ref_t mine = ref_t::share(f);
 
-    if (!opts_.executor) return lead_inline(lk, std::move(mine), fn, caller, w, fr, local);
+    if constexpr (!detail::async_fn<Fn, T>) {
+      if (!opts_.executor) return lead_inline(lk, std::move(mine), fn, caller, w, fr, local);
+    }
 
-    // Executor: package fn into a task and wait like everyone else. The
-    // leader counts in f->waiters from the start, but links its waiter only
-    // once the submission is over: a waiter claimed while this thread still
-    // had to come back for the lock would be counted out too early (found by
-    // the spin model: close() could return while the leader was in here).
+    // Executor, or an async fn: package fn into a task, hand it off (to the
+    // executor; an async fn without one is started right here) and wait like
+    // everyone else. The leader counts in f->waiters from the start, but
+    // links its waiter only once the hand-off is over: a waiter claimed while
+    // this thread still had to come back for the lock would be counted out
+    // too early (found by the spin model: close() could return while the
+    // leader was in here).
+    ticket t;
+    t.stop = hand_off(lk, f, std::forward<F>(fn), t.wake);
+    if (f->kind != kind::pending) {
+      // Settled while we were submitting (the task ran, the deadline, close,
+      // or the failure above): take the outcome directly.
+      t.outcome = f->kind;
+      t.f = std::move(mine);
+      return t;  // lock held: the caller does the bookkeeping
+    }
+    w.reset(/*as_observer=*/false);
+    f->list.push(w);
+    return wait_outcome(lk, std::move(mine), caller, w, /*is_leader=*/true);
+  }
+
+  // Hands f's fn, packaged as a task, to the executor (or, without one, runs
+  // the task here: it starts an async fn, or runs a sync fn for an async
+  // caller). Called with `lk` held by a thread that counts as a user;
+  // returns with it held. Returns whether f's token must be stopped once the
+  // lock is released. A failure to hand off fails the flight (below).
+  template <class F>
+  bool hand_off(std::unique_lock<std::mutex>& lk, flight_t* f, F&& fn, detail::wake_batch& wake) {
+    using Fn = std::decay_t<F>;
     ++users_;  // the task is a user until it finishes or is dropped
     f->submitting = true;
     lk.unlock();
@@ -673,42 +1256,33 @@ class group {
     }
     lk.lock();
     f->submitting = false;
-    ticket t;
+    bool stop = false;
     if ((submit_error || f->dropped_in_submit) && !f->fn_done) {
       // The flight fails with the reason.
       if (f->kind == kind::pending) {
         f->error = submit_error ? submit_error : dropped_error();
-        settle(f, submit_error ? kind::fn_error : kind::dropped, t.wake);
+        settle(f, submit_error ? kind::fn_error : kind::dropped, wake);
         // A task the executor kept may be running fn right now: stop it, or
         // the key stays taken for as long as fn cares to run.
-        t.stop = f->stop.stop_possible();
+        stop = f->stop.stop_possible();
       }
       if (!handed_off || f->dropped_in_submit) {
         // No task exists any more: the key is free.
-        finish(f, f->kind, t.wake);
+        finish(f, f->kind, wake);
         exit_user();  // the task's
       }
       // Otherwise the executor threw but kept the task: it may still run,
       // so it stays a user and keeps its (unjoinable) entry until it runs
       // (and, seeing the flight settled, skips fn) or is destroyed.
     }
-    if (f->kind != kind::pending) {
-      // Settled while we were submitting (the task ran, the deadline, close,
-      // or the failure above): take the outcome directly.
-      t.outcome = f->kind;
-      t.f = std::move(mine);
-      return t;  // lock held: the caller does the bookkeeping
-    }
-    w.reset(/*as_observer=*/false);
-    f->list.push(w);
-    return wait_outcome(lk, std::move(mine), caller, w, /*is_leader=*/true);
+    return stop;
   }
 
   // Runs fn on the leader's own thread. The leader counts as a waiter and
   // leaves through its stop callback, since it cannot stop waiting.
   template <class F>
   ticket lead_inline(std::unique_lock<std::mutex>& lk, ref_t mine, F& fn,
-                     const std::stop_token& caller, detail::waiter& w, detail::frame& fr,
+                     const std::stop_token& caller, detail::blocking_waiter& w, detail::frame& fr,
                      std::optional<T>& local) {
     flight_t* f = mine.get();
     w.reset(/*as_observer=*/false);  // stop_fired: guarded by mu_ for an inline leader
@@ -827,6 +1401,10 @@ class group {
   }
 
   void submit(task tk) {
+    if (!opts_.executor) {
+      tk();  // no executor: an async fn is started, an async caller's sync fn runs, right here
+      return;
+    }
     if (!builtin_threads_) {
       opts_.executor(std::move(tk));
       return;
@@ -869,23 +1447,88 @@ class group {
       if (f->fn_done) return;  // failed at submission; the submitter accounted for it
       if (f->kind == kind::pending) {
         run = true;
+        if constexpr (detail::async_fn<Fn, T>) {
+          // The completion is a user of its own until it is resolved, so a
+          // completion resolved on another thread while fn is still being
+          // called cannot let close() return under this thread.
+          ++users_;
+          f->starting = true;
+        }
       } else {
         // Stopped while queued (no waiters left, deadline, close): the work
         // is no longer wanted, so it is not started at all.
         (void)finish(f, f->kind, wake);
         exit_user();
+        fr.set_counted(false);
       }
     }
     if (run) {
       fr.set_flight(f);
-      const kind k = invoke_fn(f->value, f, fn);
-      fr.set_flight(nullptr);
-      SINGLEFLIGHT_HOOK(leader_fn_returned);
-      std::lock_guard<std::mutex> lk(mu_);
-      (void)finish(f, k, wake);
-      exit_user();
+      if constexpr (detail::async_fn<Fn, T>) {
+        std::exception_ptr thrown;
+        try {
+          f->retain();  // the completion's reference
+          std::invoke(
+              fn, f->stop.get_token(),
+              detail::completion_access::make<T>(static_cast<void*>(this), &group::resolve, f));
+        } catch (...) {
+          thrown = std::current_exception();
+        }
+        fr.set_flight(nullptr);
+        std::lock_guard<std::mutex> lk(mu_);
+        f->starting = false;
+        if (!f->fn_done && f->kind == kind::pending && (thrown || f->broken_in_start)) {
+          // fn threw, or let its completion die, before returning. A thrown
+          // exception says more than the broken promise it caused.
+          f->error = thrown ? thrown : broken_promise();
+          (void)finish(f, thrown ? kind::fn_error : kind::dropped, wake);
+        } else if (!f->fn_done && f->broken_in_start) {
+          (void)finish(f, f->kind, wake);  // settled meanwhile: free the key
+        }
+        // A completion still held elsewhere after a throw resolves later
+        // and only gives back its own count.
+        exit_user();  // the task's
+        fr.set_counted(false);
+      } else {
+        const kind k = invoke_fn(f->value, f, fn);
+        fr.set_flight(nullptr);
+        SINGLEFLIGHT_HOOK(leader_fn_returned);
+        std::lock_guard<std::mutex> lk(mu_);
+        (void)finish(f, k, wake);
+        exit_user();
+        fr.set_counted(false);
+      }
     }
     wake.signal_all();
+  }
+
+  // A completion<T> was resolved (or destroyed unresolved). Any thread,
+  // without the lock; the completion counts as a user until here.
+  static void resolve(void* self, flight_t* f, detail::resolution r,
+                      std::exception_ptr e) noexcept {
+    group* g = static_cast<group*>(self);
+    detail::wake_batch wake;
+    {
+      std::lock_guard<std::mutex> lk(g->mu_);
+      if (!f->fn_done) {
+        if (r == detail::resolution::broken && f->starting) {
+          f->broken_in_start = true;  // fn may still throw: the starter decides
+        } else if (f->kind != kind::pending) {
+          g->finish(f, f->kind, wake);  // settled early: only free the key
+        } else if (r == detail::resolution::value) {
+          g->finish(f, kind::value, wake);
+        } else {
+          f->error = r == detail::resolution::error ? std::move(e) : broken_promise();
+          g->finish(f, r == detail::resolution::error ? kind::fn_error : kind::dropped, wake);
+        }
+      }
+      g->exit_user();  // the completion's
+    }
+    wake.signal_all();
+  }
+
+  static std::exception_ptr broken_promise() noexcept {
+    return std::make_exception_ptr(broken_promise_error());
   }
 
   void task_dropped(flight_t* f) noexcept {
@@ -1141,6 +1784,8 @@ class group {
         throw closed_error();
       case kind::timeout:
         throw timeout_error();
+      case kind::overloaded:
+        throw overloaded_error();
       case kind::pending:
         break;
     }

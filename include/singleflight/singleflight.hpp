@@ -7,12 +7,15 @@
 // singleflight coalesces concurrent identical calls within one process: the
 // callers that ask for the same key at the same time share one execution of
 // the work and each receive its outcome. See group.hpp for the contract.
+// singleflight/asio.hpp (not included here) adapts group::async_do to Asio.
 #pragma once
 
+#include "completion.hpp"       // IWYU pragma: export
 #include "errors.hpp"           // IWYU pragma: export
 #include "group.hpp"            // IWYU pragma: export
 #include "hash.hpp"             // IWYU pragma: export
 #include "options.hpp"          // IWYU pragma: export
+#include "outcome.hpp"          // IWYU pragma: export
 #include "stats.hpp"            // IWYU pragma: export
 #include "task.hpp"             // IWYU pragma: export
 #include "thread_executor.hpp"  // IWYU pragma: export

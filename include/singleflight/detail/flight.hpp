@@ -23,34 +23,41 @@ namespace singleflight::detail {
 // group's mutex.
 enum class outcome_kind : unsigned char {
   pending,
-  value,      // fn returned; `value` holds it
-  fn_error,   // fn (or handing it to the executor) threw; `error` holds it
-  dropped,    // the executor destroyed the task unrun; `error` holds it
-  cancelled,  // stopped by the ownership policy
-  closed,     // stopped by close()
-  timeout,    // stopped by the deadline
+  value,       // fn returned; `value` holds it
+  fn_error,    // fn (or handing it to the executor) threw; `error` holds it
+  dropped,     // the executor destroyed the task unrun, or an async fn's
+               // completion was destroyed unresolved; `error` holds it
+  cancelled,   // stopped by the ownership policy
+  closed,      // stopped by close()
+  timeout,     // stopped by the deadline
+  overloaded,  // (a caller's immediate outcome only) max_in_flight reached
 };
+
+// How a completion<T> was resolved.
+enum class resolution : unsigned char { value, error, broken };
 
 // waiter
 //
-// One blocked caller, linked into its flight's list. It lives in the
-// caller's frame and the list is intrusive, so a join allocates nothing.
+// One caller waiting for a flight, linked into the flight's list: a blocked
+// thread (blocking_waiter, in the caller's frame), a callback or a suspended
+// coroutine (the group's async waiters). The list is intrusive, so a join
+// allocates nothing.
 //
-// Wake-up protocol (why a waiter has its own mutex): whoever settles a flight
-// *claims* its waiters under the group's mutex (unlinks them, sets
-// `claimed`, and settles their accounting), and *signals* them only after
-// releasing it, each under the waiter's own mutex. A woken caller therefore
-// never takes the group's mutex again: a burst of N waiters does not queue up
-// on it. A caller whose own stop fires takes the group's mutex to leave; if
-// it finds itself claimed, a signal is on its way and it waits for that
-// (briefly) instead, because the settler still holds a pointer to it.
-//
-// An asynchronous waiter (callback, coroutine) fits the same protocol: claim
-// under the lock, then run or resume it where this one is signalled.
+// Wake-up protocol: whoever settles a flight *claims* its waiters under the
+// group's mutex (unlinks them, sets `claimed`, and settles their
+// accounting), and *notifies* them only after releasing it (`notify`: signal
+// a blocked thread, run a callback, resume a coroutine). A notified waiter
+// therefore never takes the group's mutex again: a burst of N waiters does not
+// queue up on it. A caller whose own stop fires takes the group's mutex to
+// leave; if it finds itself claimed, the notification is on its way.
 struct waiter {
   waiter* prev = nullptr;
   waiter* next = nullptr;
   waiter* signal_next = nullptr;  // the settler's batch, once claimed
+
+  // Called once per claim, after the group's mutex is released, by the
+  // thread that claimed the waiter. May destroy the waiter.
+  void (*notify)(waiter*) noexcept = nullptr;
 
   // Guarded by the group's mutex.
   bool linked = false;
@@ -62,13 +69,38 @@ struct waiter {
   // and, if it is not an observer, no longer counts as a user of the group,
   // so it must not touch the group again; a leaving caller still counts and
   // unlinks itself under the group's mutex.
-  // Memory ordering: acq_rel on both sides, so the winner's prior writes
-  // (the settler's outcome and bookkeeping) are visible to whoever reads the
-  // state after it; the signal through `m` orders them as well.
+  // Memory ordering: seq_cst. acq_rel would order the winner's prior writes
+  // (the settler's outcome and bookkeeping) for whoever reads the state after
+  // it; seq_cst also makes "store `waiting`, then read the caller's stop
+  // flag" (an async observer going round again, see group::attach) and
+  // "set the stop flag, then CAS" (its stop callback) a Dekker pair: at least
+  // one side sees the other, so a stop is never lost between two waits.
   enum : unsigned char { waiting, claimed, leaving };
   std::atomic<unsigned char> state{waiting};
   bool try_claim() noexcept { return transition(claimed); }
   bool try_leave() noexcept { return transition(leaving); }
+  // Re-opens a claimed waiter for another wait (async observers). Under the
+  // group's mutex, before reading the caller's stop flag.
+  void rearm() noexcept { state.store(waiting, std::memory_order_seq_cst); }
+
+ private:
+  bool transition(unsigned char to) noexcept {
+    unsigned char expected = waiting;
+    return state.compare_exchange_strong(expected, to, std::memory_order_seq_cst,
+                                         std::memory_order_seq_cst);
+  }
+};
+
+// blocking_waiter
+//
+// A blocked thread. It has its own mutex so that the settler signals it
+// without the group's mutex; a caller whose own stop fires is woken through
+// the same mutex and then leaves (or, if it was claimed meanwhile, waits for
+// the signal, because the settler still holds a pointer to it).
+struct blocking_waiter : waiter {
+  blocking_waiter() noexcept {
+    notify = [](waiter* w) noexcept { static_cast<blocking_waiter*>(w)->signal(); };
+  }
 
   // Guarded by `m`.
   std::mutex m;
@@ -101,13 +133,6 @@ struct waiter {
     stop_fired = true;
     cv.notify_one();
   }
-
- private:
-  bool transition(unsigned char to) noexcept {
-    unsigned char expected = waiting;
-    return state.compare_exchange_strong(expected, to, std::memory_order_acq_rel,
-                                         std::memory_order_acquire);
-  }
 };
 
 // wake_batch: waiters claimed under the group's mutex, to signal after it.
@@ -128,12 +153,13 @@ class wake_batch {
     head_ = &w;
   }
   bool empty() const noexcept { return head_ == nullptr; }
-  // Signals every waiter; call with no lock held.
+  // Notifies every waiter; call with no lock held. Async waiters run user
+  // code here (callbacks, coroutines), which may re-enter the group.
   void signal_all() noexcept {
     waiter* w = std::exchange(head_, nullptr);
     while (w != nullptr) {
-      waiter* next = w->signal_next;  // read before the signal frees w
-      w->signal();
+      waiter* next = w->signal_next;  // read before the notification frees w
+      w->notify(w);
       w = next;
     }
   }
@@ -218,6 +244,8 @@ class flight {
     fn_done = false;
     submitting = false;
     dropped_in_submit = false;
+    starting = false;
+    broken_in_start = false;
     home = nullptr;
   }
 
@@ -240,9 +268,12 @@ class flight {
     if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
   }
 
-  // Written by the thread that ran fn before the settle that publishes it,
-  // read by waiters only after they observed kind == value / fn_error under
-  // the group's mutex: the mutex orders the write before every read.
+  // `value` is written by the thread that ran fn (or resolved an async fn's
+  // completion) before the settle that publishes it, and read by waiters
+  // only after they observed kind == value under the group's mutex (or were
+  // claimed by that settle): the mutex orders the write before every read.
+  // `error` is written before the settle too, under the mutex when a
+  // completion or the group writes it.
   std::optional<T> value;
   std::exception_ptr error;
   std::stop_source stop;  // the flight's own; nostopstate when fn takes no token
@@ -255,6 +286,8 @@ class flight {
   bool fn_done = false;            // fn returned, or will never run
   bool submitting = false;         // the executor call is in progress
   bool dropped_in_submit = false;  // the task died inside the executor call
+  bool starting = false;           // an async fn is being called (not yet returned)
+  bool broken_in_start = false;    // ... and its completion died unresolved meanwhile
   const void* home = nullptr;      // our map node's key, while the map holds us
   std::size_t home_hash = 0;
   flight* live_prev = nullptr;  // every flight whose fn has not returned

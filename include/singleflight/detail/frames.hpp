@@ -23,7 +23,10 @@ class frame {
   ~frame() { top() = prev_; }
 
   void set_flight(const void* flight) noexcept { flight_ = flight; }
-  void set_counted() noexcept { counted_ = true; }
+  // Whether this frame holds one of the group's user counts; cleared when
+  // the count is given back, so close() from later code on this thread (a
+  // callback run by a settler) does not mistake it for its own.
+  void set_counted(bool counted = true) noexcept { counted_ = counted; }
 
   // True when a frame of this thread is running `flight`'s fn.
   static bool runs_here(const void* flight) noexcept {
