@@ -552,6 +552,7 @@ class group {
   struct async_node : detail::waiter {
     async_node(group* grp, std::stop_token tok) noexcept : g(grp), caller(std::move(tok)) {
       notify = &on_notify;
+      async = true;
     }
     async_node(const async_node&) = delete;
     async_node& operator=(const async_node&) = delete;
@@ -565,6 +566,13 @@ class group {
     std::exception_ptr error;     // a failure of this caller's own (going round again)
     bool is_leader = false;       // guarded by the group's mutex
     bool has_key = true;          // false: must copy the key before it can go round again
+    // An observer's bound (options.timeout from its first wait for a
+    // predecessor), and its place in the group's list of such bounds.
+    // Guarded by the group's mutex.
+    std::optional<clock::time_point> wait_deadline;
+    async_node* ob_prev = nullptr;
+    async_node* ob_next = nullptr;
+    bool ob_linked = false;
     // Set by the stop callback before it tries to leave. Memory ordering:
     // seq_cst, see detail::waiter::state.
     std::atomic<bool> stop_flag{false};
@@ -578,7 +586,9 @@ class group {
         n->again(n);
         return;
       }
-      n->result = n->f->kind;  // published by the settle that claimed us (same thread)
+      // Published by the settle that claimed us (same thread); the timer sets
+      // `result` itself when an observer's wait runs out.
+      if (n->result == kind::pending) n->result = n->f->kind;
       deliver(n);
     }
   };
@@ -876,6 +886,7 @@ class group {
         n->observer = true;
         n->is_leader = false;
         f->list.push(*n);
+        if (opts_.timeout > std::chrono::nanoseconds::zero()) link_wait_deadline(n);
         return;
       }
     } catch (...) {
@@ -953,6 +964,7 @@ class group {
       flight_t* f = n->f.get();
       f->list.erase(*n);
       if (n->observer) {
+        g->unlink_wait_deadline(n);
         ++g->st_.rejections;
       } else {
         stop = g->leave(f, n->is_leader, wake);
@@ -1610,9 +1622,45 @@ class group {
   }
 
   // Observers stay users after being claimed (they come back for the lock).
-  static void claim_observers(flight_t* f, detail::wake_batch& wake) noexcept {
+  void claim_observers(flight_t* f, detail::wake_batch& wake) noexcept {
     (void)f->list.claim_if([](const detail::waiter& w) { return w.observer; },
-                           [](const detail::waiter&) {}, wake);
+                           [this](detail::waiter& w) {
+                             if (w.async) unlink_wait_deadline(static_cast<async_node*>(&w));
+                           },
+                           wake);
+  }
+
+  // An async observer's bound (a blocked one waits with its own deadline).
+  // Kept sorted: bounds are taken under the lock from a steady clock with
+  // one timeout, but a node going round again keeps its first bound, so it
+  // is inserted from the back.
+  void link_wait_deadline(async_node* n) noexcept {
+    if (!n->wait_deadline) {
+      n->wait_deadline = clock::now() + std::chrono::ceil<clock::duration>(opts_.timeout);
+    }
+    async_node* after = ob_tail_;
+    while (after != nullptr && *n->wait_deadline < *after->wait_deadline) after = after->ob_prev;
+    n->ob_prev = after;
+    n->ob_next = after != nullptr ? after->ob_next : ob_head_;
+    if (n->ob_next != nullptr) {
+      n->ob_next->ob_prev = n;
+    } else {
+      ob_tail_ = n;
+    }
+    if (after != nullptr) {
+      after->ob_next = n;
+    } else {
+      ob_head_ = n;
+      timer_cv_.notify_one();  // under mu_: the timer waits on it
+    }
+    n->ob_linked = true;
+  }
+  void unlink_wait_deadline(async_node* n) noexcept {
+    if (!n->ob_linked) return;
+    (n->ob_prev != nullptr ? n->ob_prev->ob_next : ob_head_) = n->ob_next;
+    (n->ob_next != nullptr ? n->ob_next->ob_prev : ob_tail_) = n->ob_prev;
+    n->ob_prev = n->ob_next = nullptr;
+    n->ob_linked = false;
   }
 
   void exit_user() noexcept {
@@ -1690,13 +1738,16 @@ class group {
   void timer_loop() {
     std::unique_lock<std::mutex> lk(mu_);
     while (!timer_stop_) {
-      if (dl_head_ == nullptr) {
+      if (dl_head_ == nullptr && ob_head_ == nullptr) {
         timer_cv_.wait(lk);
         continue;
       }
       const auto now = clock::now();
-      if (const auto next = dl_head_->deadline; now < next) {
-        // A copy: the flight may settle and be freed while we wait.
+      // A copy: the flight may settle and be freed while we wait.
+      auto next = clock::time_point::max();
+      if (dl_head_ != nullptr) next = dl_head_->deadline;
+      if (ob_head_ != nullptr && *ob_head_->wait_deadline < next) next = *ob_head_->wait_deadline;
+      if (now < next) {
         timer_cv_.wait_until(lk, next);
         continue;
       }
@@ -1707,6 +1758,20 @@ class group {
         flight_t* f = dl_head_;
         settle(f, kind::timeout, wake);  // unlinks f from the deadline list
         collect_stop(f, to_stop);
+      }
+      // Async observers whose wait for a winding-down fn ran out: claimed
+      // like settled waiters, with timeout_error (a leaving one unlinks
+      // itself).
+      while (ob_head_ != nullptr && *ob_head_->wait_deadline <= now) {
+        async_node* n = ob_head_;
+        unlink_wait_deadline(n);
+        if (!n->try_claim()) continue;
+        n->f->list.erase(*n);
+        n->observer = false;
+        n->result = kind::timeout;
+        ++st_.rejections;
+        exit_user();
+        wake.add(*n);
       }
       lk.unlock();
       wake.signal_all();
@@ -1811,6 +1876,8 @@ class group {
   flight_t* live_ = nullptr;     // guarded by mu_: flights whose fn has not returned
   flight_t* dl_head_ = nullptr;  // guarded by mu_: flights with a pending deadline
   flight_t* dl_tail_ = nullptr;
+  async_node* ob_head_ = nullptr;  // guarded by mu_: async observers' bounds, earliest first
+  async_node* ob_tail_ = nullptr;
   bool timer_stop_ = false;            // guarded by mu_
   flight_t* spare_flights_ = nullptr;  // guarded by mu_: recycled flight objects
   std::size_t spare_flight_count_ = 0;

@@ -62,6 +62,7 @@ struct waiter {
   // Guarded by the group's mutex.
   bool linked = false;
   bool observer = false;  // waits for the fn to return, not for the outcome
+  bool async = false;     // one of the group's async waiters (set once, at construction)
 
   // Who decides this wait: a settler claiming it (under the group's mutex)
   // or the caller leaving on its own stop (without it). Exactly one CAS from
