@@ -34,6 +34,13 @@
 //  9. forget(key). 10. max_in_flight. 11. Self-deadlock detection.
 // 12. Exception safety of Hash, KeyEqual, allocation and T's copy.
 //
+// Async: async_do (a callback) and co_do (a coroutine) join or start a
+// flight without blocking a thread, and fn may itself be asynchronous
+// (`void fn(std::stop_token, completion<T>)`). Blocking, callback and
+// coroutine waiters share flights and every guarantee above; callbacks and
+// resumptions run on the thread that settles the flight, never under the
+// group's lock (see async_do).
+//
 // Scope: one process. Twenty processes running a group each make twenty
 // flights for one key, not one.
 //
