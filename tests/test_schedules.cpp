@@ -35,7 +35,7 @@ namespace {
 // carry 0 unless the fn they run sets one.
 thread_local int tl_tag = 0;
 constexpr int any_tag = -1;
-constexpr int n_points = 6;
+constexpr int n_points = 7;
 constexpr int n_tags = 16;
 
 // One parking place: the first thread with `tag` (any_tag: any thread) that

@@ -820,6 +820,7 @@ class group {
   // user. A failure (allocation, Hash, KeyEqual) becomes its outcome.
   template <class P, class F>
   void go_again(async_node* n, const P& key, F&& fn) noexcept {
+    SINGLEFLIGHT_HOOK(observer_returning);
     try {
       attach(n, key, std::forward<F>(fn), /*first=*/false, [](const P&) {});
     } catch (...) {

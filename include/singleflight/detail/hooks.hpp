@@ -22,6 +22,7 @@ enum class hook_point {
   stop_requesting,     // a flight was stopped under the lock; request_stop() comes next
   timer_due,           // the timer found the earliest deadline passed; it settles next
   close_marked,        // close() marked the group closed and settled the flights
+  observer_returning,  // an async observer was claimed; it attaches again next
 };
 
 #if defined(SINGLEFLIGHT_TEST_HOOKS)

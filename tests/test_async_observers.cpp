@@ -1,0 +1,178 @@
+// Async callers that find the key's previous fn still winding down (stopped,
+// its completion not yet resolved) wait for it without a thread. These tests
+// pin the bound on that wait (options.timeout from the caller's arrival, as
+// for a blocked caller) and a stop racing the moment such a caller goes round
+// again (the stop must never be lost in between).
+#define SINGLEFLIGHT_TEST_HOOKS  // the deterministic schedule below parks a thread
+#include <singleflight/singleflight.hpp>
+
+#include <atomic>
+#include <barrier>
+#include <chrono>
+#include <stop_token>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "support/catch.hpp"
+#include "support/coro.hpp"
+#include "support/sync.hpp"
+
+namespace {
+namespace sf = singleflight;
+using namespace std::chrono_literals;
+using group_t = sf::group<std::string, int>;
+using sftest::callback_log;
+using sftest::completion_box;
+
+// Parks the first thread that reaches `observer_returning` until released.
+sftest::gate returning_parked;
+sftest::gate returning_release;
+std::atomic<bool> park_armed{false};
+void park_returning(sf::detail::hook_point p, const void*) {
+  if (p != sf::detail::hook_point::observer_returning) return;
+  if (!park_armed.exchange(false)) return;
+  returning_parked.open();
+  returning_release.wait("observer_returning released");
+}
+
+sftest::fire_task<int> co_call(group_t& g, completion_box<int>& box, std::stop_token st) {
+  co_return co_await g.co_do(std::string("k"), box.fn(), std::move(st));
+}
+}  // namespace
+
+TEST_CASE(
+    "an async caller waiting for a winding-down fn is bounded by options.timeout from its "
+    "arrival",
+    "[async][observer][deadline]") {
+  // Catches: an async observer that waits for the predecessor's completion
+  // however long it takes (a blocked caller gives up at arrival + timeout).
+  constexpr auto timeout = 300ms;
+  sf::options o;
+  o.timeout = timeout;
+  group_t g(o);
+  completion_box<int> box;
+  callback_log<int> a;
+  g.async_do("k", box.fn(), a.on_done());
+  auto first = box.take("first flight started");
+  a.wait("first flight's deadline");  // settled with timeout_error; its completion is still held
+  REQUIRE(a.threw<sf::timeout_error>());
+  REQUIRE(g.in_flight() == 1);
+
+  const auto arrival = std::chrono::steady_clock::now();
+  SECTION("a callback waiter") {
+    callback_log<int> b;
+    g.async_do("k", box.fn(), b.on_done());
+    b.wait("observer's bound");
+    CHECK(std::chrono::steady_clock::now() - arrival >= timeout);
+    CHECK(b.threw<sf::timeout_error>());
+    CHECK(b.thread != std::this_thread::get_id());  // the timer thread
+    CHECK(b.calls == 1);
+  }
+  SECTION("a coroutine waiter") {
+    auto t = co_call(g, box, {});
+    t.wait("observer's bound");
+    CHECK(std::chrono::steady_clock::now() - arrival >= timeout);
+    CHECK(sftest::holds<sf::timeout_error>(t.get().error));
+    CHECK(t.get().finished_on != std::this_thread::get_id());
+  }
+  CHECK(box.size() == 0);  // no second fn started while the first is unresolved
+  const auto s = g.stats();
+  CHECK(s.rejections == 1);
+  CHECK(s.timeouts == 1);  // the flight's; the observer's bound is a rejection
+  first.second.set_value(1);
+  CHECK(g.in_flight() == 0);
+  // The key is free: the next caller starts a new flight.
+  callback_log<int> c;
+  g.async_do(
+      "k", [] { return 7; }, c.on_done());
+  CHECK(c.is_done());
+  CHECK(*c.value == 7);
+}
+
+TEST_CASE("a stop arriving while an async observer is claimed is seen when it attaches again",
+          "[async][observer][schedule]") {
+  // Catches the lost stop deterministically: the observer is claimed (its
+  // predecessor's completion resolved) and parked before it attaches again;
+  // its token fires now, so its stop callback loses the claim and returns.
+  // Attaching again must see the stop (cancelled_error), not lead a second
+  // flight that nobody can cancel.
+  group_t g;  // ownership::waiters
+  completion_box<int> box;
+  callback_log<int> a;
+  std::stop_source sa;
+  g.async_do("k", box.fn(), a.on_done(), sa.get_token());
+  auto first = box.take("first flight started");
+  sa.request_stop();
+  REQUIRE(a.threw<sf::cancelled_error>());
+  callback_log<int> b;
+  std::stop_source sb;
+  g.async_do("k", box.fn(), b.on_done(), sb.get_token());
+  REQUIRE_FALSE(b.is_done());
+
+  park_armed = true;
+  sf::detail::test_hook.store(&park_returning, std::memory_order_release);
+  std::thread resolver([&] { first.second.set_value(1); });
+  returning_parked.wait("observer claimed");
+  sb.request_stop();  // the stop callback runs here and loses the claim
+  CHECK_FALSE(b.is_done());
+  returning_release.open();
+  resolver.join();
+  sf::detail::test_hook.store(nullptr, std::memory_order_release);
+  b.wait("b cancelled");
+  CHECK(b.threw<sf::cancelled_error>());
+  CHECK(b.thread != std::this_thread::get_id());  // decided where it went round
+  CHECK(box.size() == 0);                         // no second flight
+  CHECK(g.in_flight() == 0);
+  CHECK(b.calls == 1);
+}
+
+TEST_CASE("a stop racing an async observer going round again is never lost",
+          "[async][observer][race]") {
+  // Catches: the stop callback firing while the observer is claimed (it loses
+  // the claim and returns) and the observer then re-attaching without seeing
+  // the stop: it would lead a new flight nobody can cancel and never finish.
+  // Run with both sides released together many times.
+  constexpr int rounds = 300;
+  int cancelled = 0;
+  int served = 0;
+  for (int i = 0; i < rounds; ++i) {
+    group_t g;  // ownership::waiters
+    completion_box<int> box;
+    callback_log<int> a;
+    std::stop_source sa;
+    g.async_do("k", box.fn(), a.on_done(), sa.get_token());
+    auto first = box.take("first flight started");
+    sa.request_stop();  // its only waiter leaves: stopped, its completion still held
+    REQUIRE(a.threw<sf::cancelled_error>());
+
+    callback_log<int> b;
+    std::stop_source sb;
+    g.async_do("k", box.fn(), b.on_done(), sb.get_token());  // observes the stopped fn
+    REQUIRE_FALSE(b.is_done());
+
+    std::barrier both(2);
+    std::thread resolver([&] {
+      both.arrive_and_wait();
+      first.second.set_value(1);  // b goes round again, on this thread
+    });
+    both.arrive_and_wait();
+    sb.request_stop();
+    resolver.join();
+
+    b.wait("b got exactly one outcome");
+    // If b led a second flight before its stop arrived, that flight's only
+    // waiter left, so its token is stopped: resolve it to free the key.
+    while (box.size() > 0) {
+      auto next = box.take("second flight");
+      CHECK(next.first.stop_requested());
+      next.second.set_value(2);
+    }
+    CHECK(b.calls == 1);
+    CHECK(g.in_flight() == 0);
+    if (b.threw<sf::cancelled_error>()) ++cancelled;
+    if (b.value) ++served;  // impossible: nothing resolves a flight for b with its token gone
+  }
+  CHECK(cancelled == rounds);
+  CHECK(served == 0);
+}
