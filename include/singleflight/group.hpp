@@ -631,21 +631,20 @@ class group {
     return std::make_exception_ptr(error("singleflight: internal error (no outcome)"));
   }
 
-  // A callback waiter: owns the callback, fn (used if it leads after going
-  // round again) and, once needed, a copy of the key. Heap-allocated by
-  // async_do, deleted after on_done returns.
+  // A callback waiter: owns the callback and, only once it has to wait for
+  // a winding-down fn (and may lead after going round again), copies of fn
+  // and of the key. Heap-allocated by async_do, deleted after on_done
+  // returns.
   template <class Fn, class Cb>
   struct callback_node final : async_node {
-    template <class F, class C>
-    callback_node(group* grp, F&& f_in, C&& cb_in, std::stop_token tok)
-        : async_node(grp, std::move(tok)),
-          fn(std::forward<F>(f_in)),
-          on_done(std::forward<C>(cb_in)) {
+    template <class C>
+    callback_node(group* grp, C&& cb_in, std::stop_token tok)
+        : async_node(grp, std::move(tok)), on_done(std::forward<C>(cb_in)) {
       this->complete = &complete_fn;
       this->again = &again_fn;
     }
-    Fn fn;
     Cb on_done;
+    std::optional<Fn> fn;
     std::optional<Key> key;
 
     static void complete_fn(async_node* b) noexcept {
@@ -658,7 +657,7 @@ class group {
     }
     static void again_fn(async_node* b) noexcept {
       auto* n = static_cast<callback_node*>(b);
-      n->g->go_again(n, *n->key, std::move(n->fn));
+      n->g->go_again(n, *n->key, std::move(*n->fn));
     }
     static outcome<T> make_outcome(const async_node& n) noexcept {
       if (!n.error && n.result == kind::value) {
@@ -676,11 +675,15 @@ class group {
   void start_callback(const P& key, F&& fn, C&& on_done, std::stop_token caller) {
     using node_t = callback_node<std::decay_t<F>, std::decay_t<C>>;
     const std::size_t h = hash_(key);  // user code: outside the lock
-    auto* n = new node_t(this, std::forward<F>(fn), std::forward<C>(on_done), std::move(caller));
+    auto* n = new node_t(this, std::forward<C>(on_done), std::move(caller));
     n->h = h;
     n->has_key = false;
     try {
-      start(n, key, std::move(n->fn), [n](const P& k) { n->key.emplace(k); });
+      start(n, key, std::forward<F>(fn), [n](const P& k, auto&& f) {
+        n->key.emplace(k);
+        n->fn.emplace(std::forward<decltype(f)>(f));
+        return std::addressof(*n->fn);
+      });
     } catch (...) {
       delete n;
       throw;
@@ -735,7 +738,7 @@ class group {
     bool await_suspend(std::coroutine_handle<> h) {
       node_.handle = h;
       node_.h = node_.g->hash_(*node_.key);
-      node_.g->start(&node_, *node_.key, std::forward<F>(*node_.fn), [](const P&) {});
+      node_.g->start(&node_, *node_.key, std::forward<F>(*node_.fn), no_keep<P>{});
       // The last touch of this awaiter by this thread when it suspends.
       return node_.phase.exchange(node_t::suspended, std::memory_order_acq_rel) != node_t::ready;
     }
@@ -800,6 +803,16 @@ class group {
     std::stop_token caller_;
   };
 
+  // The key (and fn) of a waiter that cannot go away before it is delivered
+  // (a coroutine's, or one going round again) need no copies.
+  template <class P>
+  struct no_keep {
+    template <class G>
+    auto operator()(const P&, G&& fn) const noexcept {
+      return std::addressof(fn);
+    }
+  };
+
   // Registers the stop callback, then attaches. Throws only before
   // attaching, with the callback unregistered again.
   template <class P, class F, class KeepKey>
@@ -822,7 +835,7 @@ class group {
   void go_again(async_node* n, const P& key, F&& fn) noexcept {
     SINGLEFLIGHT_HOOK(observer_returning);
     try {
-      attach(n, key, std::forward<F>(fn), /*first=*/false, [](const P&) {});
+      attach(n, key, std::forward<F>(fn), /*first=*/false, no_keep<P>{});
     } catch (...) {
       n->error = std::current_exception();
       n->cb.reset();  // outside the lock: a stop callback in flight takes it
@@ -842,6 +855,7 @@ class group {
   template <class P, class F, class KeepKey>
   void attach(async_node* n, const P& key, F&& fn, bool first, KeepKey keep) {
     ref_t previous;  // an observer's old flight: released after the lock
+    std::remove_reference_t<F>* fnp = std::addressof(fn);  // moves into the node if it must wait
     std::unique_lock<std::mutex> lk(mu_);
     kind immediate = kind::pending;
     try {
@@ -866,7 +880,7 @@ class group {
             immediate = kind::overloaded;
             break;
           }
-          lead_async(lk, n, key, std::forward<F>(fn), first, previous);
+          lead_async(lk, n, key, std::forward<F>(*fnp), first, previous);
           return;
         }
         flight_t* f = it->second;
@@ -884,7 +898,7 @@ class group {
         // round again (on the thread where it returns).
         if (!n->has_key) {
           lk.unlock();
-          keep(key);  // the caller's key will be gone by then
+          fnp = keep(key, std::forward<F>(*fnp));  // the caller's key and fn will be gone by then
           n->has_key = true;
           lk.lock();
           continue;
@@ -1255,7 +1269,7 @@ class group {
   }
 
   // Hands f's fn, packaged as a task, to the executor (or, without one, runs
-  // the task here: it starts an async fn, or runs a sync fn for an async
+  // it right here: it starts an async fn, or runs a sync fn for an async
   // caller). Called with `lk` held by a thread that counts as a user;
   // returns with it held. Returns whether f's token must be stopped once the
   // lock is released. A failure to hand off fails the flight (below).
@@ -1263,6 +1277,13 @@ class group {
   bool hand_off(std::unique_lock<std::mutex>& lk, flight_t* f, F&& fn, detail::wake_batch& wake) {
     using Fn = std::decay_t<F>;
     ++users_;  // the task is a user until it finishes or is dropped
+    if (!opts_.executor) {
+      // No executor: run the body right here, without packaging it.
+      lk.unlock();
+      run_task(f, fn);
+      lk.lock();
+      return false;
+    }
     f->submitting = true;
     lk.unlock();
     std::exception_ptr submit_error;
@@ -1421,10 +1442,6 @@ class group {
   }
 
   void submit(task tk) {
-    if (!opts_.executor) {
-      tk();  // no executor: an async fn is started, an async caller's sync fn runs, right here
-      return;
-    }
     if (!builtin_threads_) {
       opts_.executor(std::move(tk));
       return;
