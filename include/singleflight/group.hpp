@@ -347,7 +347,13 @@ class group {
   // flight that settled before the suspension was complete).
   //
   // The awaitable refers to `key` and `fn`: co_await it in the same full
-  // expression (its operator co_await is rvalue-only). Thread-safe.
+  // expression (its operator co_await is rvalue-only). Destroying a
+  // coroutine while it is suspended in co_do is undefined (leave through
+  // `caller` instead). Thread-safe.
+  //
+  // GCC 12 destroys a lambda with non-trivially-copyable captures twice when
+  // it is written inside a co_await expression (a compiler bug, not ours):
+  // with GCC 12, name such an fn before the co_await.
   template <class K, class F>
   [[nodiscard]] auto co_do(const K& key, F&& fn, std::stop_token caller = {}) {
     using Fn = std::decay_t<F>;
