@@ -140,24 +140,34 @@ struct blocking_waiter : waiter {
 class wake_batch {
  public:
   wake_batch() noexcept = default;
-  wake_batch(wake_batch&& o) noexcept : head_(std::exchange(o.head_, nullptr)) {}
+  wake_batch(wake_batch&& o) noexcept
+      : head_(std::exchange(o.head_, nullptr)), tail_(std::exchange(o.tail_, nullptr)) {}
   wake_batch& operator=(wake_batch&& o) noexcept {
     std::swap(head_, o.head_);
+    std::swap(tail_, o.tail_);
     return *this;
   }
   wake_batch(const wake_batch&) = delete;
   wake_batch& operator=(const wake_batch&) = delete;
   ~wake_batch() { assert(head_ == nullptr && "singleflight: claimed waiters never signalled"); }
 
+  // Appends: waiters are claimed oldest first, so they are notified in the
+  // order they arrived (the longest wait ends first).
   void add(waiter& w) noexcept {
-    w.signal_next = head_;
-    head_ = &w;
+    w.signal_next = nullptr;
+    if (tail_ != nullptr) {
+      tail_->signal_next = &w;
+    } else {
+      head_ = &w;
+    }
+    tail_ = &w;
   }
   bool empty() const noexcept { return head_ == nullptr; }
   // Notifies every waiter; call with no lock held. Async waiters run user
   // code here (callbacks, coroutines), which may re-enter the group.
   void signal_all() noexcept {
     waiter* w = std::exchange(head_, nullptr);
+    tail_ = nullptr;
     while (w != nullptr) {
       waiter* next = w->signal_next;  // read before the notification frees w
       w->notify(w);
@@ -167,6 +177,7 @@ class wake_batch {
 
  private:
   waiter* head_ = nullptr;
+  waiter* tail_ = nullptr;
 };
 
 class waiter_list {
