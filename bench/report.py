@@ -2,12 +2,16 @@
 """Merge Google Benchmark JSON (bench_group) and the Go peer's JSON into one
 side-by-side markdown table (stdout) and a machine-readable results.json.
 
-usage: report.py CPP_JSON [GO_JSON] [--out results.json]
+usage: report.py CPP_JSON [GO_JSON] [--async ASYNC_JSON] [--out results.json]
 
 Benchmark names are "<scenario>/impl:<impl>" plus Google Benchmark suffixes;
 the median aggregate of the repetitions is used. Ratios are library (lib)
 over baseline (c) (naive_cv; naive_cv_any for the churn scenario) and over Go.
 A ratio < 1 means the library is cheaper/faster on that metric.
+
+--async adds the "Async" block from bench_async's JSON (callback and
+coroutine waiters vs blocking do_ callers and vs hand-rolled floors), with
+ratios async_do / do_, co_do / do_, co_do / handles, async_do / functions.
 """
 import argparse
 import json
@@ -31,13 +35,38 @@ METRICS = [
     ("churn_", [("ns_per_call", "wall ns per join+leave", 0), ("allocs_per_join_leave", "allocs per join+leave", 2)]),
 ]
 
+# bench_async: impl columns, ratio columns (numerator, denominator), metrics.
+ASYNC_IMPLS = ["do_", "async_do", "co_do", "handles", "functions"]
+ASYNC_RATIOS = [("async_do", "do_"), ("co_do", "do_"), ("co_do", "handles"), ("async_do", "functions")]
+ASYNC_METRICS = [
+    ("async_waiters/", [("attach_ns_per_join", "join phase: wall ns/join", 0),
+                        ("attach_cpu_ns_per_join", "join phase: CPU ns/join", 0),
+                        ("allocs_per_join", "allocs/join", 2),
+                        ("bytes_per_join", "heap bytes/join (frames excluded)", 0),
+                        ("frame_bytes", "coroutine frame bytes", 0),
+                        ("awaiter_bytes", "sizeof co_do awaiter (in frame)", 0),
+                        ("settle_to_last_us", "settle->last resume µs (wall)", 1),
+                        ("ns_per_resume", "settle->last / N, ns (wall)", 0),
+                        ("cpu_ns_per_resume", "settle CPU / N, ns", 0),
+                        ("resolver_us", "set_value() busy µs (wall)", 1),
+                        ("settle_allocs_per_waiter", "settle allocs/waiter", 2),
+                        ("cpu_ns_per_waiter", "CPU ns/waiter, whole life", 0)]),
+    ("async_bytes/", [("allocs_per_join", "allocs/join", 2),
+                      ("bytes_per_join", "heap bytes/join (frames excluded)", 0),
+                      ("frame_bytes", "coroutine frame bytes", 0)]),
+    ("async_leader_", [("ns_per_call", "ns/call (wall)", 0), ("cpu_ns", "CPU ns/call", 0),
+                       ("allocs_per_call", "allocs/call", 2),
+                       ("alloc_bytes_per_call", "heap bytes/call", 0)]),
+]
+
 TIME_SCALE = {"ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9}
 GB_SUFFIX = re.compile(r"^(real_time|min_time:[\d.]+|iterations:\d+|repeats:\d+|process_time)$")
 
 
 def parse_cpp(path):
     with open(path) as f:
-        doc = json.load(f)
+        text = f.read()
+    doc = json.loads(text) if text.strip() else {}  # empty: FILTER matched nothing
     out = {}  # (scenario, impl) -> metrics
     errors = []
     for b in doc.get("benchmarks", []):
@@ -74,7 +103,7 @@ def parse_go(path):
         doc = json.load(f)
     out = {}
     errors = []
-    for r in doc.get("results", []):
+    for r in doc.get("results") or []:  # null when FILTER matched no Go scenario
         if r["metrics"].get("error"):
             errors.append(f"go {r['name']}: origin calls per burst != 1 or wrong value")
         out[(r["name"], "go")] = r["metrics"]
@@ -95,10 +124,52 @@ def ratio(a, b):
     return a / b
 
 
+def async_block(data):
+    """The "Async" table (markdown lines) and its rows for results.json."""
+    scenarios = []  # in registration order
+    for (sc, _i) in data:
+        if sc not in scenarios:
+            scenarios.append(sc)
+
+    seen = {sc: n for n, sc in enumerate(scenarios)}
+
+    def order(sc):
+        for idx, (prefix, _) in enumerate(ASYNC_METRICS):
+            if sc.startswith(prefix):
+                return (idx, seen[sc])
+        return (99, seen[sc])
+
+    scenarios.sort(key=order)
+    present = [i for i in ASYNC_IMPLS if any(k[1] == i for k in data)]
+    ratios = [(a, b) for a, b in ASYNC_RATIOS if a in present and b in present]
+    head = ["scenario", "metric"] + present + [f"{a} / {b}" for a, b in ratios]
+    lines = ["| " + " | ".join(head) + " |",
+             "|" + "|".join(["---"] * 2 + ["---:"] * (len(head) - 2)) + "|"]
+    rows = []
+    for sc in scenarios:
+        metrics = next((ms for prefix, ms in ASYNC_METRICS if sc.startswith(prefix)), None)
+        if metrics is None:
+            continue
+        for key, label, digits in metrics:
+            vals = {i: data.get((sc, i), {}).get(key) for i in present}
+            if all(v is None for v in vals.values()):
+                continue
+            # No ratio over a denominator that shows as 0 (e.g. 0.00006 allocs/call).
+            rs = {f"{a}/{b}": (ratio(vals.get(a), vals.get(b))
+                               if vals.get(b) is not None and round(vals[b], digits) != 0 else None)
+                  for a, b in ratios}
+            cells = [sc, label] + [fmt(vals[i], digits) for i in present]
+            cells += [fmt(rs[f"{a}/{b}"], 2) for a, b in ratios]
+            lines.append("| " + " | ".join(cells) + " |")
+            rows.append({"scenario": sc, "metric": key, "label": label, "values": vals, "ratios": rs})
+    return lines, rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("cpp")
     ap.add_argument("go", nargs="?")
+    ap.add_argument("--async", dest="async_json", default=None)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -148,15 +219,28 @@ def main():
                          "lib_over_c": rc, "lib_over_go": rg})
 
     print("\n".join(lines))
+    async_ctx, async_rows, async_data = {}, [], {}
+    if args.async_json:
+        async_ctx, async_data, aerr = parse_cpp(args.async_json)
+        errors += aerr
+        alines, async_rows = async_block(async_data)
+        print("\n## Async (bench_async: callback and coroutine waiters; "
+              "handles / functions = hand-rolled floors)\n")
+        print("\n".join(alines))
     if errors:
         print("\n**Errors:**")
         for e in errors:
             print(f"- {e}")
     if args.out:
+        doc = {"context": ctx, "go_context": go_ctx, "errors": errors, "rows": rows,
+               "raw": [{"scenario": s, "impl": i, "metrics": m} for (s, i), m in sorted(data.items())]}
+        if args.async_json:
+            doc["async_context"] = async_ctx
+            doc["async_rows"] = async_rows
+            doc["async_raw"] = [{"scenario": s, "impl": i, "metrics": m}
+                                for (s, i), m in sorted(async_data.items())]
         with open(args.out, "w") as f:
-            json.dump({"context": ctx, "go_context": go_ctx, "errors": errors, "rows": rows,
-                       "raw": [{"scenario": s, "impl": i, "metrics": m} for (s, i), m in sorted(data.items())]},
-                      f, indent=1, sort_keys=True)
+            json.dump(doc, f, indent=1, sort_keys=True)
     return 1 if errors else 0
 
 

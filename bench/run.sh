@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# bench/run.sh: build the C++ benchmark (Release), run it and the Go peer, and
-# print one side-by-side markdown table; writes bench/results.json (and
+# bench/run.sh: build the C++ benchmarks (Release), run them and the Go peer, and
+# print one side-by-side markdown table plus the "Async" block (bench_async:
+# callback and coroutine waiters); writes bench/results.json (and
 # bench/chart.png when gnuplot is installed).
 #
-#   bench/run.sh                 # everything (about 3-4 minutes on 2 cores)
+#   bench/run.sh                 # everything (about 4-5 minutes on 2 cores)
 #   FILTER='leader' bench/run.sh # only matching C++ benchmarks / Go scenarios
 #   REPS=1 bench/run.sh          # quicker, noisier
+#   BUILD_DIR=/tmp/b bench/run.sh  # build somewhere else than build/bench
 #
 # Needs: cmake + ninja + Google Benchmark; Debian's golang-go and
 # golang-golang-x-sync-dev for the Go peer (skipped with a note if absent).
@@ -17,12 +19,16 @@ mkdir -p "$out"
 reps=${REPS:-3}
 filter=${FILTER:-}
 
-echo "== building (cmake --preset bench)" >&2
-bin=$root/build/bench/bench/bench_group
-if ! { cmake --preset bench >"$out/cmake.log" 2>&1 && cmake --build --preset bench --target bench_group >>"$out/cmake.log" 2>&1; }; then
+build=${BUILD_DIR:-$root/build/bench}
+echo "== building (cmake --preset bench -B $build)" >&2
+bin=$build/bench/bench_group
+abin=$build/bench/bench_async
+if ! { cmake --preset bench -B "$build" >"$out/cmake.log" 2>&1 && cmake --build "$build" --target bench_group bench_async >>"$out/cmake.log" 2>&1; }; then
   echo "   cmake build failed (see $out/cmake.log); building by hand with g++ -O2" >&2
   bin=$out/bench_group
+  abin=$out/bench_async
   g++ -O2 -DNDEBUG -std=c++20 -I include bench/bench_group.cpp -o "$bin" -lbenchmark -pthread
+  g++ -O2 -DNDEBUG -std=c++20 -I include bench/bench_async.cpp -o "$abin" -lbenchmark -pthread
 fi
 
 echo "== running C++ ($bin, $reps repetitions)" >&2
@@ -30,6 +36,15 @@ args=(--benchmark_format=json --benchmark_out="$out/cpp.json" --benchmark_out_fo
       --benchmark_repetitions="$reps" --benchmark_report_aggregates_only=true)
 [[ -n $filter ]] && args+=(--benchmark_filter="$filter")
 "$bin" "${args[@]}" >/dev/null 2>"$out/cpp.stderr" || { cat "$out/cpp.stderr" >&2; exit 1; }
+
+echo "== running async waiters ($abin, $reps repetitions)" >&2
+rm -f "$out/async.json"
+aargs=(--benchmark_format=json --benchmark_out="$out/async.json" --benchmark_out_format=json
+       --benchmark_repetitions="$reps" --benchmark_report_aggregates_only=true)
+[[ -n $filter ]] && aargs+=(--benchmark_filter="$filter")
+"$abin" "${aargs[@]}" >/dev/null 2>"$out/async.stderr" || { cat "$out/async.stderr" >&2; exit 1; }
+async_args=()
+[[ -s $out/async.json ]] && async_args=(--async "$out/async.json")
 
 go_json=""
 if command -v go >/dev/null && [[ -d /usr/share/gocode/src/golang.org/x/sync/singleflight ]]; then
@@ -44,7 +59,7 @@ fi
 
 echo "== report" >&2
 status=0
-python3 bench/report.py "$out/cpp.json" $go_json --out bench/results.json | tee "$out/table.md" || status=$?
+python3 bench/report.py "$out/cpp.json" $go_json "${async_args[@]}" --out bench/results.json | tee "$out/table.md" || status=$?
 
 if command -v gnuplot >/dev/null; then
   python3 - "$root/bench/results.json" "$out/chart.dat" <<'PY'
