@@ -176,3 +176,93 @@ TEST_CASE("a stop racing an async observer going round again is never lost",
   CHECK(cancelled == rounds);
   CHECK(served == 0);
 }
+
+TEST_CASE(
+    "an async caller that waited for a stopped fn and then leads owns its fn: leaving "
+    "while fn runs does not free it",
+    "[async][observer][lifetime]") {
+  // Catches (found by the spin model): fn run in place from the callback
+  // node, which is deleted when the caller is delivered (here: its own stop)
+  // while fn still runs. Under ASan this is a heap-use-after-free; without
+  // it, fn sees a clobbered capture.
+  group_t g;  // ownership::waiters; fn ignores its token
+  completion_box<int> box;
+  callback_log<int> x;
+  std::stop_source sx;
+  g.async_do("k", box.fn(), x.on_done(), sx.get_token());
+  auto first = box.take("first flight started");
+  sx.request_stop();  // waiters policy: the flight is stopped, its completion still held
+  REQUIRE(x.threw<sf::cancelled_error>());
+
+  sftest::gate started;
+  sftest::gate release;
+  std::atomic<bool> capture_ok{false};
+  const std::string expected(200, 'q');  // on the heap: a use-after-free shows
+  callback_log<int> a;
+  std::stop_source sa;
+  g.async_do(
+      "k",
+      [expected, &started, &release, &capture_ok] {
+        started.open();
+        release.wait("fn released");
+        capture_ok = expected == std::string(200, 'q');
+        return 2;
+      },
+      a.on_done(), sa.get_token());
+  REQUIRE_FALSE(a.is_done());                                // waits for the stopped fn
+  std::thread resolver([&] { first.second.set_value(1); });  // a goes round and leads, here
+  started.wait("a's fn started on the resolver");
+  sa.request_stop();  // a leaves: delivered (its node deleted) while its fn runs
+  CHECK(a.is_done());
+  CHECK(a.threw<sf::cancelled_error>());
+  release.open();
+  resolver.join();
+  CHECK(capture_ok);
+  CHECK(g.in_flight() == 0);
+}
+
+TEST_CASE(
+    "a flight started by an async caller going round again does not hold back the "
+    "waiters notified after it",
+    "[async][observer][batch]") {
+  // Catches (found by the spin model): the first async observer of a batch
+  // going round again starts the next flight and runs its fn inside the
+  // settler's notification loop; a waiter claimed later in the same batch
+  // is then neither notified nor able to leave on its stop until that fn
+  // ends.
+  group_t g;  // ownership::waiters
+  completion_box<int> box;
+  callback_log<int> x;
+  std::stop_source sx;
+  g.async_do("k", box.fn(), x.on_done(), sx.get_token());
+  auto first = box.take("first flight started");
+  sx.request_stop();
+  REQUIRE(x.threw<sf::cancelled_error>());
+
+  sftest::gate started;
+  auto until_stopped = [&started](std::stop_token st) {
+    started.open();
+    sftest::must([&] { return st.stop_requested(); }, "second flight stopped");
+    return 2;
+  };
+  callback_log<int> a2, b1;
+  std::stop_source s2, s1;
+  g.async_do("k", until_stopped, a2.on_done(), s2.get_token());  // observer, notified first
+  g.async_do("k", until_stopped, b1.on_done(), s1.get_token());  // observer, notified second
+  REQUIRE_FALSE(a2.is_done());
+  REQUIRE_FALSE(b1.is_done());
+  const auto joins_before = g.stats().joins;
+  std::thread resolver([&] { first.second.set_value(1); });
+  started.wait("second flight's fn started");
+  CHECK(g.stats().flights == 2);
+  CHECK(g.stats().joins == joins_before + 1);  // b1 joined a2's flight instead of waiting
+  s1.request_stop();                           // b1 leaves at once, on this thread
+  CHECK(sftest::becomes([&] { return b1.is_done(); }, std::chrono::seconds(5)));
+  CHECK(b1.threw<sf::cancelled_error>());
+  CHECK(b1.thread == std::this_thread::get_id());
+  s2.request_stop();  // the last waiter leaves: the second flight is stopped, its fn returns
+  resolver.join();
+  a2.wait("a2 cancelled");
+  CHECK(a2.threw<sf::cancelled_error>());
+  CHECK(g.in_flight() == 0);
+}

@@ -886,7 +886,8 @@ class group {
             immediate = kind::overloaded;
             break;
           }
-          lead_async(lk, n, key, std::forward<F>(*fnp), first, previous);
+          lead_async(lk, n, key, std::forward<F>(*fnp), first,
+                     /*fn_is_callers=*/first && fnp == std::addressof(fn), previous);
           return;
         }
         flight_t* f = it->second;
@@ -942,9 +943,16 @@ class group {
   // held, returns with it released.
   template <class P, class F>
   void lead_async(std::unique_lock<std::mutex>& lk, async_node* n, const P& key, F&& fn, bool first,
-                  ref_t& previous) {
+                  bool fn_is_callers, ref_t& previous) {
     using Fn = std::decay_t<F>;
-    flight_t* f = acquire_flight(needs_stop<Fn>);  // may throw: nothing changed yet
+    // fn kept in the node (or in a suspended coroutine's frame) dies with
+    // the node once it is delivered, which its stop, the deadline or close()
+    // may do while fn runs: take it out while nothing can deliver the node
+    // (found by the spin model). Fn's move (or copy) runs under the lock
+    // here, only on this rare path (a caller that waited for a stopped fn).
+    std::optional<Fn> owned;
+    if (!fn_is_callers) owned.emplace(std::forward<F>(fn));  // may throw: nothing changed yet
+    flight_t* f = acquire_flight(needs_stop<Fn>);            // may throw: nothing changed yet
     try {
       insert_entry(key, n->h, f);
     } catch (...) {
@@ -968,7 +976,13 @@ class group {
     fr.set_counted();
     ref_t mine = ref_t::share(f);
     detail::wake_batch wake;
-    const bool stop = hand_off(lk, f, std::forward<F>(fn), wake);
+    // Going round again happens inside a settler's notification loop: an fn
+    // run right here would hold back the waiters notified after this one
+    // (they could not even leave on their stop; found by the spin model).
+    // Without an executor it is queued and run once the loop is over.
+    const bool defer = !first;
+    const bool stop = owned ? hand_off(lk, f, std::move(*owned), wake, defer)
+                            : hand_off(lk, f, std::forward<F>(fn), wake, defer);
     exit_user();
     fr.set_counted(false);
     lk.unlock();
@@ -1280,10 +1294,12 @@ class group {
   // returns with it held. Returns whether f's token must be stopped once the
   // lock is released. A failure to hand off fails the flight (below).
   template <class F>
-  bool hand_off(std::unique_lock<std::mutex>& lk, flight_t* f, F&& fn, detail::wake_batch& wake) {
+  bool hand_off(std::unique_lock<std::mutex>& lk, flight_t* f, F&& fn, detail::wake_batch& wake,
+                bool defer = false) {
     using Fn = std::decay_t<F>;
     ++users_;  // the task is a user until it finishes or is dropped
-    if (!opts_.executor) {
+    detail::deferral* later = defer && !opts_.executor ? detail::deferral::active() : nullptr;
+    if (!opts_.executor && later == nullptr) {
       // No executor: run the body right here, without packaging it.
       lk.unlock();
       run_task(f, fn);
@@ -1297,7 +1313,11 @@ class group {
     try {
       task tk(std::make_unique<task_impl<Fn>>(this, f, std::forward<F>(fn)));
       handed_off = true;
-      submit(std::move(tk));
+      if (later != nullptr) {
+        later->add(std::move(tk));  // run when the notification loop is over
+      } else {
+        submit(std::move(tk));
+      }
     } catch (...) {
       submit_error = std::current_exception();
     }

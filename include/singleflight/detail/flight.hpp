@@ -16,6 +16,9 @@
 #include <optional>
 #include <stop_token>
 #include <utility>
+#include <vector>
+
+#include "../task.hpp"
 
 namespace singleflight::detail {
 
@@ -136,6 +139,45 @@ struct blocking_waiter : waiter {
   }
 };
 
+// deferral
+//
+// Flights started while a settler notifies its waiters (an async observer
+// going round again), to run once every waiter of that batch has been
+// notified: the fn of the flight such a waiter starts must not hold back the
+// waiters after it. One per notification loop, per thread (a stack, since a
+// deferred fn may settle flights and notify in turn).
+class deferral {
+ public:
+  deferral() noexcept : prev_(current()) { current() = this; }
+  deferral(const deferral&) = delete;
+  deferral& operator=(const deferral&) = delete;
+  ~deferral() {
+    run();
+    current() = prev_;
+  }
+  // The innermost notification loop of this thread, if any.
+  static deferral* active() noexcept { return current(); }
+  // Queues a task; may throw (allocation), leaving the task with the caller.
+  void add(task& t) { tasks_.push_back(std::move(t)); }
+  void add(task&& t) { tasks_.push_back(std::move(t)); }
+  // Runs the queued tasks in order, including any queued meanwhile.
+  void run() noexcept {
+    for (std::size_t i = 0; i < tasks_.size(); ++i) {
+      task t = std::move(tasks_[i]);
+      t();
+    }
+    tasks_.clear();
+  }
+
+ private:
+  static deferral*& current() noexcept {
+    static thread_local deferral* d = nullptr;
+    return d;
+  }
+  deferral* prev_;
+  std::vector<task> tasks_;
+};
+
 // wake_batch: waiters claimed under the group's mutex, to signal after it.
 class wake_batch {
  public:
@@ -168,11 +210,14 @@ class wake_batch {
   void signal_all() noexcept {
     waiter* w = std::exchange(head_, nullptr);
     tail_ = nullptr;
+    if (w == nullptr) return;
+    deferral later;  // flights the notified waiters start run after the loop
     while (w != nullptr) {
       waiter* next = w->signal_next;  // read before the notification frees w
       w->notify(w);
       w = next;
     }
+    later.run();
   }
 
  private:
