@@ -50,9 +50,11 @@
 //
 // Locking: one std::mutex per group, held only for map operations and
 // bookkeeping. It is never held while user code runs (fn, T's copy or move,
-// a stop_callback, the executor, Hash), with two exceptions: KeyEqual runs
-// under it during lookup and insertion, and Key's assignment when a spare
-// map node is reused. Stop requests are always made after the mutex is
+// a stop_callback, the executor, Hash, a callback, a coroutine), with three
+// exceptions: KeyEqual runs under it during lookup and insertion, Key's
+// assignment when a spare map node is reused, and fn's move (a copy for an
+// lvalue) when an async caller that had to wait for a stopped fn starts the
+// next flight. Stop requests are always made after the mutex is
 // released, because stop callbacks run synchronously in the requesting
 // thread; waiters are signalled after it is released too (see
 // detail::waiter for the claim/leave protocol).
