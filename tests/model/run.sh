@@ -40,6 +40,20 @@ X="-DFIX_SUBMIT_WINDOW"
 XS="-DFIX_SUBMIT_WINDOW -DFIX_SUBMIT_STOP"
 HUNG='!(fstop[1])&&(fkind[1]==0)'                          # Watchdog: HUNG_OK (a fn nobody stops)
 
+# Async callers (-DASYNC, the last NASYNC callers are async_do/co_do nodes). FO models the
+# fix of the fn-lifetime bug, FD also that of the stuck-batch bug, both found by this model
+# and both in group.hpp now (README.md, "Async callers: what it found"); the *.asis.* rows
+# model group.hpp as it was before those fixes and must fail.
+FO="-DFIX_FN_OWNED"
+FD="-DFIX_FN_OWNED -DFIX_DEFER_LEAD"
+A1="-DASYNC -DNASYNC=1"
+A2="-DASYNC -DNASYNC=2"
+FN_IN_NODE='assertion violated  !(fbusy[i])'               # deliver(): the node's fn still runs
+FN_MOVED='(fat==0)||(adel[(fat-1)]==0)'                   # executor: fn moved out of a freed node
+UNDELIVERED='||(adel[0]==1))||(((wlinked[0]'               # Watchdog: ANODE_OK (an async caller never delivered)
+STUCK='||(cst[0]==5))||'                                   # Watchdog: CALLER_OK (a blocked caller never signalled)
+EARLY='(counted[i]||ainside[i])'                           # TOUCHA: a stop callback locks a destroyed group
+
 # Default mode (ctest model.spin): the most valuable configurations, < ~90 s on 2 idle cores.
 configs=(
   "W.n2.inline.deadline.forget.close|-DPOLICY=0 -DNCALLERS=2 -DDEADLINE -DFORGET -DCLOSE||-m200000|pass|"
@@ -53,6 +67,16 @@ configs=(
   "W.n2.executor.asis.submit_window|-DPOLICY=0 -DNCALLERS=2 -DEXECUTOR||-m200000|fail|$COUNTED"
   "W.n2.executor.asis.submit_window.close|-DPOLICY=0 -DNCALLERS=2 -DEXECUTOR -DCLOSE -DNO_COUNTED_CHECK||-m200000|fail|$DESTROYED"
   "W.n2.executor.asis.submit_kept_unstopped|-DPOLICY=0 -DNCALLERS=2 -DEXECUTOR -DSUBMIT_FAIL $X||-m200000|fail|$HUNG"
+  # async callers
+  "A.W.n2.a2|-DPOLICY=0 -DNCALLERS=2 $A2 $FD||-m200000|pass|"
+  "A.G.n2.a2|-DPOLICY=1 -DNCALLERS=2 $A2 $FD||-m200000|pass|"
+  "A.L.n2.a2|-DPOLICY=2 -DNCALLERS=2 $A2 $FD||-m200000|pass|"
+  "A.W.n2.a2.close|-DPOLICY=0 -DNCALLERS=2 $A2 $FD -DCLOSE||-m200000|pass|"
+  "A.W.n2.a2.deadline|-DPOLICY=0 -DNCALLERS=2 $A2 $FD -DDEADLINE||-m200000|pass|"
+  "A.W.n2.a2.executor|-DPOLICY=0 -DNCALLERS=2 $A2 $FD -DEXECUTOR $X||-m200000|pass|"
+  "A.W.n2.a1.broken.no_rearm_stop_check|-DPOLICY=0 -DNCALLERS=2 $A1 $FO -DNO_REARM_STOP_CHECK||-m200000|fail|$UNDELIVERED"
+  "A.W.n2.a1.asis.fn_in_node|-DPOLICY=0 -DNCALLERS=2 $A1||-m200000|fail|$FN_IN_NODE"
+  "A.W.n3.a1.asis.stuck_batch|-DPOLICY=0 $A1 $FO||-m200000|fail|$STUCK"
 )
 
 # Full mode (run.sh --full, or SINGLEFLIGHT_MODEL_FULL=1): everything.
@@ -77,6 +101,23 @@ if [[ "${SINGLEFLIGHT_MODEL_FULL:-0}" == 1 || "${1:-}" == --full ]]; then
     # is the whole liveness argument (non-progress search without progress labels)
     "W.n2.nocycles|-DPOLICY=0 -DNCALLERS=2 -DDEADLINE -DFORGET -DCLOSE|-DNP|-l -m200000|pass|"
     "W.n2.executor.nocycles|-DPOLICY=0 -DNCALLERS=2 -DEXECUTOR -DSUBMIT_FAIL $XS|-DNP|-l -m200000|pass|"
+    # async callers (-DCOLLAPSE: the same exhaustive search, compressed state vectors)
+    "A.W.n2.a1|-DPOLICY=0 -DNCALLERS=2 $A1 $FD||-m200000|pass|"
+    "A.W.n2.a1.close|-DPOLICY=0 -DNCALLERS=2 $A1 $FD -DCLOSE||-m200000|pass|"
+    "A.W.n2.a2.forget|-DPOLICY=0 -DNCALLERS=2 $A2 $FD -DFORGET||-m200000|pass|"
+    "A.G.n2.a2.close|-DPOLICY=1 -DNCALLERS=2 $A2 $FD -DCLOSE||-m200000|pass|"
+    "A.L.n2.a2.close|-DPOLICY=2 -DNCALLERS=2 $A2 $FD -DCLOSE||-m200000|pass|"
+    "A.W.n2.a2.deadline.close|-DPOLICY=0 -DNCALLERS=2 $A2 $FD -DDEADLINE -DCLOSE|-DCOLLAPSE|-m200000|pass|"
+    "A.W.n2.a2.forget.close|-DPOLICY=0 -DNCALLERS=2 $A2 $FD -DFORGET -DCLOSE|-DCOLLAPSE|-m200000|pass|"
+    "A.W.n2.a2.deadline.forget|-DPOLICY=0 -DNCALLERS=2 $A2 $FD -DDEADLINE -DFORGET|-DCOLLAPSE|-m200000|pass|"
+    "A.W.n2.a1.executor.submit_fail|-DPOLICY=0 -DNCALLERS=2 $A1 $FD -DEXECUTOR -DSUBMIT_FAIL $XS|-DCOLLAPSE|-m200000|pass|"
+    "A.W.n2.a2.defer|-DPOLICY=0 -DNCALLERS=2 $A2 $FD||-m200000|pass|"
+    "A.W.n3.a1.fixed|-DPOLICY=0 $A1 $FD|-DCOLLAPSE|-m200000|pass|"
+    "A.W.n3.a2.fixed|-DPOLICY=0 $A2 $FD|-DCOLLAPSE|-m200000|pass|"
+    "A.W.n2.a2.close.nocycles|-DPOLICY=0 -DNCALLERS=2 $A2 $FD -DCLOSE|-DNP|-l -m200000|pass|"
+    "A.W.n3.a2.asis.stuck_batch|-DPOLICY=0 $A2 $FO||-m200000|fail|$UNDELIVERED"
+    "A.W.n2.a2.executor.asis.fn_in_node|-DPOLICY=0 -DNCALLERS=2 $A2 -DEXECUTOR $X||-m200000|fail|$FN_MOVED"
+    "A.W.n2.a1.close.early_destroy|-DPOLICY=0 -DNCALLERS=2 $A1 $FO -DCLOSE -DASYNC_EARLY_DESTROY||-m200000|fail|$EARLY"
   )
 fi
 

@@ -18,6 +18,10 @@
  *                         then the owner destroys the group (ghost `destroyed`)
  *   Forget                forget(key), once (-DFORGET)
  *   Monitor / Watchdog    safety invariants in every state / checks in terminal states
+ * With -DASYNC, each of the last NASYNC callers is an async caller (async_do / co_do):
+ *   ANode(i)              the async_do thread: start(), attach(first), lead_async()
+ *   Agent(i)              go_again() -> attach() on the thread that notified it
+ *   AToken(i)             its stop_token; request_stop() runs async_stopped()
  *
  * Locks. Every group-mutex critical section is one atomic { } and touches the
  * group state only there. A waiter's own mutex w.m guards only `signaled` and
@@ -48,10 +52,25 @@
  *                    settled by a failed submit also has its token stopped
  *   NO_COUNTED_CHECK drop the "still counted in users_" half of TOUCH (to show
  *                    the destroyed-group half catches the same hazards alone)
+ *   ASYNC            the last NASYNC callers (default 1) are async callers (async_do /
+ *                    co_do): ANode(i) + AToken(i) + Agent(i) instead of Caller + Token
+ *   FIX_FN_OWNED     the proposed fix for the fn-lifetime bug (README.md): a node going
+ *                    round again that leads hands fn to a runner that owns it, so
+ *                    delivering the node (on_done; delete, or resuming the coroutine)
+ *                    while fn runs frees nothing in use
+ *   FIX_DEFER_LEAD   the proposed fix for the stuck-batch bug (README.md): a notifier
+ *                    re-attaches every async observer of its batch first and runs the
+ *                    fns of the flights they started only after the whole batch
+ *   ASYNC_EARLY_DESTROY  the owner may destroy the group once every async_do has made
+ *                    its first locked step (not: has returned) -- the blocking callers'
+ *                    rule; async_do's immediate-cancel race breaks it (README.md)
  * Broken variants (must be rejected):
  *   UNCONDITIONAL_CLEANUP  finish() erases the key's entry, not its own node
  *   RELOCK_AFTER_CLAIM     a claimed follower, once signalled, retakes the group
  *                          mutex to read its outcome (the settler counted it out)
+ *   NO_REARM_STOP_CHECK    an async observer going round again does not read its
+ *                          stop flag after rearm() (a stop that came while it was
+ *                          claimed is lost)
  */
 
 #ifndef POLICY
@@ -92,6 +111,7 @@
 #define C_AWAIT 2       /* await_signal(): claimed, signal on its way */
 #define C_FN    3       /* inline leader running fn                   */
 #define C_DONE  4
+#define C_SIG   5       /* (ASYNC) outcome decided; signalling its batch (may run a go-again) */
 
 /* caller's next step */
 #define PH_JOIN    1    /* wait_outcome() */
@@ -99,6 +119,18 @@
 #define PH_LEAD    3    /* lead() / lead_inline() after the insert */
 #define PH_EXIT    4    /* ticket decided under the lock, not accounted: exit_user() */
 #define PH_DONE    5    /* lock released: signal the batch, request_stop, deliver */
+
+#define K_KEEP      9   /* (async) attach: unlock, copy key and fn into the node, go round */
+
+/* async callers: the last NASYNC of the NCALLERS */
+#ifdef ASYNC
+#ifndef NASYNC
+#define NASYNC 1
+#endif
+#define AS(j) ((j) >= NCALLERS - NASYNC && (j) < NCALLERS)
+#else
+#define AS(j) false
+#endif
 
 /* executor submission (lead()) */
 #define S_OK      0
@@ -149,6 +181,24 @@ byte cbk[NC];
 byte cbf[NC];
 bool cb_running[NC];    /* a leave_on_stop is running on the Token's thread */
 
+#ifdef ASYNC
+/* group::async_node (index = caller index; wf/wlinked/wobs/wstate/counted are shared
+   with the blocking waiters above) */
+bool stop_flag[NC];     /* n->stop_flag (seq_cst atomic) */
+bool acb[NC];           /* n->cb engaged: the stop callback async_stopped is registered */
+bool wisl[NC];          /* n->is_leader; guarded by mu_ */
+bool haskey[NC];        /* n->has_key: key and fn live in the (callback) node */
+bool ob_linked[NC];     /* on the timer's list of async observers' bounds (-DDEADLINE) */
+byte ares[NC];          /* n->result */
+byte again[NC];         /* notify handshake with Agent(j): 0 idle, 1 go again, 2 done */
+byte adel[NC];          /* ghost: times delivered (on_done called / coroutine resumed) */
+byte aarr[NC];          /* ghost: flights settled when async_do arrived */
+bool ainside[NC];       /* ghost: async_do still running on the caller's thread */
+bool fbusy[NC];         /* ghost: a thread runs fn out of node j's storage */
+bool lcounted[NF];      /* ghost: lead_async's thread for flight f counts in users_ */
+byte wafter[NC];        /* ghost: the waiters linked to the same flight before j (list order) */
+#endif
+
 byte cl_state;          /* ghost: 0 idle, 1 draining, 2 returned */
 bool destroyed;         /* ghost: ~group has run (after close() returned) */
 bool forget_done;
@@ -159,19 +209,32 @@ bool timer_exited;
 #ifdef NO_COUNTED_CHECK
 #define TOUCH(i)  assert(!destroyed)
 #define TOUCHT(g) assert(!destroyed)
+#define TOUCHA(i) assert(!destroyed)
+#define TOUCHL(g) assert(!destroyed)
 #else
 /* a caller (or its leave_on_stop) touching the group must still count in users_ */
 #define TOUCH(i)  assert(!destroyed && counted[i])
 /* a task touching the group must still count in users_ */
 #define TOUCHT(g) assert(!destroyed && tcounted[g])
+/* an async caller's stop callback (or async_do itself) taking the group's mutex: the
+   node counts in users_, or async_do has not returned yet (the owner's contract:
+   ~group does not run concurrently with any member call) */
+#define TOUCHA(i) assert(!destroyed && (counted[i] || ainside[i]))
+/* lead_async's thread, back from the hand-off: it counts in users_ until then */
+#define TOUCHL(g) assert(!destroyed && lcounted[g])
 #endif
 
 #define RUNNING(g) ((seq_ >= g && !fn_done[g] && !fforgot[g]) -> 1 : 0)
 #define FLIGHT_OK(g) \
   (fwaiters[g] <= NC && !(fsole[g] && freaders[g]) && (!fhome[g] || map_slot == g))
+#ifdef ASYNC
+#define LUSERS ((lcounted[1] -> 1 : 0) + (lcounted[2] -> 1 : 0) + (lcounted[3] -> 1 : 0))
+#else
+#define LUSERS 0
+#endif
 #define USERS \
   ((counted[0] -> 1 : 0) + (counted[1] -> 1 : 0) + (counted[2] -> 1 : 0) + \
-   (tcounted[1] -> 1 : 0) + (tcounted[2] -> 1 : 0) + (tcounted[3] -> 1 : 0))
+   (tcounted[1] -> 1 : 0) + (tcounted[2] -> 1 : 0) + (tcounted[3] -> 1 : 0) + LUSERS)
 
 #define INV \
   ( (RUNNING(1) + RUNNING(2) + RUNNING(3) <= 1) \
@@ -188,14 +251,20 @@ bool timer_exited;
 #define NO_DL(i) true
 #endif
 #define CALLER_OK(i) \
-  ( cst[i] == C_DONE || cst[i] == C_FN \
+  ( cst[i] == C_DONE || cst[i] == C_FN || cst[i] == C_SIG \
  || (cst[i] == C_BLK && wstate[i] == W_WAITING && !tok_fired[i] && !signaled[i] \
      && !stop_fired[i] && \
      ((!wobs[i] && fkind[wf[i]] == K_PENDING) || \
       (wobs[i] && !closed && !fn_done[wf[i]] && !fforgot[wf[i]] && NO_DL(i)))) )
 
 /* caller j still wants flight g (waits for it, token unfired) */
-#define WANTS(j, g) (((cst[j] == C_BLK && !wobs[j]) || cst[j] == C_FN) && wf[j] == g && !tok_fired[j])
+#ifdef ASYNC
+#define AWANTS(j, g) (AS(j) && wlinked[j] && !wobs[j] && wf[j] == g && wstate[j] == W_WAITING && !tok_fired[j])
+#else
+#define AWANTS(j, g) false
+#endif
+#define WANTS(j, g) \
+  ((((cst[j] == C_BLK && !wobs[j]) || cst[j] == C_FN) && wf[j] == g && !tok_fired[j]) || AWANTS(j, g))
 #if POLICY == P_WAITERS
 #define OWNED(g) (WANTS(0, g) || WANTS(1, g) || WANTS(2, g))
 #elif POLICY == P_LEADER
@@ -208,6 +277,19 @@ bool timer_exited;
    someone still wants it ("the last waiter leaving stops the work") */
 #define HUNG_OK(g) \
   ( !(seq_ >= g && !fn_done[g]) || (!fstop[g] && fkind[g] == K_PENDING && OWNED(g)) )
+
+/* At a terminal state an async caller has been delivered exactly once, or waits
+   legitimately: linked, unclaimed, token unfired, and still something to wait for.
+   (With -DDEADLINE a linked async observer is always due for the timer.) */
+#ifdef ASYNC
+#define ANODE_OK(j) \
+  ( !AS(j) || adel[j] == 1 \
+ || (wlinked[j] && wstate[j] == W_WAITING && !tok_fired[j] && \
+     ((!wobs[j] && fkind[wf[j]] == K_PENDING) || \
+      (wobs[j] && !closed && !fn_done[wf[j]] && !fforgot[wf[j]]))) )
+#else
+#define ANODE_OK(j) true
+#endif
 
 #define SETTLED_MASK \
   (((seq_ >= 1 && fkind[1] != K_PENDING) -> 2 : 0) | \
@@ -223,6 +305,10 @@ inline claim(j, fl, obs, b) {
   if
   :: wlinked[j] && wf[j] == fl && wobs[j] == obs && wstate[j] == W_WAITING ->
        wstate[j] = W_CLAIMED; wlinked[j] = false;
+#ifdef ASYNC
+       assert(!AS(j) || adel[j] == 0);
+       if :: obs -> ob_linked[j] = false :: else -> skip fi;   /* unlink_wait_deadline */
+#endif
        if
        :: !obs -> users--; counted[j] = false
        :: else -> skip
@@ -282,6 +368,55 @@ inline finish(fl, kk, b) {
 inline exit_self() { users--; counted[i] = false }
 inline exit_task(fl) { users--; tcounted[fl] = false }
 
+#ifdef ASYNC
+/* deliver(n) for async caller j: n->cb.reset() (done by the caller of this), then
+   complete(): on_done runs and the callback node is deleted, or the coroutine is
+   resumed (and the co_do expression's temporaries -- key, fn -- go away). Exactly
+   once; never while the node is linked or counted; never while a thread still runs
+   fn out of the node (FIX_FN_OWNED: the runner owns fn). */
+inline a_complete(j) {
+  assert(adel[j] == 0 && ares[j] != K_PENDING && !wlinked[j] && !counted[j]);
+#ifndef FIX_FN_OWNED
+  assert(!fbusy[j]);
+#endif
+  adel[j] = 1
+}
+
+/* waiter::notify for async caller j (async_node::on_notify), by the thread that claimed
+   it, after the group mutex is released (see signal_all). An observer goes round again
+   (go_again -> attach) on this very thread: Agent(j) runs it while this process waits
+   (a_request, A_WAIT), so this process's later steps happen only once that is over,
+   exactly as in the C++ (the go-again may start a flight and run its fn inline, here).
+   Otherwise deliver() (a_deliver_claimed): wait for a stop callback in flight (it lost
+   its CAS and returns), then on_done. */
+inline a_request(j, b) {
+  assert(wstate[j] == W_CLAIMED && !wlinked[j] && adel[j] == 0);
+  again[j] = 1; b = b - (1 << j)
+}
+#ifdef FIX_DEFER_LEAD
+/* ...or it leads: run its fn after the batch */
+#define A_DEFER(j, b) :: atomic { again[j] == 3 -> b = b | (16 << j) }
+#else
+#define A_DEFER(j, b)
+#endif
+#define A_WAIT(j, b) if :: atomic { again[j] == 2 -> again[j] = 0 } A_DEFER(j, b) fi
+inline a_deliver_claimed(j, b) {
+  assert(wstate[j] == W_CLAIMED && !wlinked[j] && adel[j] == 0);
+  if
+  :: ares[j] == K_PENDING ->
+       /* published by the settle that claimed it */
+       ares[j] = fkind[wf[j]];
+       assert(ares[j] != K_PENDING && (aarr[j] & (1 << wf[j])) == 0);
+       if :: ares[j] == K_VALUE -> freaders[wf[j]] = true :: else -> skip fi
+  :: else -> skip                         /* the timer's timeout for an observer */
+  fi;
+  acb[j] = false;                         /* deliver(): cb.reset() */
+  a_complete(j);
+  b = b - (1 << j)
+}
+
+#endif
+
 /* wake_batch::signal_all(), after the group mutex is released: one waiter::signal()
    (a w.m critical section) per step. The waiter must still be there, claimed. */
 inline signal_one(j, b) {
@@ -295,7 +430,49 @@ inline signal_one(j, b) {
   :: else -> skip
   fi
 }
+#ifdef ASYNC
+/* the waiters linked to flight fl, as a mask (taken when j links: who is before it) */
+#define LINKED_TO(fl) \
+  (((wlinked[0] && wf[0] == fl) -> 1 : 0) | ((wlinked[1] && wf[1] == fl) -> 2 : 0) | \
+   ((wlinked[2] && wf[2] == fl) -> 4 : 0))
+/* in the order they were claimed: oldest link first (claim_if walks the list from the
+   head, wake_batch::add appends), since a go-again can run a whole fn inside the loop */
+#define NEXT(j, b) ((b & (1 << j)) && (wafter[j] & b & 7) == 0)
+inline sig_blocking(j, b) {
+  assert(wstate[j] == W_CLAIMED && !signaled[j] && cst[j] != C_DONE);
+  signaled[j] = true;
+  b = b - (1 << j)
+}
+inline signal_all(b) {
+  do
+  :: atomic { NEXT(0, b) && !AS(0) -> sig_blocking(0, b) }
+  :: atomic { NEXT(0, b) && AS(0) && !wobs[0] && !cb_running[0] -> a_deliver_claimed(0, b) }
+  :: atomic { NEXT(0, b) && AS(0) && wobs[0] && again[0] == 0 -> a_request(0, b) };
+     end_notify0: A_WAIT(0, b)
+  :: atomic { NEXT(1, b) && !AS(1) -> sig_blocking(1, b) }
+  :: atomic { NEXT(1, b) && AS(1) && !wobs[1] && !cb_running[1] -> a_deliver_claimed(1, b) }
+  :: atomic { NEXT(1, b) && AS(1) && wobs[1] && again[1] == 0 -> a_request(1, b) };
+     end_notify1: A_WAIT(1, b)
+  :: atomic { NEXT(2, b) && !AS(2) -> sig_blocking(2, b) }
+  :: atomic { NEXT(2, b) && AS(2) && !wobs[2] && !cb_running[2] -> a_deliver_claimed(2, b) }
+  :: atomic { NEXT(2, b) && AS(2) && wobs[2] && again[2] == 0 -> a_request(2, b) };
+     end_notify2: A_WAIT(2, b)
+  :: (b & 7) == 0 -> break
+  od
+#ifdef FIX_DEFER_LEAD
+  /* then run the fns of the flights its go-agains started (Agent(j) waits at 3) */
+  ;
+  do
+  :: atomic { (b & 16) -> again[0] = 4; b = b - 16 }; end_defer0: atomic { again[0] == 2 -> again[0] = 0 }
+  :: atomic { (b & 32) -> again[1] = 4; b = b - 32 }; end_defer1: atomic { again[1] == 2 -> again[1] = 0 }
+  :: atomic { (b & 64) -> again[2] = 4; b = b - 64 }; end_defer2: atomic { again[2] == 2 -> again[2] = 0 }
+  :: (b & 112) == 0 -> break
+  od
+#endif
+}
+#else
 inline signal_all(b) { signal_one(0, b); signal_one(1, b); signal_one(2, b) }
+#endif
 
 /* a caller receives f's outcome: settled, and not settled before it arrived
    (guarantee 2); a value someone copies was not kept by the leader (sole) */
@@ -324,6 +501,9 @@ end_hang:
 /* w.reset(as_observer) + f->list.push(w) (for the join and observe cases) */
 inline reset_push(fl, obs) {
   wstate[i] = W_WAITING; signaled[i] = false; stop_fired[i] = false;
+#ifdef ASYNC
+  wafter[i] = LINKED_TO(fl);
+#endif
   wobs[i] = obs; wf[i] = fl; wlinked[i] = true
 }
 
@@ -471,7 +651,11 @@ proctype Caller(byte i) {
     fi
   }
   do
-  :: ph == PH_DONE -> break
+  :: ph == PH_DONE ->
+#ifdef ASYNC
+     cst[i] = C_SIG;
+#endif
+     break
 
   :: ph == PH_JOIN || ph == PH_OBSERVE ->
      /* wait_outcome() / observe(): unlock, block, try_leave */
@@ -664,7 +848,331 @@ proctype Token(byte i) {
   fi
 }
 
+
+#ifdef ASYNC
+/* ---- async callers (group::async_do / co_do) ------------------------------------
+ *
+ * ANode(i)   the async_do / co_await caller's thread: start() (registers the stop
+ *            callback), attach(first = true), and -- when it starts the flight --
+ *            lead_async(): hand_off() runs the sync fn inline (run_task) or submits a
+ *            task (-DEXECUTOR); async_do returns at the end.
+ * Agent(i)   go_again() -> attach(first = false) for node i, on the thread of whoever
+ *            notified it as a claimed observer (that thread waits for it: see
+ *            signal_all). May lead and run fn there.
+ * AToken(i)  the caller's stop_token: fires once or never; request_stop() runs
+ *            async_stopped() on the firing thread while the callback is registered.
+ * Delivery (on_notify / deliver) is a step of whichever process notifies the node.
+ */
+
+#ifdef NO_REARM_STOP_CHECK
+#define STOPPED(first) (first && stop_flag[i])      /* BROKEN: no check after rearm() */
+#else
+#define STOPPED(first) stop_flag[i]
+#endif
+
+/* attach(n, key, fn, first): the locked part (one critical section). A go-again
+   (first == false) has done n->rearm() just before. Sets imm (an immediate outcome,
+   or K_KEEP) or ph (PH_LEAD / PH_JOIN / PH_OBSERVE: linked). */
+inline a_attach(first) {
+  imm = 0; ph = 0;
+  if
+  :: closed -> imm = K_CLOSED
+  :: !closed && STOPPED(first) -> imm = K_CANCELLED
+  :: !closed && !STOPPED(first) && map_slot == 0 ->
+       /* lead_async(): insert, waiters = 1, link_live (and link_deadline); the node is
+          the leader's waiter, linked now; this thread and the task count as users */
+       seq_++;
+       f = seq_;
+       assert(f < NF);
+       fkind[f] = K_PENDING; fwaiters[f] = 1; fhome[f] = true; map_slot = f;
+       flive[f] = true;
+       fleader[f] = i;
+       if :: first -> users++; counted[i] = true :: else -> skip fi;
+       wf[i] = f; wobs[i] = false; wisl[i] = true; wafter[i] = 0; wlinked[i] = true;
+       users++; lcounted[f] = true;          /* this thread, until the hand-off is over */
+       users++; tcounted[f] = true;          /* hand_off(): the task */
+#ifdef EXECUTOR
+       fsubmitting[f] = true;
+#endif
+       fat = (haskey[i] -> i + 1 : 0);       /* fn lives in the node (kept, or going again) */
+       ph = PH_LEAD
+  :: !closed && !STOPPED(first) && map_slot != 0 && fkind[map_slot] == K_PENDING ->
+       /* join */
+       f = map_slot;
+       fwaiters[f]++;
+       if :: first -> users++; counted[i] = true :: else -> skip fi;
+       wafter[i] = LINKED_TO(f);
+       wf[i] = f; wobs[i] = false; wisl[i] = false; wlinked[i] = true;
+       ph = PH_JOIN
+  :: !closed && !STOPPED(first) && map_slot != 0 && fkind[map_slot] != K_PENDING && !haskey[i] ->
+       /* a winding-down fn, and the key and fn are the caller's: unlock, keep them
+          in the node, lock, go round (the next locked step) */
+       haskey[i] = true; imm = K_KEEP
+  :: !closed && !STOPPED(first) && map_slot != 0 && fkind[map_slot] != K_PENDING && haskey[i] ->
+       /* observe: wait for the winding-down fn to return */
+       f = map_slot;
+       if :: first -> users++; counted[i] = true :: else -> skip fi;
+       wafter[i] = LINKED_TO(f);
+       wf[i] = f; wobs[i] = true; wisl[i] = false; wlinked[i] = true;
 #ifdef DEADLINE
+       ob_linked[i] = true;                  /* link_wait_deadline() */
+#endif
+       ph = PH_OBSERVE
+  fi;
+  if
+  :: imm != 0 && imm != K_KEEP ->
+       /* immediate: a failed claim means the stop callback is leaving (cancelled) */
+       if
+       :: wstate[i] == W_WAITING -> wstate[i] = W_CLAIMED
+       :: else -> imm = K_CANCELLED
+       fi;
+       ares[i] = imm
+  :: else -> skip
+  fi
+}
+
+#ifndef ASYNC_EARLY_DESTROY
+#define ANODE_ENTERED entered[i] = true;    /* async_do has returned */
+#else
+#define ANODE_ENTERED
+#endif
+#define ANODE_RET \
+  ainside[i] = false; ANODE_ENTERED \
+  f = 0; k = 0; bat = 0; sub = 0; fat = 0; imm = 0; ph = 0; stp = false
+/* the end of lead_async(): async_do returns (ANode), or go_again() does and the
+   notifier carries on (Agent) */
+#define LEAD_RET \
+  if :: ag -> again[i] = 2 :: else -> ainside[i] = false; ANODE_ENTERED skip fi; \
+  f = 0; k = 0; bat = 0; sub = 0; fat = 0; imm = 0; ph = 0; stp = false
+
+/* lead_async() after the locked insert: hand_off(), then exit_user() for this thread */
+inline a_lead_rest(gate) {
+#ifndef EXECUTOR
+  /* hand_off() without an executor: unlock; run_task(f, fn) right here */
+  atomic {
+    gate ->
+    TOUCHT(f);
+    assert(!fn_done[f]);
+    if
+    :: fkind[f] != K_PENDING ->
+         finish(f, fkind[f], bat); exit_task(f); k = 9       /* stopped meanwhile: not run */
+    :: else ->
+         k = 0;
+         if :: fat != 0 -> fbusy[fat - 1] = true :: else -> skip fi
+    fi
+  };
+  if
+  :: k == 0 ->
+       invoke_fn(f, k);
+       atomic {
+         if :: fat != 0 -> fbusy[fat - 1] = false :: else -> skip fi;
+         TOUCHT(f); finish(f, k, bat); exit_task(f)
+       }
+  :: else -> skip
+  fi;
+  signal_all(bat);                       /* run_task's wake (may be this very node) */
+  /* hand_off(): lk.lock(); lead_async(): exit_user() for this thread; unlock; then
+     (nothing below touches the group) return to the caller of lead_async */
+  atomic { TOUCHL(f); users--; lcounted[f] = false; LEAD_RET }
+#else
+  /* hand_off() with an executor: unlocked, make the task (moving fn into it: out of
+     the node when it lives there) and submit it */
+  atomic {
+    gate ->
+#ifndef FIX_FN_OWNED
+    assert(fat == 0 || adel[fat - 1] == 0);    /* the node holding fn still exists */
+#endif
+    skip
+  };
+#ifdef SUBMIT_FAIL
+  if
+  :: sub = S_OK; run Worker(f, true)
+  :: sub = S_NOTASK
+  :: sub = S_KEPT; run Worker(f, true)
+  :: sub = S_DROPIN; atomic { TOUCHT(f); fdropin[f] = true }
+  fi;
+#else
+  sub = S_OK; run Worker(f, false);
+#endif
+  atomic {
+    if :: sub == S_OK || sub == S_KEPT -> wstarted[f] = true :: else -> skip fi;
+    TOUCHL(f);
+    fsubmitting[f] = false;
+    if
+    :: (sub == S_NOTASK || sub == S_KEPT || fdropin[f]) && !fn_done[f] ->
+         if
+         :: fkind[f] == K_PENDING ->
+              settle(f, (sub == S_DROPIN -> K_DROPPED : K_ERROR), bat); stp = true
+         :: else -> skip
+         fi;
+         if
+         :: sub == S_NOTASK || fdropin[f] -> finish(f, fkind[f], bat); exit_task(f)
+         :: else -> skip
+         fi
+    :: else -> skip
+    fi;
+    users--; lcounted[f] = false           /* lead_async(): exit_user() for this thread */
+  };
+  signal_all(bat);
+  atomic { if :: stp -> fstop[f] = true; stp = false :: else -> skip fi; LEAD_RET }
+#endif
+}
+
+proctype ANode(byte i) {
+  byte f, k, bat, sub, fat, imm, ph;
+  bool stp, ag = false;
+  /* start(): cb.emplace(caller, async_on_stop) -- if the token already fired,
+     async_stopped() runs right here: sets the flag, wins try_leave (nobody else
+     knows the node), locks, finds the node unlinked and returns */
+  atomic {
+    if
+    :: tok_fired[i] -> assert(!destroyed); stop_flag[i] = true; wstate[i] = W_LEAVING
+    :: else -> acb[i] = true
+    fi
+  };
+  /* attach(first = true) */
+  atomic {
+    TOUCHA(i);
+#ifdef ASYNC_EARLY_DESTROY
+    entered[i] = true;                     /* the blocking callers' rule: first lock taken */
+#endif
+    aarr[i] = SETTLED_MASK; a_attach(true)
+  }
+  if
+  :: imm == K_KEEP -> atomic { TOUCHA(i); a_attach(true) }
+  :: else -> skip
+  fi;
+  /* async_do returns (ANODE_RET) right after: with the deliver, the unlock that
+     linked the node, or lead_async's last unlock (nothing in between touches the group) */
+  if
+  :: atomic {
+       imm != 0 && !cb_running[i] ->
+       /* immediate: deliver() on this thread (cb.reset waits for a callback in flight) */
+       acb[i] = false; a_complete(i); ANODE_RET
+     }
+  :: atomic { ph == PH_JOIN || ph == PH_OBSERVE -> ANODE_RET }
+  :: ph == PH_LEAD -> a_lead_rest(true)
+  fi
+}
+
+proctype Agent(byte i) {
+  byte f, k, bat, sub, fat, imm, ph;
+  bool stp, ag = true;
+  /* idle (imm == 0 && ph == 0) at end_idle; ANODE_OK judges a node left undelivered */
+end_idle:
+  do
+  :: atomic {
+       again[i] == 1 && imm == 0 && ph == 0 ->
+       /* go_again() -> attach(first = false): lock; rearm(); then the stop flag */
+       TOUCH(i);
+       assert(wstate[i] == W_CLAIMED && !wlinked[i] && adel[i] == 0 && haskey[i]);
+       wstate[i] = W_WAITING;
+       a_attach(false);
+       assert(imm != K_KEEP);
+       if
+       :: ph == PH_JOIN || ph == PH_OBSERVE -> again[i] = 2; f = 0; ph = 0; fat = 0   /* unlock; return */
+#ifdef FIX_DEFER_LEAD
+       :: ph == PH_LEAD -> again[i] = 3        /* the notifier runs fn after its batch */
+#endif
+       :: else -> skip
+       fi
+     }
+  :: atomic {
+       imm != 0 && !cb_running[i] ->
+       /* immediate, not first: unlock; cb.reset() (waits for a stop callback in
+          flight); lock; exit_user(); unlock; deliver() */
+       acb[i] = false;
+       TOUCH(i); users--; counted[i] = false;
+       a_complete(i); again[i] = 2; imm = 0
+     }
+  :: ph == PH_LEAD ->
+#ifdef FIX_DEFER_LEAD
+       a_lead_rest(again[i] == 4)
+#else
+       a_lead_rest(true)
+#endif
+  od
+}
+
+/* the async caller's stop_token; request_stop() runs async_stopped() (when registered) */
+proctype AToken(byte i) {
+  byte fl, bat;
+  bool s, reg, won;
+  if
+  :: skip
+  :: atomic {
+       tok_fired[i] = true;
+       reg = acb[i];
+       if
+       :: reg -> cb_running[i] = true; stop_flag[i] = true   /* stop_flag.store(true) */
+       :: else -> skip
+       fi
+     };
+     if
+     :: reg ->
+          /* try_leave() */
+          atomic {
+            assert(adel[i] == 0);
+            if
+            :: wstate[i] == W_WAITING -> wstate[i] = W_LEAVING; won = true
+            :: else -> won = false; cb_running[i] = false; reg = false   /* claimed: return */
+            fi
+          };
+          if
+          :: won ->
+               atomic {
+                 TOUCHA(i);
+                 assert(adel[i] == 0);
+                 if
+                 :: !wlinked[i] ->
+                      /* not attached (yet, or between rounds): the attaching thread answers */
+                      won = false; cb_running[i] = false; reg = false
+                 :: else ->
+                      wlinked[i] = false;
+                      fl = wf[i];
+                      if
+                      :: wobs[i] -> ob_linked[i] = false           /* unlink_wait_deadline */
+                      :: else -> leave(fl, wisl[i], s, bat)
+                      fi;
+                      users--; counted[i] = false                  /* exit_user() */
+                 fi
+               };
+               if
+               :: won ->
+                    /* no longer a user: signal, stop the flight, deliver cancelled (the
+                       callback resets its own stop_callback: no wait) */
+                    signal_all(bat);
+                    atomic {
+                      if :: s -> fstop[fl] = true; s = false :: else -> skip fi;
+                      ares[i] = K_CANCELLED; acb[i] = false; a_complete(i);
+                      cb_running[i] = false; fl = 0; won = false; reg = false
+                    }
+               :: else -> skip
+               fi
+          :: else -> skip
+          fi
+     :: else -> skip
+     fi
+  fi
+}
+#endif
+
+#ifdef DEADLINE
+#ifdef ASYNC
+inline async_ob_timeout(j, b) {
+  assert(!destroyed && adel[j] == 0);
+  ob_linked[j] = false;
+  if
+  :: wstate[j] == W_WAITING ->
+       assert(wlinked[j] && wobs[j]);
+       wstate[j] = W_CLAIMED; wlinked[j] = false; wobs[j] = false; ares[j] = K_TIMEOUT;
+       users--; counted[j] = false;
+       b = b | (1 << j)
+  :: else -> skip
+  fi
+}
+#endif
+
 /* timer_loop(): settle the head of the deadline list (the oldest pending flight)
    with timeout; unlock; signal; stop it. Also each observer's wait_deadline. */
 proctype Timer() {
@@ -692,6 +1200,13 @@ end_timer:
   :: atomic { obs_armed[0] && !obs_dl[0] -> obs_dl[0] = true }
   :: atomic { obs_armed[1] && !obs_dl[1] -> obs_dl[1] = true }
   :: atomic { obs_armed[2] && !obs_dl[2] -> obs_dl[2] = true }
+#ifdef ASYNC
+  /* an async observer's bound ran out (abstract time: at any moment): claimed with
+     timeout unless its stop callback is leaving (then it unlinks itself) */
+  :: atomic { !timer_stop && ob_linked[0] -> async_ob_timeout(0, bat) }; signal_all(bat)
+  :: atomic { !timer_stop && ob_linked[1] -> async_ob_timeout(1, bat) }; signal_all(bat)
+  :: atomic { !timer_stop && ob_linked[2] -> async_ob_timeout(2, bat) }; signal_all(bat)
+#endif
   od;
   timer_exited = true
 }
@@ -752,7 +1267,15 @@ proctype Closer() {
        a claimed caller's wake_on_stop may still be registered: it touches only
        the waiter, which lives in that caller's frame */
     assert(cbk[0] != CB_LEAVE && cbk[1] != CB_LEAVE && cbk[2] != CB_LEAVE);
+#ifndef ASYNC
     assert(!cb_running[0] && !cb_running[1] && !cb_running[2]);
+#else
+    /* an async caller's stop callback may still be delivering cancelled (it no longer
+       counts), or wait for the lock while its async_do is still running: not blocking */
+    assert(!cb_running[0] || AS(0)); assert(!cb_running[1] || AS(1)); assert(!cb_running[2] || AS(2));
+    /* every async caller has its outcome decided: none is linked */
+    assert(!wlinked[0] && !wlinked[1] && !wlinked[2]);
+#endif
     cl_state = 2
   }
   /* the owner destroys the group, at any moment after close() returned (but not
@@ -794,18 +1317,43 @@ active proctype Watchdog() {
 end_wd:
   timeout ->
     assert(CALLER_OK(0) && CALLER_OK(1) && CALLER_OK(2));
+#ifdef ASYNC
+    assert(ANODE_OK(0) && ANODE_OK(1) && ANODE_OK(2));
+#endif
     assert(HUNG_OK(1) && HUNG_OK(2) && HUNG_OK(3));
     assert(cl_state != 1)       /* after close() every fn is stopped: the drain ends */
 }
 
+#ifdef ASYNC
+inline start_caller(j) {
+  if
+  :: AS(j) ->
+       cst[j] = C_DONE; ainside[j] = true;
+       run ANode(j); run AToken(j); run Agent(j)
+  :: else -> run Caller(j); run Token(j)
+  fi
+}
+#else
+inline start_caller(j) { run Caller(j); run Token(j) }
+#endif
+
 init {
   atomic {
+#ifdef ASYNC
+    start_caller(0); start_caller(1);
+#if NCALLERS == 3
+    start_caller(2);
+#else
+    cst[2] = C_DONE; entered[2] = true;
+#endif
+#else
     run Caller(0); run Caller(1);
     run Token(0); run Token(1);
 #if NCALLERS == 3
     run Caller(2); run Token(2);
 #else
     cst[2] = C_DONE; entered[2] = true;
+#endif
 #endif
 #ifdef DEADLINE
     run Timer();
