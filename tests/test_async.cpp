@@ -36,27 +36,9 @@ using sftest::gate;
 using sftest::must;
 using group_t = sf::group<std::string, int>;
 
-struct not_an_exception {
-  int code;
-};
-
-// The address of the exception object e holds (rethrown, caught by reference).
-template <class E>
-const void* address_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const E& x) {
-    return &x;
-  } catch (...) {
-  }
-  return nullptr;
-}
-
-sf::options with(sf::ownership owner) {
-  sf::options o;
-  o.owner = owner;
-  return o;
-}
+using sftest::address_of;
+using sftest::not_an_exception;
+using sftest::with;
 
 sf::options with_threads() {
   sf::options o;

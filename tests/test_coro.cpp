@@ -34,26 +34,9 @@ using sftest::gate;
 using sftest::must;
 using group_t = sf::group<std::string, int>;
 
-struct not_an_exception {
-  int code;
-};
-
-template <class E>
-const void* address_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const E& x) {
-    return &x;
-  } catch (...) {
-  }
-  return nullptr;
-}
-
-sf::options with(sf::ownership owner) {
-  sf::options o;
-  o.owner = owner;
-  return o;
-}
+using sftest::address_of;
+using sftest::not_an_exception;
+using sftest::with;
 
 // A coroutine waiter: co_awaits the flight for `key` and returns its value.
 // Everything it uses is a parameter, so it lives in the coroutine's frame.

@@ -174,6 +174,33 @@ class fire_task {
   std::shared_ptr<co_record<T>> rec_;
 };
 
+// ---- shared by the async tests ----------------------------------------------
+
+// A thrown type that is not a std::exception.
+struct not_an_exception {
+  int code;
+};
+
+// The address of the exception object `e` holds (rethrown, caught by
+// reference) when it is an E, else null: "the same object in every waiter".
+template <class E>
+const void* address_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const E& x) {
+    return &x;
+  } catch (...) {
+  }
+  return nullptr;
+}
+
+// Options with only the ownership policy set.
+inline singleflight::options with(singleflight::ownership owner) {
+  singleflight::options o;
+  o.owner = owner;
+  return o;
+}
+
 // ---- callback waiters -------------------------------------------------------
 
 // The on_done of one async_do waiter. Records the first call; counts all.
