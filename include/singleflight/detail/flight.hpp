@@ -158,7 +158,6 @@ class deferral {
   // The innermost notification loop of this thread, if any.
   static deferral* active() noexcept { return current(); }
   // Queues a task; may throw (allocation), leaving the task with the caller.
-  void add(task& t) { tasks_.push_back(std::move(t)); }
   void add(task&& t) { tasks_.push_back(std::move(t)); }
   // Runs the queued tasks in order, including any queued meanwhile.
   void run() noexcept {
