@@ -7,10 +7,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <stop_token>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "support/catch.hpp"
 #include "support/sync.hpp"
@@ -226,4 +229,75 @@ TEST_CASE("call_info: role and flight number", "[stats][call_info]") {
                   sf::closed_error);
   CHECK(closed.role == sf::role::none);
   CHECK(closed.flight == 0);
+}
+
+TEST_CASE("fn_starts counts fns that ran: a flight stopped while queued is a flight, not a start",
+          "[stats]") {
+  // Users reconcile fn_starts with their origin's logs: a flight whose task
+  // was still queued when its last waiter left never calls fn.
+  std::mutex qm;
+  std::vector<sf::task> queue;
+  sf::options o;
+  o.executor = [&](sf::task t) {
+    std::lock_guard<std::mutex> lk(qm);
+    queue.push_back(std::move(t));
+  };
+  std::atomic<int> fn_calls{0};
+  {
+    group_t g{o};
+    std::stop_source leave;
+    sftest::result<int> r;
+    auto t = sftest::spawn(r, [&] {
+      return g.do_(
+          "k", [&] { return ++fn_calls; }, leave.get_token());
+    });
+    sftest::must(
+        [&] {
+          std::lock_guard<std::mutex> lk(qm);
+          return queue.size() == 1;
+        },
+        "the task is queued");
+    leave.request_stop();  // the only waiter leaves: the flight is stopped while queued
+    sftest::finish(t, r, "the caller left");
+    CHECK(r.threw<sf::cancelled_error>());
+    sf::task queued;
+    {
+      std::lock_guard<std::mutex> lk(qm);
+      queued = std::move(queue.front());
+      queue.clear();
+    }
+    queued();  // skips fn: nobody wants the work any more
+
+    // A flight whose fn does run counts in both.
+    sftest::result<int> r2;
+    auto t2 = sftest::spawn(r2, [&] { return g.do_("k", [&] { return ++fn_calls; }); });
+    sftest::must(
+        [&] {
+          std::lock_guard<std::mutex> lk(qm);
+          return queue.size() == 1;
+        },
+        "the second task is queued");
+    {
+      std::lock_guard<std::mutex> lk(qm);
+      queued = std::move(queue.front());
+      queue.clear();
+    }
+    queued();
+    sftest::finish(t2, r2, "the second caller");
+    CHECK(r2.value == std::optional<int>(1));
+
+    const sf::stats s = g.stats();
+    CHECK(s.flights == 2);
+    CHECK(s.fn_starts == 1);
+    CHECK(fn_calls.load() == 1);
+    check_identity(s);
+  }
+}
+
+TEST_CASE("fn_starts equals flights for an inline leader", "[stats]") {
+  group_t g;
+  for (int i = 0; i < 3; ++i) (void)g.do_("k", [] { return 1; });
+  const sf::stats s = g.stats();
+  CHECK(s.flights == 3);
+  CHECK(s.fn_starts == 3);
 }

@@ -1356,6 +1356,7 @@ class group {
     flight_t* f = mine.get();
     w.reset(/*as_observer=*/false);  // stop_fired: guarded by mu_ for an inline leader
     fr.set_flight(f);
+    ++st_.fn_starts;
     lk.unlock();
     kind k;
     {
@@ -1512,6 +1513,7 @@ class group {
       if (f->fn_done) return;  // failed at submission; the submitter accounted for it
       if (f->kind == kind::pending) {
         run = true;
+        ++st_.fn_starts;
         if constexpr (detail::async_fn<Fn, T>) {
           // The completion is a user of its own until it is resolved, so a
           // completion resolved on another thread while fn is still being

@@ -20,7 +20,9 @@ namespace singleflight {
 // stuck at 1: the key is over-specified or nothing overlaps).
 struct stats {
   std::uint64_t calls = 0;          // do_ / do_fresh calls
-  std::uint64_t flights = 0;        // flights started (origin calls)
+  std::uint64_t flights = 0;        // flights started (entries created for a new fn)
+  std::uint64_t fn_starts = 0;      // fns actually called: flights minus those stopped
+                                    // while their task was still queued (origin calls)
   std::uint64_t joins = 0;          // calls that attached to an existing flight
   std::uint64_t rejections = 0;     // calls that neither started nor joined: closed,
                                     // overloaded, stopped before attaching, timed out
