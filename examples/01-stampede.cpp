@@ -17,7 +17,7 @@ int main() {
   singleflight::group<std::string, std::shared_ptr<const std::string>> profiles;
   std::atomic<int> origin_calls{0};
 
-  auto fetch_from_origin = [&](std::stop_token) {
+  auto fetch_from_origin = [&origin_calls](std::stop_token) {  // captures what outlives the group
     origin_calls.fetch_add(1);
     std::this_thread::sleep_for(200ms);  // the slow origin
     return std::make_shared<const std::string>("profile of user 42");

@@ -38,7 +38,9 @@ int main() {
 
   auto load = [&](const std::string& key) {
     if (auto hit = c.get(key)) return *hit;  // fast path: no coordination
-    return loads.do_(key, [&] {
+    // fn captures the key by value: it may outlive this call with an
+    // executor (here it runs inline, but the habit costs nothing).
+    return loads.do_(key, [&c, &origin_calls, key] {
       if (auto hit = c.get(key)) return *hit;  // filled while we were getting here?
       origin_calls.fetch_add(1);
       std::string value = "value of " + key;

@@ -66,7 +66,7 @@ TEST_CASE(
     b.wait("observer's bound");
     CHECK(std::chrono::steady_clock::now() - arrival >= timeout);
     CHECK(b.threw<sf::timeout_error>());
-    CHECK(b.thread != std::this_thread::get_id());  // the timer thread
+    CHECK(b.thread != std::this_thread::get_id());  // the delivery thread
     CHECK(b.calls == 1);
   }
   SECTION("a coroutine waiter") {

@@ -91,4 +91,18 @@ class broken_promise_error : public error {
   using error::error;
 };
 
+// abandoned_error
+//
+// Thrown to every other waiter of a flight whose fn ended its thread before
+// returning (pthread_exit, or pthread_cancel at a cancellation point: a
+// forced unwind). The group fails the flight, frees the key, and lets the
+// unwind continue on the thread that ran fn.
+class abandoned_error : public error {
+ public:
+  abandoned_error()
+      : error(literal_tag{}, "singleflight: fn's thread ended (forced unwind) before fn returned") {
+  }
+  using error::error;
+};
+
 }  // namespace singleflight

@@ -48,6 +48,36 @@
 // number of threads, except the destructor, which must not run concurrently
 // with any other call and must not be called from inside fn.
 //
+// Where user code runs (the one rule; README "Re-entrancy" has the table):
+//  * No lock of the group is held while user code runs (fn, on_done, a
+//    resumption, an executor, Hash, T's copy or move, a stop callback), and
+//    user code may re-enter the group: do_, async_do, forget, close(), even
+//    ~group() from a callback.
+//  * A step that settles flights requests stop on every one of them before it
+//    notifies any waiter, so a notified waiter that blocks on such a flight
+//    (a retry with a blocking do_, close()) finds its fn already asked to stop.
+//  * Callbacks and resumptions never run on the group's timer thread (one
+//    that blocked would hold back every other deadline): async waiters a
+//    deadline settles are handed to the group's delivery thread, as are those
+//    an inline leader's stop cancels (that stop runs inside a stop callback
+//    the leader's thread waits for).
+//  * A thread about to block inside the group (a blocking do_, close()) first
+//    runs what it itself holds back: the rest of the notification loop it is
+//    in, and the flights that loop deferred.
+//  * close() or ~group() on a thread the group owns (the timer, the delivery
+//    thread, a thread_executor worker) never joins that thread: close()
+//    leaves it to the destructor, the destructor detaches it, and the thread
+//    touches nothing of the group afterwards.
+//  * Which thread is inside the group (running fn, holding counts) is kept in
+//    the group, not in a thread_local, so it holds across shared objects.
+//
+// Lifetime of fn: fn may outlive the call that passed it. With an executor,
+// ownership::group, or an async caller, the flight (and fn, moved or copied
+// into it) can keep running after that caller has left: capture by value
+// what fn needs, never references to the caller's locals. Without an
+// executor a blocking do_ leader runs fn inline and cannot leave before it
+// returns, so there references are safe.
+//
 // Locking: one std::mutex per group, held only for map operations and
 // bookkeeping. It is never held while user code runs (fn, T's copy or move,
 // a stop_callback, the executor, Hash, a callback, a coroutine), with three
@@ -74,6 +104,7 @@
 #include <coroutine>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <list>
@@ -89,12 +120,16 @@
 #include <vector>
 
 #include "completion.hpp"
+#include "detail/deadline.hpp"
 #include "detail/flight.hpp"
 #include "detail/frames.hpp"
 #include "detail/hooks.hpp"
 #include "detail/key.hpp"
+#include "detail/owned_thread.hpp"
 #include "detail/task_base.hpp"
+#include "detail/unwind.hpp"
 #include "errors.hpp"
+#include "executor.hpp"
 #include "hash.hpp"
 #include "options.hpp"
 #include "outcome.hpp"
@@ -182,12 +217,10 @@ class group {
   // cannot be started.
   explicit group(options opts) : opts_(std::move(opts)) {
     spare_nodes_.reserve(spare_limit);
-    builtin_threads_ =
-        opts_.executor && opts_.executor.template target<thread_executor>() != nullptr;
     if (opts_.timeout < std::chrono::nanoseconds::zero())
       opts_.timeout = std::chrono::nanoseconds::zero();
     if (opts_.timeout > std::chrono::nanoseconds::zero()) {
-      timer_ = std::thread([this] { timer_loop(); });
+      timer_ = detail::owned_thread([this](detail::owned_thread::home& h) { timer_loop(h); });
     }
   }
 
@@ -197,9 +230,28 @@ class group {
   // ~group()
   //
   // Equivalent to close(): rejects, stops and drains, then returns. Undefined
-  // if called concurrently with any other member or from inside fn.
+  // if called concurrently with any other member or from inside fn. It may
+  // run inside on_done or a resumption (the last shared_ptr released there),
+  // also on a thread the group owns (a thread_executor worker, the delivery
+  // thread, the timer running a stop callback): that thread is detached
+  // instead of joined, and touches nothing of the group once the callback
+  // returns.
   ~group() {
-    close();
+    (void)close_until(std::nullopt, /*destroying=*/true);
+    {
+      // Notification loops of this thread that ran this destructor (it drained
+      // them): their epilogues must not touch the group any more.
+      std::lock_guard<std::mutex> lk(mu_);
+      const auto me = std::this_thread::get_id();
+      for (detail::loop_record* l = loops_.head(); l != nullptr;) {
+        detail::loop_record* next = l->next;
+        if (l->thread == me) {
+          l->orphaned = true;
+          loops_.erase(*l);
+        }
+        l = next;
+      }
+    }
     while (spare_flights_ != nullptr) {
       flight_t* f = spare_flights_;
       spare_flights_ = f->stop_next;
@@ -219,9 +271,16 @@ class group {
   // flight settles or their `caller` token fires. With an executor every
   // caller blocks and can leave at once.
   //
+  // Lifetime: with an executor or ownership::group, fn (moved or copied into
+  // the flight) may run after this call has returned: capture by value, not
+  // references to this caller's locals. fn may end its thread
+  // (pthread_exit): the others then get abandoned_error, the key is freed,
+  // and the unwind continues.
+  //
   // Where waiters are resumed: a blocked caller is woken by the thread that
   // settles the flight (the one whose fn returned, the timer thread at a
-  // deadline, the caller of close(), or the last waiter leaving), after that
+  // deadline, which only signals it, the caller of close(), or the last
+  // waiter leaving), after that
   // thread has released the group's lock; the woken caller then copies its
   // value on its own thread, without taking the group's lock again. A
   // caller's own stop wakes it on the thread that requested the stop, which
@@ -284,16 +343,22 @@ class group {
   //     would start a flight);
   //   * on the thread that settles the flight: the one resolving the
   //     completion (or destroying it unresolved), the one whose sync fn
-  //     returned, the timer thread at a deadline, the one calling close(),
-  //     the one whose stop cancelled the flight under the ownership policy.
+  //     returned, the one calling close(), the one whose stop cancelled the
+  //     flight under the ownership policy (an async caller's stop).
   //     A sync fn without an executor runs inside async_do, on this thread,
   //     when this caller starts the flight: on_done then usually runs before
   //     async_do returns. A caller that finds the key's previous fn still
   //     winding down (stopped, not yet returned) goes round again, and may
   //     start the next flight, on the thread where that fn returns;
+  //   * on the group's delivery thread (never the timer) when a deadline
+  //     settles the flight or an inline do_ leader's stop cancels it
+  //     (ownership::leader);
   //   * with cancelled_error, on the thread that requested stop on `caller`,
   //     inside request_stop(), when that came first. If the stop races with
   //     async_do itself, on_done may run on this thread before it returns.
+  //
+  // Lifetime: fn (moved or copied into the flight) and on_done outlive this
+  // call: capture by value, never references to the caller's locals.
   //
   // An async caller counts as a waiter for the ownership policy (a leader
   // included), and joining a flight that this very thread is running is
@@ -395,7 +460,7 @@ class group {
       claim_observers(f, wake);
       f->release();  // the map's reference; the runner still holds one
     }
-    wake.signal_all();
+    notify(this, wake);
     return true;
   }
 
@@ -409,20 +474,26 @@ class group {
   //
   // Called from inside fn (any flight of this group, on this thread) it does
   // all of the above except waiting for this thread's own calls; the
-  // destructor then finishes the drain. A fn that ignores its stop token
-  // makes close() wait for it: see close_for().
+  // destructor then finishes the drain. Called from on_done or a resumption
+  // it first notifies the rest of that thread's batch and starts what it
+  // deferred, then waits for everyone else. On a thread the group owns (a
+  // thread_executor worker, the delivery or timer thread) it joins every
+  // thread but that one, which the destructor joins (or, on that very thread,
+  // detaches). A fn that ignores its stop token makes close() wait for it:
+  // see close_for().
   // Thread-safe.
-  void close() { (void)close_until(std::nullopt); }
+  void close() { (void)close_until(std::nullopt, /*destroying=*/false); }
 
   // close_for(timeout)
   //
   // close() that gives up waiting after `timeout` and returns false if fns
   // were still running then (the group stays closed; a later close() or the
   // destructor waits for the rest). Returns true when drained. Thread-safe.
+  // `timeout` may be any duration, up to duration::max() (which never gives
+  // up).
   template <class Rep, class Period>
   bool close_for(std::chrono::duration<Rep, Period> timeout) {
-    return close_until(std::chrono::steady_clock::now() +
-                       std::chrono::ceil<std::chrono::steady_clock::duration>(timeout));
+    return close_until(detail::after(clock::now(), timeout), /*destroying=*/false);
   }
 
   // in_flight()
@@ -496,6 +567,12 @@ class group {
   // leaves right here, which may stop the flight under the ownership policy.
   // Takes the group's mutex: the leader destroys this callback before it
   // stops counting as a user, so the group outlives every run of it.
+  //
+  // It runs no callback or resumption itself: the leader's thread, once fn
+  // returns, waits in ~stop_callback for this to finish, and an on_done run
+  // here that waited for that fn (a retry with a blocking do_ after
+  // cancelled_error) would never let it. Blocked followers are only
+  // signalled; async ones go to the group's delivery thread.
   struct leave_on_stop {
     group* g;
     flight_t* f;
@@ -510,13 +587,18 @@ class group {
         w->stop_fired = true;  // guarded by the group's mutex for an inline leader
         stop = g->leave(f, /*is_leader=*/true, wake);
       }
-      wake.signal_all();
+      // Stop first, then notify: a notified waiter may block on this fn.
       if (stop) {
 #if defined(SINGLEFLIGHT_TEST_HOOKS)
         ::singleflight::detail::hook(::singleflight::detail::hook_point::stop_requesting, g);
 #endif
         f->stop.request_stop();
       }
+      // The leader is still inside fn on its own thread, so the group is alive.
+      detail::wake_batch async;
+      wake.split([](const detail::waiter& x) { return x.async; }, async);
+      wake.signal_all();  // blocked threads: no user code
+      if (!async.empty() && !g->queue_delivery(async)) notify(g, async);  // closing: here
     }
   };
 
@@ -535,7 +617,9 @@ class group {
       if (!ran_) g_->task_dropped(f_);
       f_->release();
     }
-    void run() noexcept override {
+    // Not noexcept only so that a forced unwind (fn ending its thread) can
+    // pass; nothing else escapes.
+    void run() override {
       ran_ = true;
       g_->run_task(f_, fn_);
     }
@@ -657,10 +741,11 @@ class group {
 
     static void complete_fn(async_node* b) noexcept {
       auto* n = static_cast<callback_node*>(b);
-      {
-        outcome<T> o = make_outcome(*n);
-        std::invoke(n->on_done, std::move(o));  // a throw terminates (noexcept)
-      }
+      // The outcome is a prvalue argument: it initialises on_done's
+      // parameter directly, so T is copied once (inside make_outcome, where a
+      // throwing copy becomes this caller's error) and never moved. A throw
+      // from on_done itself terminates (noexcept).
+      n->on_done(make_outcome(*n));
       delete n;
     }
     static void again_fn(async_node* b) noexcept {
@@ -692,7 +777,10 @@ class group {
         n->fn.emplace(std::forward<decltype(f)>(f));
         return std::addressof(*n->fn);
       });
-    } catch (...) {
+    }
+    // fn ended this thread inside async_do: the node was delivered (and freed).
+    SINGLEFLIGHT_RETHROW_FORCED_UNWIND
+    catch (...) {
       delete n;
       throw;
     }
@@ -830,7 +918,9 @@ class group {
     if (n->caller.stop_possible()) n->cb.emplace(n->caller, async_on_stop{n});
     try {
       attach(n, key, std::forward<F>(fn), /*first=*/true, keep);
-    } catch (...) {
+    }
+    SINGLEFLIGHT_RETHROW_FORCED_UNWIND  // the node was delivered: untouchable
+        catch (...) {
       n->cb.reset();
       throw;
     }
@@ -854,6 +944,8 @@ class group {
       deliver(n);
     }
   }
+  // (go_again never runs fn itself: a flight it starts without an executor
+  // is deferred to the end of the notification loop, see hand_off.)
 
   // Joins, observes or leads the flight for `key`, or decides an immediate
   // outcome and delivers it. `first`: from async_do / co_await (the node is
@@ -920,7 +1012,9 @@ class group {
         if (opts_.timeout > std::chrono::nanoseconds::zero()) link_wait_deadline(n);
         return;
       }
-    } catch (...) {
+    }
+    SINGLEFLIGHT_RETHROW_FORCED_UNWIND  // fn ended this thread: lead_async cleaned up
+        catch (...) {
       if (!lk.owns_lock()) lk.lock();
       ++st_.rejections;
       throw;
@@ -974,10 +1068,18 @@ class group {
     n->is_leader = true;
     f->list.push(*n);  // unlike a blocked leader, the node is a user of its own
     ++users_;          // this thread, until the hand-off is over
-    detail::frame fr(this);
-    fr.set_counted();
+    detail::frame fr;  // ... and close() from code it runs meanwhile does not wait for it
+    frames_.push(fr);
     ref_t mine = ref_t::share(f);
     detail::wake_batch wake;
+    // fn (run right here without an executor) may end this thread: run_task
+    // fails the flight; this thread's own count goes here.
+    detail::on_unwind unwind([&] {
+      if (!lk.owns_lock()) lk.lock();
+      frames_.erase(fr);
+      exit_user();
+      lk.unlock();
+    });
     // Going round again happens inside a settler's notification loop: an fn
     // run right here would hold back the waiters notified after this one
     // (they could not even leave on their stop; found by the spin model).
@@ -985,11 +1087,12 @@ class group {
     const bool defer = !first;
     const bool stop = owned ? hand_off(lk, f, std::move(*owned), wake, defer)
                             : hand_off(lk, f, std::forward<F>(fn), wake, defer);
+    unwind.disarm();
+    frames_.erase(fr);
     exit_user();
-    fr.set_counted(false);
     lk.unlock();
-    wake.signal_all();
-    if (stop) mine->stop.request_stop();
+    if (stop) mine->stop.request_stop();  // stop first, then notify
+    notify(this, wake);
   }
 
   // An async caller's stop callback: runs on the thread that requested stop.
@@ -1016,9 +1119,11 @@ class group {
       ++g->st_.cancellations;
       g->exit_user();
     }
-    // No longer a user: only the node and its flight reference are touched.
-    wake.signal_all();
-    if (stop) n->f->stop.request_stop();
+    // No longer a user: only the node and its flight reference are touched,
+    // and the group, through the waiters in `wake` (users while unnotified
+    // observers are in it; see notify).
+    if (stop) n->f->stop.request_stop();  // stop first, then notify
+    if (!wake.empty()) notify(g, wake);
     n->result = kind::cancelled;
     deliver(n);
   }
@@ -1060,7 +1165,6 @@ class group {
   T call_with(const P& key, F&& fn, const std::stop_token& caller, bool fresh, call_info* info) {
     if (info != nullptr) *info = call_info{};
     const std::size_t h = hash_(key);  // user code: outside the lock
-    detail::frame fr(this);
     detail::blocking_waiter w;
     std::optional<T> local;  // an inline leader's value, when nobody else needs it
     ticket t;
@@ -1080,15 +1184,17 @@ class group {
         throw cancelled_error();
       }
       ++users_;
-      fr.set_counted();
       try {
-        t = route(lk, key, h, std::forward<F>(fn), caller, fresh, w, fr, local, info);
-      } catch (...) {
+        t = route(lk, key, h, std::forward<F>(fn), caller, fresh, w, local, info);
+      }
+      // fn ended this thread (an inline leader): lead_inline settled the
+      // flight and gave back this call's count.
+      SINGLEFLIGHT_RETHROW_FORCED_UNWIND
+      catch (...) {
         // Every throw inside route() happens under the lock and before the
         // call attached to anything: nothing to roll back but the counts.
         ++st_.rejections;
         exit_user();
-        fr.set_counted(false);
         throw;
       }
       if (!t.accounted) {
@@ -1097,16 +1203,15 @@ class group {
         exit_user();
       }
     }
-    fr.set_counted(false);
     // From here on this call no longer counts as a user of the group (close()
-    // may be returning): only the flight (owned through t.f), the waiters in
-    // t.wake and this frame are touched.
-    t.wake.signal_all();
+    // may be returning): only the flight (owned through t.f) and the waiters
+    // in t.wake are touched.
     SINGLEFLIGHT_HOOK(caller_exiting);
-    if (t.stop) {
+    if (t.stop) {  // stop first, then notify: a notified waiter may wait for this fn
       SINGLEFLIGHT_HOOK(stop_requesting);
       t.f->stop.request_stop();
     }
+    notify(this, t.wake);
     return deliver(t, local);
   }
 
@@ -1120,7 +1225,7 @@ class group {
   template <class P, class F>
   ticket route(std::unique_lock<std::mutex>& lk, const P& key, std::size_t h, F&& fn,
                const std::stop_token& caller, bool fresh, detail::blocking_waiter& w,
-               detail::frame& fr, std::optional<T>& local, call_info* info) {
+               std::optional<T>& local, call_info* info) {
     const std::uint64_t arrival = seq_;
     std::optional<clock::time_point> wait_deadline;
     for (;;) {
@@ -1128,10 +1233,10 @@ class group {
       if (caller.stop_requested()) return rejected(kind::cancelled);  // after an observe
       auto it = map_.find(detail::probe<P>{key, h});
       if (it == map_.end()) {
-        return lead(lk, key, h, std::forward<F>(fn), caller, w, fr, local, info);
+        return lead(lk, key, h, std::forward<F>(fn), caller, w, local, info);
       }
       flight_t* f = it->second;
-      if (detail::frame::runs_here(f)) {
+      if (f->runner == std::this_thread::get_id()) {
         throw std::logic_error(
             "singleflight: fn called do_ for its own key on the thread running it; it would "
             "wait for itself forever");
@@ -1147,7 +1252,7 @@ class group {
       // The entry is a stopped fn winding down, or (do_fresh) a flight that
       // started before we arrived: wait until its fn returns, then go again.
       if (opts_.timeout > std::chrono::nanoseconds::zero() && !wait_deadline) {
-        wait_deadline = clock::now() + std::chrono::ceil<clock::duration>(opts_.timeout);
+        wait_deadline = detail::after(clock::now(), opts_.timeout);  // from arrival, once
       }
       const kind k = observe(lk, ref_t::share(f), caller, w, wait_deadline);
       if (k != kind::pending) return rejected(k);
@@ -1186,6 +1291,7 @@ class group {
                detail::blocking_waiter& w, const std::optional<clock::time_point>& deadline) {
     w.reset(/*as_observer=*/true);
     f->list.push(w);
+    drain_own(lk);  // we may be waiting for what this thread itself holds back
     lk.unlock();
     {
       std::optional<std::stop_callback<wake_on_stop>> cb;
@@ -1210,6 +1316,7 @@ class group {
   // held, or released when the ticket is `accounted`.
   ticket wait_outcome(std::unique_lock<std::mutex>& lk, ref_t f, const std::stop_token& caller,
                       detail::blocking_waiter& w, bool is_leader) {
+    drain_own(lk);  // we may be waiting for what this thread itself holds back
     lk.unlock();
     {
       std::optional<std::stop_callback<wake_on_stop>> cb;
@@ -1241,8 +1348,8 @@ class group {
   // Starts a new flight for `key` with this caller as its leader.
   template <class P, class F>
   ticket lead(std::unique_lock<std::mutex>& lk, const P& key, std::size_t h, F&& fn,
-              const std::stop_token& caller, detail::blocking_waiter& w, detail::frame& fr,
-              std::optional<T>& local, call_info* info) {
+              const std::stop_token& caller, detail::blocking_waiter& w, std::optional<T>& local,
+              call_info* info) {
     using Fn = std::decay_t<F>;
     if (opts_.max_in_flight != 0 && map_.size() >= opts_.max_in_flight) {
       ++st_.overloaded;
@@ -1266,7 +1373,7 @@ class group {
     ref_t mine = ref_t::share(f);
 
     if constexpr (!detail::async_fn<Fn, T>) {
-      if (!opts_.executor) return lead_inline(lk, std::move(mine), fn, caller, w, fr, local);
+      if (!opts_.executor) return lead_inline(lk, std::move(mine), fn, caller, w, local);
     }
 
     // Executor, or an async fn: package fn into a task, hand it off (to the
@@ -1277,7 +1384,23 @@ class group {
     // too early (found by the spin model: close() could return while the
     // leader was in here).
     ticket t;
-    t.stop = hand_off(lk, f, std::forward<F>(fn), t.wake);
+    {
+      // The executor (or an async fn started here) is user code run while
+      // this caller's count is held: close() from it must not wait for it.
+      detail::frame fr;
+      frames_.push(fr);
+      // A synchronous executor's fn may end this thread: run_task fails the
+      // flight; this caller's count goes here (call_with rethrows untouched).
+      detail::on_unwind unwind([&] {
+        if (!lk.owns_lock()) lk.lock();
+        frames_.erase(fr);
+        exit_user();
+        lk.unlock();
+      });
+      t.stop = hand_off(lk, f, std::forward<F>(fn), t.wake);
+      unwind.disarm();
+      frames_.erase(fr);
+    }
     if (f->kind != kind::pending) {
       // Settled while we were submitting (the task ran, the deadline, close,
       // or the failure above): take the outcome directly.
@@ -1300,7 +1423,10 @@ class group {
                 bool defer = false) {
     using Fn = std::decay_t<F>;
     ++users_;  // the task is a user until it finishes or is dropped
-    detail::deferral* later = defer && !opts_.executor ? detail::deferral::active() : nullptr;
+    // The notification loop this thread is running (group::notify), if any.
+    detail::loop_record* later = defer && !opts_.executor
+                                     ? detail::innermost_loop(loops_, std::this_thread::get_id())
+                                     : nullptr;
     if (!opts_.executor && later == nullptr) {
       // No executor: run the body right here, without packaging it.
       lk.unlock();
@@ -1316,11 +1442,16 @@ class group {
       task tk(std::make_unique<task_impl<Fn>>(this, f, std::forward<F>(fn)));
       handed_off = true;
       if (later != nullptr) {
-        later->add(std::move(tk));  // run when the notification loop is over
+        // Run when the notification loop is over (or by this thread before
+        // it blocks inside the group: drain_own). Only this thread touches
+        // the record's queue.
+        later->deferred.push_back(std::move(tk));
       } else {
         submit(std::move(tk));
       }
-    } catch (...) {
+    }
+    SINGLEFLIGHT_RETHROW_FORCED_UNWIND  // a synchronous executor's fn ended this thread
+        catch (...) {
       submit_error = std::current_exception();
     }
     lk.lock();
@@ -1351,20 +1482,36 @@ class group {
   // leaves through its stop callback, since it cannot stop waiting.
   template <class F>
   ticket lead_inline(std::unique_lock<std::mutex>& lk, ref_t mine, F& fn,
-                     const std::stop_token& caller, detail::blocking_waiter& w, detail::frame& fr,
+                     const std::stop_token& caller, detail::blocking_waiter& w,
                      std::optional<T>& local) {
     flight_t* f = mine.get();
     w.reset(/*as_observer=*/false);  // stop_fired: guarded by mu_ for an inline leader
-    fr.set_flight(f);
     ++st_.fn_starts;
+    // While fn runs: this thread runs f (self-deadlock check) and holds this
+    // call's count (close() from inside fn does not wait for it).
+    f->runner = std::this_thread::get_id();
+    detail::frame fr;
+    frames_.push(fr);
+    // fn may end this thread (pthread_exit): fail the flight for the others,
+    // free the key, give back this call's count, then let the unwind go on.
+    detail::on_unwind unwind([&] {
+      detail::wake_batch wake;
+      {
+        std::lock_guard<std::mutex> relock(mu_);
+        abandon(f, fr, wake);
+        exit_user();  // this call's (call_with rethrows without touching it)
+      }
+      notify(this, wake);
+    });
     lk.unlock();
     kind k;
+    std::exception_ptr err;
     {
       std::optional<std::stop_callback<leave_on_stop>> cb;
       if (caller.stop_possible()) cb.emplace(caller, leave_on_stop{this, f, &w});
-      k = invoke_fn(local, f, fn);
-      fr.set_flight(nullptr);
+      k = invoke_fn(local, err, f, fn);
     }
+    unwind.disarm();
     SINGLEFLIGHT_HOOK(leader_fn_returned);
     lk.lock();
     ticket t;
@@ -1375,12 +1522,15 @@ class group {
       try {
         f->value.emplace(std::move(*local));
       } catch (...) {
-        f->error = std::current_exception();
+        err = std::current_exception();
         k = kind::fn_error;
       }
       local.reset();
       lk.lock();
     }
+    f->runner = std::thread::id{};
+    frames_.erase(fr);
+    if (k == kind::fn_error && f->kind == kind::pending) f->error = std::move(err);
     const bool sole = k == kind::value && f->kind == kind::pending;  // nobody else reads it
     (void)finish(f, k, t.wake);
     t.outcome = w.stop_fired ? kind::cancelled : f->kind;
@@ -1398,7 +1548,12 @@ class group {
   // Runs fn with the flight's token (or none). The value goes to `out`; an
   // exception to f->error. Called without the lock.
   template <class Fn>
-  static kind invoke_fn(std::optional<T>& out, flight_t* f, Fn& fn) noexcept {
+  //
+  // The exception goes to `err`, not to f->error: the flight may have settled
+  // meanwhile (deadline, close, an executor's error) and its error been
+  // handed out; the caller publishes `err` under the lock only if it is still
+  // pending. A forced unwind (fn ended this thread) passes through.
+  static kind invoke_fn(std::optional<T>& out, std::exception_ptr& err, flight_t* f, Fn& fn) {
     try {
       if constexpr (detail::takes_token<Fn>) {
         out.emplace(std::invoke(fn, f->stop.get_token()));
@@ -1406,9 +1561,26 @@ class group {
         out.emplace(std::invoke(fn));
       }
       return kind::value;
-    } catch (...) {
-      f->error = std::current_exception();
+    }
+    SINGLEFLIGHT_RETHROW_FORCED_UNWIND
+    catch (...) {
+      err = std::current_exception();
       return kind::fn_error;
+    }
+  }
+
+  // fn ended its thread before returning (forced unwind): the flight fails
+  // with abandoned_error for the others and its key is freed. Under mu_.
+  void abandon(flight_t* f, detail::frame& fr, detail::wake_batch& wake) noexcept {
+    f->runner = std::thread::id{};
+    f->starting = false;
+    frames_.erase(fr);
+    if (f->fn_done) return;
+    if (f->kind == kind::pending) {
+      f->error = std::make_exception_ptr(abandoned_error());
+      finish(f, kind::fn_error, wake);
+    } else {
+      finish(f, f->kind, wake);  // settled meanwhile: only free the key
     }
   }
 
@@ -1470,32 +1642,24 @@ class group {
     f->home_hash = h;
   }
 
+  // Hands a task to the executor (user code: no lock of the group held), or
+  // starts a thread_executor worker: a thread the group owns, which touches
+  // nothing of the group once its task has returned.
   void submit(task tk) {
-    if (!builtin_threads_) {
-      opts_.executor(std::move(tk));
+    if (!opts_.executor.owns_threads()) {
+      detail::executor_access::submit(opts_.executor, std::move(tk));
       return;
     }
     std::lock_guard<std::mutex> lk(threads_mu_);
     reap_locked();
-    workers_.emplace_back();
-    auto it = std::prev(workers_.end());
-    try {
-      it->thread = std::thread([this, it, body = std::move(tk)]() mutable {
-        body();
-        std::lock_guard<std::mutex> l(threads_mu_);
-        it->done = true;
-      });
-    } catch (...) {
-      workers_.erase(it);
-      throw;
-    }
+    workers_.emplace_back([body = std::move(tk)](detail::owned_thread::home&) mutable { body(); });
   }
 
+  // Joins the workers whose task has returned. Under threads_mu_.
   void reap_locked() {
     for (auto it = workers_.begin(); it != workers_.end();) {
-      if (it->done) {
-        it->thread.join();  // it has finished: returns at once
-        it = workers_.erase(it);
+      if (it->finished() && it->join_unless_current()) {
+        it = workers_.erase(it);  // it had finished: the join returned at once
       } else {
         ++it;
       }
@@ -1503,17 +1667,24 @@ class group {
   }
 
   template <class Fn>
-  void run_task(flight_t* f, Fn& fn) noexcept {
-    detail::frame fr(this);
-    fr.set_counted();  // counted in users_ since submission
+  //
+  // Not noexcept only so that a forced unwind (fn ending its thread) passes:
+  // the flight fails for the others and the task's count is given back first.
+  void run_task(flight_t* f, Fn& fn) {
     detail::wake_batch wake;
-    bool run = false;
+    detail::frame fr;  // the task's count (held since submission) while fn runs
     {
       std::lock_guard<std::mutex> lk(mu_);
       if (f->fn_done) return;  // failed at submission; the submitter accounted for it
-      if (f->kind == kind::pending) {
-        run = true;
+      if (f->kind != kind::pending) {
+        // Stopped while queued (no waiters left, deadline, close): the work
+        // is no longer wanted, so it is not started at all.
+        (void)finish(f, f->kind, wake);
+        exit_user();
+      } else {
         ++st_.fn_starts;
+        f->runner = std::this_thread::get_id();
+        frames_.push(fr);
         if constexpr (detail::async_fn<Fn, T>) {
           // The completion is a user of its own until it is resolved, so a
           // completion resolved on another thread while fn is still being
@@ -1521,52 +1692,64 @@ class group {
           ++users_;
           f->starting = true;
         }
-      } else {
-        // Stopped while queued (no waiters left, deadline, close): the work
-        // is no longer wanted, so it is not started at all.
-        (void)finish(f, f->kind, wake);
-        exit_user();
-        fr.set_counted(false);
       }
     }
-    if (run) {
-      fr.set_flight(f);
-      if constexpr (detail::async_fn<Fn, T>) {
-        std::exception_ptr thrown;
-        try {
-          f->retain();  // the completion's reference
-          std::invoke(
-              fn, f->stop.get_token(),
-              detail::completion_access::make<T>(static_cast<void*>(this), &group::resolve, f));
-        } catch (...) {
-          thrown = std::current_exception();
-        }
-        fr.set_flight(nullptr);
+    if (!fr.linked) {
+      notify(this, wake);  // observers of the stopped flight: users, so the group is alive
+      return;
+    }
+    detail::on_unwind unwind([&] {
+      detail::wake_batch lost;
+      {
         std::lock_guard<std::mutex> lk(mu_);
-        f->starting = false;
-        if (!f->fn_done && f->kind == kind::pending && (thrown || f->broken_in_start)) {
-          // fn threw, or let its completion die, before returning. A thrown
-          // exception says more than the broken promise it caused.
-          f->error = thrown ? thrown : broken_promise();
-          (void)finish(f, thrown ? kind::fn_error : kind::dropped, wake);
-        } else if (!f->fn_done && f->broken_in_start) {
-          (void)finish(f, f->kind, wake);  // settled meanwhile: free the key
-        }
-        // A completion still held elsewhere after a throw resolves later
-        // and only gives back its own count.
+        abandon(f, fr, lost);
         exit_user();  // the task's
-        fr.set_counted(false);
-      } else {
-        const kind k = invoke_fn(f->value, f, fn);
-        fr.set_flight(nullptr);
-        SINGLEFLIGHT_HOOK(leader_fn_returned);
-        std::lock_guard<std::mutex> lk(mu_);
-        (void)finish(f, k, wake);
-        exit_user();
-        fr.set_counted(false);
       }
+      notify(this, lost);
+    });
+    if constexpr (detail::async_fn<Fn, T>) {
+      std::exception_ptr thrown;
+      try {
+        f->retain();  // the completion's reference
+        std::invoke(
+            fn, f->stop.get_token(),
+            detail::completion_access::make<T>(static_cast<void*>(this), &group::resolve, f));
+      }
+      SINGLEFLIGHT_RETHROW_FORCED_UNWIND
+      catch (...) {
+        thrown = std::current_exception();
+      }
+      unwind.disarm();
+      std::lock_guard<std::mutex> lk(mu_);
+      f->runner = std::thread::id{};
+      frames_.erase(fr);
+      f->starting = false;
+      if (!f->fn_done && f->kind == kind::pending && (thrown || f->broken_in_start)) {
+        // fn threw, or let its completion die, before returning. A thrown
+        // exception says more than the broken promise it caused.
+        f->error = thrown ? thrown : broken_promise();
+        (void)finish(f, thrown ? kind::fn_error : kind::dropped, wake);
+      } else if (!f->fn_done && f->broken_in_start) {
+        (void)finish(f, f->kind, wake);  // settled meanwhile: free the key
+      }
+      // A completion still held elsewhere after a throw resolves later
+      // and only gives back its own count.
+      exit_user();  // the task's
+    } else {
+      std::exception_ptr err;
+      const kind k = invoke_fn(f->value, err, f, fn);
+      unwind.disarm();
+      SINGLEFLIGHT_HOOK(leader_fn_returned);
+      std::lock_guard<std::mutex> lk(mu_);
+      f->runner = std::thread::id{};
+      frames_.erase(fr);
+      if (k == kind::fn_error && f->kind == kind::pending) f->error = std::move(err);
+      (void)finish(f, k, wake);
+      exit_user();
     }
-    wake.signal_all();
+    // No longer a user: the group may be gone unless `wake` holds observers
+    // (users until they go round; see notify).
+    notify(this, wake);
   }
 
   // A completion<T> was resolved (or destroyed unresolved). Any thread,
@@ -1591,7 +1774,7 @@ class group {
       }
       g->exit_user();  // the completion's
     }
-    wake.signal_all();
+    notify(g, wake);  // touches g only while `wake` holds observers (users)
   }
 
   static std::exception_ptr broken_promise() noexcept {
@@ -1608,11 +1791,15 @@ class group {
         return;
       }
       if (f->fn_done) return;
-      f->error = std::move(e);
+      // A flight that already settled (the executor threw after keeping the
+      // task, a deadline, close) keeps the outcome its waiters were handed:
+      // writing f->error now would change it for the rest of them, and race
+      // their unlocked reads. Only the key is freed.
+      if (f->kind == kind::pending) f->error = std::move(e);
       (void)finish(f, kind::dropped, wake);
       exit_user();
     }
-    wake.signal_all();
+    notify(this, wake);
   }
 
   static std::exception_ptr dropped_error() noexcept {
@@ -1690,9 +1877,7 @@ class group {
   // one timeout, but a node going round again keeps its first bound, so it
   // is inserted from the back.
   void link_wait_deadline(async_node* n) noexcept {
-    if (!n->wait_deadline) {
-      n->wait_deadline = clock::now() + std::chrono::ceil<clock::duration>(opts_.timeout);
-    }
+    if (!n->wait_deadline) n->wait_deadline = detail::after(clock::now(), opts_.timeout);
     async_node* after = ob_tail_;
     while (after != nullptr && *n->wait_deadline < *after->wait_deadline) after = after->ob_prev;
     n->ob_prev = after;
@@ -1742,7 +1927,7 @@ class group {
   // Every flight gets the same timeout and deadlines are taken under the
   // lock from a steady clock, so appending keeps the list sorted.
   void link_deadline(flight_t* f) noexcept {
-    f->deadline = clock::now() + std::chrono::ceil<clock::duration>(opts_.timeout);
+    f->deadline = detail::after(clock::now(), opts_.timeout);
     f->dl_prev = dl_tail_;
     f->dl_next = nullptr;
     if (dl_tail_ != nullptr) {
@@ -1790,7 +1975,14 @@ class group {
     }
   }
 
-  void timer_loop() {
+  // ---- the group's own threads ---------------------------------------------
+
+  // The timer: settles flights whose deadline passed and times out async
+  // observers. It runs no callback and no resumption (one that blocked would
+  // hold back every other deadline): it stops the settled flights' tokens
+  // (fn's stop callbacks run here, as on any thread that requests stop), then
+  // signals blocked threads, then hands async waiters to the delivery thread.
+  void timer_loop(detail::owned_thread::home& self) {
     std::unique_lock<std::mutex> lk(mu_);
     while (!timer_stop_) {
       if (dl_head_ == nullptr && ob_head_ == nullptr) {
@@ -1828,16 +2020,120 @@ class group {
         exit_user();
         wake.add(*n);
       }
+      detail::wake_batch async;
+      wake.split([](const detail::waiter& w) { return w.async; }, async);
       lk.unlock();
-      wake.signal_all();
       if (to_stop != nullptr) SINGLEFLIGHT_HOOK(stop_requesting);
-      stop_all(to_stop);
+      stop_all(to_stop);  // stop first, then notify
+      wake.signal_all();  // blocked threads only: no user code
+      // A stop callback may have destroyed the group (on this thread): the
+      // async waiters are then delivered here, touching nothing of it.
+      if (self.orphaned || (!async.empty() && !queue_delivery(async))) {
+        notify(this, async);  // no observers in it: the group is not touched
+      }
+      if (self.orphaned) return;
       lk.lock();
     }
   }
 
-  bool close_until(std::optional<clock::time_point> until) {
-    const std::size_t own = detail::frame::users_here(this);
+  // Hands a batch of async waiters to the delivery thread, starting it the
+  // first time. False when it cannot (the group's threads are stopping, or
+  // no thread could be started): the caller then delivers them itself.
+  bool queue_delivery(detail::wake_batch& batch) noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (delivery_stop_) return false;
+    try {
+      if (!delivery_.started()) {
+        delivery_ =
+            detail::owned_thread([this](detail::owned_thread::home& h) { delivery_loop(h); });
+      }
+      delivery_q_.push_back(std::move(batch));
+    } catch (...) {
+      return false;  // std::system_error or bad_alloc: deliver on the timer
+    }
+    delivery_cv_.notify_one();
+    return true;
+  }
+
+  // The delivery thread: runs the callbacks and resumptions of async waiters
+  // settled by a deadline, one batch after another. A callback that blocks
+  // delays the next deliveries of this thread, never a deadline.
+  void delivery_loop(detail::owned_thread::home& self) {
+    std::unique_lock<std::mutex> lk(mu_);
+    for (;;) {
+      delivery_cv_.wait(lk, [this] { return delivery_stop_ || !delivery_q_.empty(); });
+      if (delivery_q_.empty()) return;  // asked to stop, and everything delivered
+      detail::wake_batch batch = std::move(delivery_q_.front());
+      delivery_q_.pop_front();
+      lk.unlock();
+      notify(this, batch);  // may re-enter the group, close it or destroy it
+      if (self.orphaned) return;
+      lk.lock();
+    }
+  }
+
+  // ---- notification ---------------------------------------------------------
+
+  // notify(g, wake)
+  //
+  // Notifies a batch of waiters claimed under g's mutex; called without it.
+  // Static: a batch without observers is notified without touching the
+  // group, which may be gone by then (the caller no longer counts as a user).
+  //
+  // A batch with observers (which go round again when notified, still counting
+  // as users, so the group is alive) is a notification loop the group must
+  // know about: a callback later in the batch that blocks inside the group
+  // (do_, close()) would otherwise wait for observers and flights this very
+  // loop has not processed yet. The loop is registered (with a user count of
+  // its own, so it can unregister) and such a callback first runs the rest of
+  // it (drain_own).
+  static void notify(group* g, detail::wake_batch& wake) noexcept {
+    if (!wake.has_observers()) {
+      wake.signal_all();
+      return;
+    }
+    detail::loop_record rec(&wake);
+    {
+      std::lock_guard<std::mutex> lk(g->mu_);
+      ++g->users_;
+      g->loops_.push(rec);
+    }
+    g->run_loop(rec);
+    if (rec.orphaned) return;  // code this loop ran destroyed the group
+    std::lock_guard<std::mutex> lk(g->mu_);
+    g->loops_.erase(rec);
+    g->exit_user();
+  }
+
+  // Notifies what is left of a loop's batch, then runs the flights started
+  // inside it (deferred by hand_off), including any started meanwhile. On
+  // the loop's own thread, without the lock.
+  void run_loop(detail::loop_record& rec) noexcept {
+    for (;;) {
+      rec.batch->signal_all();
+      if (rec.orphaned || rec.deferred.empty()) return;
+      task t = std::move(rec.deferred.front());
+      rec.deferred.erase(rec.deferred.begin());
+      t();
+    }
+  }
+
+  // A thread about to block inside the group first runs what it itself holds
+  // back: the rest of its notification loops and the flights started in
+  // them, innermost first. Called and returns with `lk` held.
+  void drain_own(std::unique_lock<std::mutex>& lk) {
+    if (loops_.empty()) return;
+    const auto me = std::this_thread::get_id();
+    while (detail::loop_record* r = detail::loop_with_work(loops_, me)) {
+      lk.unlock();
+      run_loop(*r);
+      lk.lock();
+    }
+  }
+
+  // ---- close ------------------------------------------------------------------
+
+  bool close_until(std::optional<clock::time_point> until, bool destroying) {
     std::unique_lock<std::mutex> lk(mu_);
     if (!closed_) {
       closed_ = true;
@@ -1851,42 +2147,92 @@ class group {
         claim_observers(f, wake);
       }
       lk.unlock();
-      wake.signal_all();
-      SINGLEFLIGHT_HOOK(close_marked);
       if (to_stop != nullptr) SINGLEFLIGHT_HOOK(stop_requesting);
-      stop_all(to_stop);
+      stop_all(to_stop);  // stop first, then notify
+      notify(this, wake);
+      SINGLEFLIGHT_HOOK(close_marked);
       lk.lock();
     }
+    drain_own(lk);
+    // This thread's own counts (inside fn, a notification loop): not waited for.
+    const std::size_t own = detail::held_by(frames_, loops_, std::this_thread::get_id());
     const auto drained = [&] { return users_ <= own; };
     if (until) {
       if (!drain_cv_.wait_until(lk, *until, drained)) return false;
     } else {
       drain_cv_.wait(lk, drained);
     }
-    if (own != 0) return true;  // called from inside fn: the destructor joins
-    timer_stop_ = true;
-    timer_cv_.notify_all();
+    if (own != 0 && !destroying) return true;  // inside fn or a loop: the destructor joins
     lk.unlock();
-    join_threads();
+    join_threads(destroying);
     return true;
   }
 
-  // Joins the timer and the worker threads. Serialised by join_mu_, so a
-  // second close() returns only once the first has joined everything.
-  void join_threads() {
+  // Joins the group's threads: the timer first (then nothing new reaches the
+  // delivery thread), then the delivery thread (which delivers what is
+  // queued first), then the thread_executor workers. Never the calling
+  // thread: close() leaves it to the destructor; the destructor detaches it
+  // (orphaned: it touches nothing of the group any more). Serialised by
+  // join_mu_, so a second close() returns only once the first has joined.
+  void join_threads(bool destroying) {
     std::lock_guard<std::mutex> serial(join_mu_);
-    std::list<worker> workers;
-    bool timer_is_me = false;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      timer_stop_ = true;
+      timer_cv_.notify_all();
+    }
+    bool timer_gone = true;
+    if (destroying) {
+      timer_.join_or_orphan();
+    } else {
+      timer_gone = timer_.join_unless_current();
+    }
+    if (timer_gone) {
+      detail::owned_thread delivery;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        delivery_stop_ = true;
+        delivery_cv_.notify_all();
+        delivery = std::move(delivery_);
+      }
+      if (!delivery.is_current()) {
+        delivery.join_unless_current();
+      } else if (destroying) {
+        // ~group inside a callback on the delivery thread: deliver the rest
+        // here, then let the thread go.
+        for (;;) {
+          detail::wake_batch batch;
+          {
+            std::lock_guard<std::mutex> lk(mu_);
+            if (delivery_q_.empty()) break;
+            batch = std::move(delivery_q_.front());
+            delivery_q_.pop_front();
+          }
+          notify(this, batch);
+        }
+        delivery.join_or_orphan();
+      } else {
+        std::lock_guard<std::mutex> lk(mu_);
+        delivery_ = std::move(delivery);  // it finishes the queue; the destructor joins it
+      }
+    }
+    std::list<detail::owned_thread> workers;
     {
       std::lock_guard<std::mutex> lk(threads_mu_);
-      timer_is_me = timer_.get_id() == std::this_thread::get_id();
       workers.splice(workers.end(), workers_);
     }
-    // close() from a stop callback that the timer itself runs: leave the
-    // timer to the destructor, which joins it from another thread.
-    if (timer_.joinable() && !timer_is_me) timer_.join();
-    for (worker& w : workers) {
-      if (w.thread.joinable()) w.thread.join();
+    for (auto it = workers.begin(); it != workers.end();) {
+      if (destroying) {
+        it->join_or_orphan();
+      } else if (!it->join_unless_current()) {
+        ++it;  // this very thread: kept for the destructor
+        continue;
+      }
+      it = workers.erase(it);
+    }
+    if (!workers.empty()) {
+      std::lock_guard<std::mutex> lk(threads_mu_);
+      workers_.splice(workers_.end(), workers);
     }
   }
 
@@ -1913,13 +2259,7 @@ class group {
     throw error("singleflight: internal error (pending outcome)");
   }
 
-  struct worker {
-    std::thread thread;
-    bool done = false;  // guarded by threads_mu_
-  };
-
   options opts_;
-  bool builtin_threads_ = false;
   [[no_unique_address]] Hash hash_{};
 
   mutable std::mutex mu_;
@@ -1933,17 +2273,23 @@ class group {
   flight_t* dl_tail_ = nullptr;
   async_node* ob_head_ = nullptr;  // guarded by mu_: async observers' bounds, earliest first
   async_node* ob_tail_ = nullptr;
-  bool timer_stop_ = false;            // guarded by mu_
-  flight_t* spare_flights_ = nullptr;  // guarded by mu_: recycled flight objects
+  detail::record_list<detail::frame> frames_;       // guarded by mu_
+  detail::record_list<detail::loop_record> loops_;  // guarded by mu_
+  bool timer_stop_ = false;                         // guarded by mu_
+  bool delivery_stop_ = false;                      // guarded by mu_
+  std::deque<detail::wake_batch> delivery_q_;       // guarded by mu_
+  flight_t* spare_flights_ = nullptr;               // guarded by mu_: recycled flight objects
   std::size_t spare_flight_count_ = 0;
   std::vector<typename map_t::node_type> spare_nodes_;  // guarded by mu_: recycled map nodes
   std::condition_variable drain_cv_;
   std::condition_variable timer_cv_;
+  std::condition_variable delivery_cv_;
 
   std::mutex join_mu_;  // serialises join_threads()
   std::mutex threads_mu_;
-  std::thread timer_;          // started in the constructor, joined under join_mu_
-  std::list<worker> workers_;  // guarded by threads_mu_
+  detail::owned_thread timer_;     // started in the constructor, joined under join_mu_
+  detail::owned_thread delivery_;  // started by the timer under mu_, joined under join_mu_
+  std::list<detail::owned_thread> workers_;  // thread_executor's; guarded by threads_mu_
 };
 
 }  // namespace singleflight

@@ -6,9 +6,8 @@
 
 #include <chrono>
 #include <cstddef>
-#include <functional>
 
-#include "task.hpp"
+#include "executor.hpp"
 
 namespace singleflight {
 
@@ -52,9 +51,10 @@ struct options {
   // Where flights run. Empty: the first caller runs fn on its own thread and
   // returns when fn does. Set: every flight is handed to it as a `task` and
   // every caller, the first included, is a waiter that can leave at once.
-  // `singleflight::thread_executor{}` runs each flight on its own thread,
-  // owned and joined by the group.
-  std::function<void(task)> executor;
+  // Assign any callable `void(singleflight::task)` (the threads are yours),
+  // `singleflight::thread_executor{}` (a thread per flight, owned and joined
+  // by the group) or a `singleflight::thread_pool`'s executor().
+  ::singleflight::executor executor;
 };
 
 }  // namespace singleflight

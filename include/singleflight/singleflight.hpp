@@ -12,6 +12,7 @@
 
 #include "completion.hpp"       // IWYU pragma: export
 #include "errors.hpp"           // IWYU pragma: export
+#include "executor.hpp"         // IWYU pragma: export
 #include "group.hpp"            // IWYU pragma: export
 #include "hash.hpp"             // IWYU pragma: export
 #include "options.hpp"          // IWYU pragma: export
@@ -19,4 +20,5 @@
 #include "stats.hpp"            // IWYU pragma: export
 #include "task.hpp"             // IWYU pragma: export
 #include "thread_executor.hpp"  // IWYU pragma: export
+#include "thread_pool.hpp"      // IWYU pragma: export
 #include "version.hpp"          // IWYU pragma: export

@@ -26,7 +26,10 @@ namespace singleflight {
 // Calling operator() on an empty (moved-from or already run) task is
 // undefined; it asserts in debug builds.
 // Exceptions: operator() never throws; whatever `fn` throws is captured and
-// rethrown in the flight's waiters.
+// rethrown in the flight's waiters. (It is not declared noexcept so that fn
+// may end its thread, pthread_exit-style: the forced unwind then passes
+// through operator() after the flight has failed with abandoned_error. Call
+// it where that is acceptable, i.e. not from a noexcept function.)
 class task {
  public:
   task() noexcept = default;
@@ -38,7 +41,7 @@ class task {
   ~task() = default;  // dropping an un-run body fails its flight (see above)
 
   // Runs the flight's body once and leaves this task empty.
-  void operator()() noexcept {
+  void operator()() {
     assert(body_ && "singleflight::task: called an empty task");
     const std::unique_ptr<detail::task_base> body = std::move(body_);
     body->run();

@@ -1,11 +1,8 @@
 // singleflight/thread_executor.hpp
 //
 // `singleflight::thread_executor`: the ready-made executor that runs each
-// flight on a thread of its own.
+// flight on a thread of its own, owned by the group.
 #pragma once
-
-#include <thread>
-#include <utility>
 
 #include "task.hpp"
 
@@ -21,14 +18,22 @@ namespace singleflight {
 //
 //   singleflight::group<std::string, int> g{{.executor = singleflight::thread_executor{}}};
 //
-// The group recognises this type inside the std::function and bypasses
-// operator(). Called directly (outside a group) it starts a detached thread,
-// which nothing joins: prefer a real thread pool there.
+// It is a tag, not a callable: `options::executor` recognises the type
+// itself, so it cannot be wrapped (in a lambda, a std::function) and silently
+// lose the group's ownership of its threads. For a bounded number of threads
+// shared by several groups, use `singleflight::thread_pool`.
 //
-// Thread safety: stateless. Exceptions: std::system_error when no thread can
-// be started; the group then fails that flight with this exception.
+// close() or ~group() called on one of these threads (from fn, on_done or a
+// resumption the worker runs) never joins that thread: close() leaves it to
+// the destructor, and the destructor detaches it.
 struct thread_executor {
-  void operator()(task t) const { std::thread(std::move(t)).detach(); }
+  template <class Task = task>
+  void operator()(Task&&) const {
+    static_assert(sizeof(Task) == 0,
+                  "singleflight::thread_executor is not callable: set it as options::executor "
+                  "directly (the group owns and joins its threads); to run tasks on threads of "
+                  "your own, use singleflight::thread_pool or your own executor");
+  }
 };
 
 }  // namespace singleflight

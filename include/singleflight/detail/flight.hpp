@@ -15,6 +15,7 @@
 #include <mutex>
 #include <optional>
 #include <stop_token>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -139,53 +140,21 @@ struct blocking_waiter : waiter {
   }
 };
 
-// deferral
-//
-// Flights started while a settler notifies its waiters (an async observer
-// going round again), to run once every waiter of that batch has been
-// notified: the fn of the flight such a waiter starts must not hold back the
-// waiters after it. One per notification loop, per thread (a stack, since a
-// deferred fn may settle flights and notify in turn).
-class deferral {
- public:
-  deferral() noexcept : prev_(current()) { current() = this; }
-  deferral(const deferral&) = delete;
-  deferral& operator=(const deferral&) = delete;
-  ~deferral() {
-    run();
-    current() = prev_;
-  }
-  // The innermost notification loop of this thread, if any.
-  static deferral* active() noexcept { return current(); }
-  // Queues a task; may throw (allocation), leaving the task with the caller.
-  void add(task&& t) { tasks_.push_back(std::move(t)); }
-  // Runs the queued tasks in order, including any queued meanwhile.
-  void run() noexcept {
-    for (std::size_t i = 0; i < tasks_.size(); ++i) {
-      task t = std::move(tasks_[i]);
-      t();
-    }
-    tasks_.clear();
-  }
-
- private:
-  static deferral*& current() noexcept {
-    static thread_local deferral* d = nullptr;
-    return d;
-  }
-  deferral* prev_;
-  std::vector<task> tasks_;
-};
-
-// wake_batch: waiters claimed under the group's mutex, to signal after it.
+// wake_batch: waiters claimed under the group's mutex, to notify after it is
+// released (group::notify). Re-entrant: signal_all() pops one waiter at a
+// time, so a nested call on the same thread (a callback that blocks inside the
+// group, see detail::loop_record) can notify the rest first.
 class wake_batch {
  public:
   wake_batch() noexcept = default;
   wake_batch(wake_batch&& o) noexcept
-      : head_(std::exchange(o.head_, nullptr)), tail_(std::exchange(o.tail_, nullptr)) {}
+      : head_(std::exchange(o.head_, nullptr)),
+        tail_(std::exchange(o.tail_, nullptr)),
+        observers_(std::exchange(o.observers_, 0)) {}
   wake_batch& operator=(wake_batch&& o) noexcept {
     std::swap(head_, o.head_);
     std::swap(tail_, o.tail_);
+    std::swap(observers_, o.observers_);
     return *this;
   }
   wake_batch(const wake_batch&) = delete;
@@ -202,26 +171,47 @@ class wake_batch {
       head_ = &w;
     }
     tail_ = &w;
+    if (w.observer) ++observers_;
   }
   bool empty() const noexcept { return head_ == nullptr; }
-  // Notifies every waiter; call with no lock held. Async waiters run user
-  // code here (callbacks, coroutines), which may re-enter the group.
-  void signal_all() noexcept {
+  // Async observers in the batch: they go round again when notified, still
+  // counting as users of the group (see group::notify).
+  bool has_observers() const noexcept { return observers_ != 0; }
+
+  // Moves the waiters that satisfy `pred` into `out`, keeping the order.
+  template <class Pred>
+  void split(Pred pred, wake_batch& out) noexcept {
     waiter* w = std::exchange(head_, nullptr);
     tail_ = nullptr;
-    if (w == nullptr) return;
-    deferral later;  // flights the notified waiters start run after the loop
+    observers_ = 0;
     while (w != nullptr) {
-      waiter* next = w->signal_next;  // read before the notification frees w
-      w->notify(w);
+      waiter* next = w->signal_next;
+      if (pred(*w)) {
+        out.add(*w);
+      } else {
+        add(*w);
+      }
       w = next;
     }
-    later.run();
+  }
+
+  // Notifies every waiter, one at a time; call with no lock held. Async
+  // waiters run user code here (callbacks, coroutines), which may re-enter
+  // the group, including this very batch (nested, on this thread).
+  void signal_all() noexcept {
+    while (head_ != nullptr) {
+      waiter* w = head_;
+      head_ = w->signal_next;  // read before the notification frees w
+      if (head_ == nullptr) tail_ = nullptr;
+      if (w->observer) --observers_;
+      w->notify(w);
+    }
   }
 
  private:
   waiter* head_ = nullptr;
   waiter* tail_ = nullptr;
+  std::size_t observers_ = 0;
 };
 
 class waiter_list {
@@ -302,6 +292,7 @@ class flight {
     dropped_in_submit = false;
     starting = false;
     broken_in_start = false;
+    runner = std::thread::id{};
     home = nullptr;
   }
 
@@ -344,6 +335,7 @@ class flight {
   bool dropped_in_submit = false;  // the task died inside the executor call
   bool starting = false;           // an async fn is being called (not yet returned)
   bool broken_in_start = false;    // ... and its completion died unresolved meanwhile
+  std::thread::id runner{};        // the thread running fn (or starting an async fn) now
   const void* home = nullptr;      // our map node's key, while the map holds us
   std::size_t home_hash = 0;
   flight* live_prev = nullptr;  // every flight whose fn has not returned

@@ -15,9 +15,11 @@ class task_base {
   task_base& operator=(const task_base&) = delete;
   virtual ~task_base() = default;
 
-  // Runs the body exactly once. Never throws: the body's outcome, value or
-  // exception, is delivered to the flight's waiters.
-  virtual void run() noexcept = 0;
+  // Runs the body exactly once. Throws nothing: the body's outcome, value or
+  // exception, is delivered to the flight's waiters. Not declared noexcept
+  // only so that a forced unwind (fn ending its thread with pthread_exit or
+  // pthread_cancel) can pass through, after the flight has been failed.
+  virtual void run() = 0;
 };
 
 }  // namespace singleflight::detail

@@ -1,0 +1,90 @@
+// singleflight/detail/owned_thread.hpp -- internal; do not include directly.
+//
+// owned_thread: a thread the group starts and joins (its timer, its delivery
+// thread, a thread_executor worker). The group hands user code to these
+// threads (stop callbacks, on_done, resumptions, fn), and that code may call
+// close() or destroy the group. So:
+//   * close() on an owned thread never joins that thread (it would join
+//     itself: std::system_error, then std::terminate on a noexcept path); it
+//     leaves it to the destructor;
+//   * the destructor on an owned thread detaches that thread and marks it
+//     orphaned: when the user code returns, the thread sees the mark and
+//     touches nothing of the group any more. The mark lives in a small shared
+//     record (`home`) that outlives the group.
+// Not thread-safe by itself: the group serialises join/orphan calls.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <thread>
+#include <utility>
+
+namespace singleflight::detail {
+
+class owned_thread {
+ public:
+  // Shared by the thread and its owner.
+  struct home {
+    // Written by the owner's destructor running *on this very thread* and
+    // read by the thread afterwards: same thread, no synchronisation needed.
+    bool orphaned = false;
+    // Set when the body has returned (or unwound). Memory ordering: release,
+    // so that a join decided on seeing it (acquire) happens after everything
+    // the body did; join() itself synchronises too.
+    std::atomic<bool> done{false};
+  };
+
+  owned_thread() noexcept = default;
+
+  // Starts `body(home&)` on a new thread. Throws std::system_error when no
+  // thread can be started (or bad_alloc), with nothing started.
+  template <class F>
+  explicit owned_thread(F body) : home_(std::make_shared<home>()) {
+    thread_ = std::thread([h = home_, body = std::move(body)]() mutable {
+      struct finished {
+        home* h;
+        ~finished() { h->done.store(true, std::memory_order_release); }  // also on unwind
+      } mark{h.get()};
+      body(*h);
+    });
+    id_ = thread_.get_id();
+  }
+
+  owned_thread(owned_thread&&) noexcept = default;
+  owned_thread& operator=(owned_thread&&) noexcept = default;
+  owned_thread(const owned_thread&) = delete;
+  owned_thread& operator=(const owned_thread&) = delete;
+  ~owned_thread() = default;  // joined or orphaned by then (std::thread terminates otherwise)
+
+  bool started() const noexcept { return thread_.joinable(); }
+  bool is_current() const noexcept { return started() && id_ == std::this_thread::get_id(); }
+  bool finished() const noexcept { return home_ && home_->done.load(std::memory_order_acquire); }
+
+  // Joins the thread unless it is the calling thread. Returns false (and
+  // leaves the thread alone) when it is.
+  bool join_unless_current() {
+    if (!started()) return true;
+    if (is_current()) return false;
+    thread_.join();
+    return true;
+  }
+
+  // For the destructor: joins the thread, or, on the thread itself, detaches
+  // it and marks it orphaned.
+  void join_or_orphan() {
+    if (!started()) return;
+    if (is_current()) {
+      home_->orphaned = true;
+      thread_.detach();
+      return;
+    }
+    thread_.join();
+  }
+
+ private:
+  std::shared_ptr<home> home_;
+  std::thread thread_;
+  std::thread::id id_;
+};
+
+}  // namespace singleflight::detail
