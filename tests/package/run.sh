@@ -194,6 +194,15 @@ $(grep 'consumer:' "$dir/configure.log" || cat "$dir/configure.log")"
   local out
   out="$("$dir/build/consumer")" || fail "$mode: the consumer program failed: $out"
   log "  $out"
+  # Where prometheus-cpp is installed (CI installs Debian's prometheus-cpp-dev), every way of
+  # taking singleflight must also define singleflight::prometheus.
+  if [ -f /usr/include/prometheus/collectable.h ]; then
+    grep -q 'consumer: singleflight::prometheus available' "$dir/configure.log" ||
+      fail "$mode: prometheus-cpp is installed but singleflight::prometheus is not defined"
+    out="$("$dir/build/consumer_prometheus")" ||
+      fail "$mode: the consumer's Prometheus program failed: $out"
+    log "  $out"
+  fi
 }
 
 re_quote() { printf '%s' "$1" | sed 's/[][\.*^$(){}+?|/]/\\&/g'; }
