@@ -4,11 +4,13 @@
 #   include          no build system: c++ -std=c++20 -I <checkout>/include main.cpp -pthread
 #   find_package     install the project (tests/examples/benchmarks OFF), consume it with
 #                    find_package(singleflight CONFIG REQUIRED) and CMAKE_PREFIX_PATH
-#   fetchcontent     FetchContent_Declare(... FIND_PACKAGE_ARGS) with nothing installed, the
-#                    source taken from FETCHCONTENT_SOURCE_DIR_SINGLEFLIGHT (fully disconnected)
+#   fetchcontent     the README's FetchContent_Declare(... SOURCE_DIR ... FIND_PACKAGE_ARGS), as
+#                    written, with nothing installed and SINGLEFLIGHT_PATH=<checkout>; then the
+#                    same with the sources given by FETCHCONTENT_SOURCE_DIR_SINGLEFLIGHT instead
 #   fetchcontent-installed
-#                    the same declaration with an installed copy on CMAKE_PREFIX_PATH and no
-#                    source dir: the installed copy must win (FIND_PACKAGE_ARGS), no download
+#                    the same declaration with an installed copy on CMAKE_PREFIX_PATH and a
+#                    SINGLEFLIGHT_PATH that does not exist: the installed copy must win
+#                    (FIND_PACKAGE_ARGS)
 #   add_subdirectory add_subdirectory(third_party/singleflight), a link to the checkout
 #   pkg-config       install the project, then the README's command line:
 #                    c++ $(pkg-config --cflags singleflight) main.cpp $(pkg-config --libs ...)
@@ -230,21 +232,28 @@ mode_find_package() {
 mode_fetchcontent() {
   # No CMAKE_PREFIX_PATH and no registries: FIND_PACKAGE_ARGS' find_package finds nothing
   # (unless singleflight is installed in a system prefix, which this machine must not have),
-  # and FetchContent takes the checkout.
+  # and FetchContent takes the local sources the snippet names. Nothing else is set: the
+  # snippet must work as written (it has no download method, so nothing can be downloaded).
   build_consumer "$work/fetchcontent" fetchcontent \
     "consumer: .* built from the source tree $(re_quote "$src")$" \
-    -DFETCHCONTENT_FULLY_DISCONNECTED=ON -DFETCHCONTENT_SOURCE_DIR_SINGLEFLIGHT="$src"
+    -DSINGLEFLIGHT_PATH="$src"
+  # FETCHCONTENT_SOURCE_DIR_SINGLEFLIGHT overrides the declared sources (and skips
+  # find_package, as documented), fully disconnected.
+  build_consumer "$work/fetchcontent-override" fetchcontent \
+    "consumer: .* built from the source tree $(re_quote "$src")$" \
+    -DSINGLEFLIGHT_PATH="$work/no-such-dir" -DFETCHCONTENT_FULLY_DISCONNECTED=ON \
+    -DFETCHCONTENT_SOURCE_DIR_SINGLEFLIGHT="$src"
 }
 
 mode_fetchcontent_installed() {
   local d="$work/fetchcontent-installed" prefix="$work/fetchcontent-installed/prefix"
   install_project "$d" "$prefix" "${lib_only[@]}" -DCMAKE_BUILD_TYPE="$build_type"
   # No FETCHCONTENT_SOURCE_DIR_SINGLEFLIGHT here: when set, FetchContent skips find_package
-  # (documented). Fully disconnected, a fallback to the download would fail: the configure
-  # only succeeds if FIND_PACKAGE_ARGS' find_package takes the installed copy.
+  # (documented). The declared SOURCE_DIR does not exist, so the configure only succeeds if
+  # FIND_PACKAGE_ARGS' find_package takes the installed copy.
   build_consumer "$d/consumer" fetchcontent \
     "consumer: .* imported by find_package from $(re_quote "$prefix")/share/singleflight$" \
-    -DFETCHCONTENT_FULLY_DISCONNECTED=ON -DCMAKE_PREFIX_PATH="$prefix"
+    -DSINGLEFLIGHT_PATH="$work/no-such-dir" -DCMAKE_PREFIX_PATH="$prefix"
 }
 
 mode_add_subdirectory() {
