@@ -40,6 +40,7 @@
 #include <asio/io_context.hpp>
 #include <asio/post.hpp>
 #include <asio/strand.hpp>
+#include <asio/thread_pool.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/use_future.hpp>
 #include <atomic>
@@ -809,3 +810,67 @@ using co_do_awaitable = decltype(std::declval<group_t&>().co_do(
 static_assert(!asio_accepts<asio_promise, co_do_awaitable>,
               "Asio now accepts co_do inside asio::awaitable: update README (Async, Asio)");
 static_assert(asio_accepts<asio_promise, asio::awaitable<int>>);
+
+namespace {
+struct profile {
+  std::string name;
+};
+}  // namespace
+
+TEST_CASE("options.executor posting to an asio::thread_pool (the README's example)",
+          "[asio][executor]") {
+  // --- snippet: asio-thread-pool ---
+  asio::thread_pool pool(4);  // declared before the group: ~group() waits for fns on it
+
+  singleflight::options opts;
+  opts.executor = [ex = pool.get_executor()](singleflight::task t) {
+    asio::post(ex, std::move(t));  // a task is a move-only void(): Asio takes it as a handler
+  };
+  singleflight::group<std::string, profile> profiles(opts);
+  // --- end snippet ---
+
+  std::atomic<int> origin_calls{0};
+  std::atomic<bool> fn_on_pool{false};
+  sftest::gate release;
+  auto fetch = [&] {
+    origin_calls.fetch_add(1);
+    fn_on_pool = pool.get_executor().running_in_this_thread();
+    release.wait("origin released");
+    return profile{"user 42"};
+  };
+  constexpr int callers = 8;
+  std::vector<sftest::result<std::string>> results(callers);
+  {
+    std::vector<std::jthread> ts;
+    for (auto& r : results) {
+      ts.push_back(sftest::spawn(r, [&] { return profiles.do_("user-42", fetch).name; }));
+    }
+    sftest::must([&] { return profiles.stats().joins == callers - 1; }, "every caller attached");
+    release.open();
+    for (auto& r : results) sftest::must([&] { return r.done.load(); }, "caller done");
+  }
+  for (const auto& r : results) REQUIRE(r.value == "user 42");
+  REQUIRE(origin_calls == 1);
+  REQUIRE(fn_on_pool);  // fn ran on a pool thread, not on a caller's
+
+  // With an executor every caller, the first included, can leave at once.
+  sftest::gate hold;
+  std::stop_source leave;
+  sftest::result<std::string> leaver;
+  auto t = sftest::spawn(leaver, [&] {
+    return profiles
+        .do_(
+            "user-43",
+            [&] {
+              hold.wait("second origin released");
+              return profile{"user 43"};
+            },
+            leave.get_token())
+        .name;
+  });
+  sftest::must([&] { return profiles.stats().fn_starts == 2; }, "second fn running on the pool");
+  leave.request_stop();
+  sftest::finish(t, leaver, "first caller left while fn runs");
+  REQUIRE(leaver.threw<sf::cancelled_error>());
+  hold.open();
+}
