@@ -36,6 +36,7 @@ int main() {
   singleflight::group<std::string, std::string> loads;
   std::atomic<int> origin_calls{0};
 
+  // --- snippet: cache-aside ---
   auto load = [&](const std::string& key) {
     if (auto hit = c.get(key)) return *hit;  // fast path: no coordination
     // fn captures the key by value: it may outlive this call with an
@@ -48,6 +49,7 @@ int main() {
       return value;
     });
   };
+  // --- end snippet ---
 
   std::vector<std::jthread> ts;
   std::atomic<int> ok{0};

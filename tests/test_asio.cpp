@@ -5,10 +5,16 @@
 //  * the handler runs on its associated executor (another io_context, a strand), never inside
 //    the initiating function nor inside the cancellation signal's emit();
 //  * the operation is outstanding work: io_context::run() does not return while it is pending;
-//  * the handler's associated allocator allocates the operation's state;
-//  * cancellation through the associated cancellation slot: the cancelled waiter gets
-//    cancelled_error while the flight goes on for the others; the last one leaving stops it;
-//  * many asio waiters share one flight; an initiation that throws invokes no handler.
+//  * a handler passed as an lvalue (const or not) is copied into the operation;
+//  * the handler's associated allocator allocates exactly the operation and the queued
+//    function, both freed before the upcall;
+//  * cancellation through the associated cancellation slot (terminal, partial): the cancelled
+//    waiter gets cancelled_error while the flight goes on for the others; the last one leaving
+//    stops it; a request for total cancellation alone is ignored;
+//  * many asio waiters share one flight; an initiation that throws invokes no handler;
+//  * close() on the only io thread an origin needs cannot finish (close_for gives up);
+//  * co_do resumes on the settling thread, not the io_context; co_do is not accepted inside
+//    asio::awaitable (a compile-time check of Asio's await_transform).
 //
 // The origin is asynchronous and resolved by the test (`parked`), on the test's own thread, so
 // every interleaving is forced; io_contexts run on threads of their own (`runner`). Handlers
@@ -34,6 +40,7 @@
 #include <asio/io_context.hpp>
 #include <asio/post.hpp>
 #include <asio/strand.hpp>
+#include <asio/thread_pool.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/use_future.hpp>
 #include <atomic>
@@ -64,6 +71,7 @@
 #endif
 
 #include "support/catch.hpp"
+#include "support/coro.hpp"
 #include "support/sync.hpp"
 
 namespace {
@@ -358,6 +366,38 @@ TEST_CASE("a plain handler receives (null, value) or (error, T{})", "[asio][toke
   REQUIRE(ok.thread == std::this_thread::get_id());
 }
 
+namespace {
+// A plain handler with state of its own, to tell a copy from a move.
+struct stateful_handler {
+  handler_log* log;
+  std::shared_ptr<int> state = std::make_shared<int>(7);
+  void operator()(std::exception_ptr e, int v) const { recorder (*log)(std::move(e), v); }
+};
+}  // namespace
+
+TEST_CASE("a handler passed as an lvalue is copied into the operation, as Asio's own are",
+          "[asio][token]") {
+  group_t g;
+  parked origin;
+  handler_log log;
+  handler_log const_log;
+  stateful_handler named{&log};
+  const stateful_handler const_named{&const_log};
+  sf::async_do(g, "k", origin.fn(), named);         // compiles: decay-copied
+  sf::async_do(g, "k2", origin.fn(), const_named);  // a const lvalue too
+  REQUIRE(named.state);                             // copied, not moved from
+  REQUIRE(named.state.use_count() == 2);            // the operation holds the copy
+  REQUIRE(const_named.state.use_count() == 2);
+  origin.wait_calls(2, "both origins called");
+  origin.set_value(1);
+  origin.set_value(2);
+  log.wait("named handler called");
+  const_log.wait("const handler called");
+  REQUIRE(log.value == 1);
+  REQUIRE(const_log.value == 2);
+  REQUIRE(named.state.use_count() == 1);  // the operation's copy is gone
+}
+
 TEST_CASE("the handler runs on its associated executor, whichever thread settles the flight",
           "[asio][executor]") {
   group_t g;
@@ -439,32 +479,54 @@ TEST_CASE("a pending operation is outstanding work: run() does not return before
   REQUIRE(log.thread == run.id());
 }
 
-TEST_CASE("the handler's associated allocator allocates the operation", "[asio][allocator]") {
+TEST_CASE(
+    "the handler's allocator allocates the operation and the queued function, both freed before "
+    "the upcall",
+    "[asio][allocator]") {
+  // What the allocator covers, exactly (asio.hpp's comment): the operation (one allocation) and,
+  // when the handler is queued to its executor, the queued function (one more). The group's
+  // callback node, the stop state and the flight come from operator new and are not counted.
   group_t g;
   parked origin;
   handler_log log;
   alloc_counts counts;
-  std::atomic<bool> freed_before_handler{false};
-  sf::async_do(
-      g, "k", origin.fn(),
+  std::atomic<int> live_at_upcall{-1};
+  auto handler =
       asio::bind_allocator(counting_allocator<void>(&counts), [&](std::exception_ptr e, int v) {
-        freed_before_handler = counts.deallocations == counts.allocations;
+        live_at_upcall = counts.allocations - counts.deallocations;
         recorder(log)(std::move(e), v);
-      }));
-  origin.wait_calls(1, "origin called");
-  REQUIRE(counts.allocations >= 1);
-  REQUIRE(counts.deallocations == 0);  // the operation is alive while pending
-  origin.set_value(4);
-  log.wait("handler called");
+      });
+
+  SECTION("dispatched inline on the settling thread (no associated executor)") {
+    sf::async_do(g, "k", origin.fn(), std::move(handler));
+    origin.wait_calls(1, "origin called");
+    REQUIRE(counts.allocations == 1);  // the operation
+    REQUIRE(counts.deallocations == 0);
+    origin.set_value(4);
+    log.wait("handler called");
+    REQUIRE(counts.allocations == 1);
+  }
+  SECTION("queued to an io_context") {
+    asio::io_context io;
+    sf::async_do(g, "k", origin.fn(), asio::bind_executor(io, std::move(handler)));
+    origin.wait_calls(1, "origin called");
+    REQUIRE(counts.allocations == 1);
+    origin.set_value(4);               // not on io's thread: queued
+    REQUIRE(counts.allocations == 2);  // + the queued function
+    runner run(io);
+    log.wait("handler called");
+    run.finish("run() returned");
+  }
   REQUIRE(log.value == 4);
-  REQUIRE(freed_before_handler);  // Asio's rule: memory is freed before the upcall
+  REQUIRE(live_at_upcall == 0);  // Asio's rule: its memory is freed before the upcall
   REQUIRE(counts.deallocations == counts.allocations);
 }
 
 TEST_CASE("a cancelled waiter gets cancelled_error; the others still get the value",
           "[asio][cancellation]") {
+  // Terminal and partial only: total is ignored (see the next test).
   const auto type = GENERATE(asio::cancellation_type::terminal, asio::cancellation_type::partial,
-                             asio::cancellation_type::total);
+                             asio::cancellation_type::terminal | asio::cancellation_type::total);
   group_t g;
   asio::io_context io;
   parked origin;
@@ -514,6 +576,36 @@ TEST_CASE("a cancelled waiter gets cancelled_error; the others still get the val
   const auto s = g.stats();
   REQUIRE(s.flights == 1);
   REQUIRE(s.cancellations == 1);
+}
+
+TEST_CASE("a request for total cancellation alone is ignored: fn may already have run",
+          "[asio][cancellation]") {
+  // Asio's total cancellation means "cancel only if the operation had no side effects". Leaving
+  // a flight whose fn ran (or that this very leaving would stop) cannot promise that.
+  group_t g;
+  asio::io_context io;
+  parked origin;
+  asio::cancellation_signal signal;
+  handler_log log;
+  sf::async_do(g, "k", origin.fn(),
+               asio::bind_cancellation_slot(signal.slot(), asio::bind_executor(io, recorder(log))));
+  runner run(io);
+  origin.wait_calls(1, "origin called");
+  std::atomic<bool> emitted{false};
+  asio::post(io, [&] {
+    signal.emit(asio::cancellation_type::total);
+    emitted = true;
+  });
+  sftest::must([&] { return emitted.load(); }, "total cancellation emitted");
+  REQUIRE_FALSE(origin.token(0).stop_requested());  // the flight was not stopped
+  REQUIRE_FALSE(log.done);
+  REQUIRE(signal.slot().has_handler());  // still cancellable (terminal, partial)
+  origin.set_value(8);
+  log.wait("handler called");
+  run.finish("run() returned");
+  REQUIRE_FALSE(log.error);
+  REQUIRE(log.value == 8);
+  REQUIRE(g.stats().cancellations == 0);
 }
 
 TEST_CASE("cancelling co_spawn cancels the awaiting coroutine; the last waiter leaving stops fn",
@@ -617,4 +709,168 @@ TEST_CASE("a completed operation whose executor shuts down unrun is freed, not i
   REQUIRE(log.calls == 0);
   REQUIRE(counts.allocations >= 1);
   REQUIRE(counts.deallocations == counts.allocations);
+}
+
+namespace {
+// An origin whose cancellation is itself asynchronous: its stop callback posts the failure to an
+// io_context (as an origin that cancels an Asio timer or socket does).
+struct io_cancelled_origin {
+  explicit io_cancelled_origin(asio::io_context& ctx) : io(ctx) {}
+  asio::io_context& io;
+  std::mutex m;
+  std::vector<std::unique_ptr<std::stop_callback<std::function<void()>>>> on_stop;
+  std::atomic<int> calls{0};
+
+  auto fn() {
+    return [this](std::stop_token st, sf::completion<int> done) {
+      auto shared = std::make_shared<sf::completion<int>>(std::move(done));
+      std::function<void()> cancel = [this, shared] {
+        asio::post(io, [shared] {
+          shared->set_exception(std::make_exception_ptr(std::runtime_error("cancelled on io")));
+        });
+      };
+      const std::lock_guard<std::mutex> lk(m);
+      on_stop.push_back(
+          std::make_unique<std::stop_callback<std::function<void()>>>(st, std::move(cancel)));
+      calls.fetch_add(1);
+    };
+  }
+};
+}  // namespace
+
+TEST_CASE("close() on the only io thread an origin needs cannot finish; off that thread it does",
+          "[asio][close]") {
+  // asio.hpp: close() / ~group() waits for every pending completion; one that can only be
+  // resolved by a handler on this io_context never is while close() blocks its only thread.
+  group_t g;
+  asio::io_context io;
+  io_cancelled_origin origin(io);
+  handler_log log;
+  std::atomic<int> close_on_io{-1};
+  asio::post(io, [&] {
+    sf::async_do(g, "k", origin.fn(), asio::bind_executor(io, recorder(log)));
+    // Stops the flight: the origin's stop callback posts its failure behind this handler.
+    close_on_io = g.close_for(200ms) ? 1 : 0;
+  });
+  runner run(io);
+  sftest::must([&] { return close_on_io.load() != -1; }, "close_for on the io thread returned");
+  REQUIRE(close_on_io == 0);   // gave up: the completion it waits for is queued behind it
+  log.wait("handler called");  // once the io thread was free, the origin finished
+  REQUIRE(holds<sf::closed_error>(log.error));
+  std::atomic<bool> closed{false};
+  std::jthread closer([&] {
+    g.close();
+    closed = true;
+  });
+  sftest::must([&] { return closed.load(); }, "close() off the io thread returned");
+  run.finish("run() returned");
+  REQUIRE(origin.calls == 1);
+}
+
+namespace {
+sftest::fire_task<int> co_do_from(group_t& g, parked& origin) {
+  auto fetch = origin.fn();  // named before the co_await (GCC 12)
+  co_return co_await g.co_do(std::string("k"), fetch);
+}
+}  // namespace
+
+TEST_CASE("co_do resumes on the thread that settles the flight, not on the io_context",
+          "[asio][coroutine]") {
+  group_t g;
+  asio::io_context io;
+  parked origin;
+  std::optional<sftest::fire_task<int>> task;
+  std::atomic<bool> started{false};
+  asio::post(io, [&] {
+    task.emplace(co_do_from(g, origin));  // starts on io's thread, suspends in co_do
+    started = true;
+  });
+  runner run(io);
+  sftest::must([&] { return started.load(); }, "coroutine started on io");
+  origin.wait_calls(1, "origin called");
+  const std::thread::id io_thread = run.id();
+  run.finish("run() returned");  // nothing is left on io: the coroutine is not its work
+  origin.set_value(6);           // settles here, on the test thread
+  task->wait("coroutine done");
+  REQUIRE(task->get().value == 6);
+  REQUIRE(task->get().finished_on == std::this_thread::get_id());
+  REQUIRE(task->get().finished_on != io_thread);
+}
+
+// co_do's awaitable is not an asio::awaitable: Asio's coroutine promise only accepts its own
+// awaitables (await_transform), so inside asio::awaitable use
+// singleflight::async_do(g, key, fn, asio::use_awaitable) (the README says so).
+template <class Promise, class Awaitable>
+concept asio_accepts = requires(Promise& p, Awaitable&& a) {
+  p.await_transform(std::forward<Awaitable>(a));
+};
+using asio_promise = std::coroutine_traits<asio::awaitable<int>>::promise_type;
+using co_do_awaitable = decltype(std::declval<group_t&>().co_do(
+    std::declval<const std::string&>(), std::declval<decltype(std::declval<parked&>().fn())&>()));
+static_assert(!asio_accepts<asio_promise, co_do_awaitable>,
+              "Asio now accepts co_do inside asio::awaitable: update README (Async, Asio)");
+static_assert(asio_accepts<asio_promise, asio::awaitable<int>>);
+
+namespace {
+struct profile {
+  std::string name;
+};
+}  // namespace
+
+TEST_CASE("options.executor posting to an asio::thread_pool (the README's example)",
+          "[asio][executor]") {
+  // --- snippet: asio-thread-pool ---
+  asio::thread_pool pool(4);  // declared before the group: ~group() waits for fns on it
+
+  singleflight::options opts;
+  opts.executor = [ex = pool.get_executor()](singleflight::task t) {
+    asio::post(ex, std::move(t));  // a task is a move-only void(): Asio takes it as a handler
+  };
+  singleflight::group<std::string, profile> profiles(opts);
+  // --- end snippet ---
+
+  std::atomic<int> origin_calls{0};
+  std::atomic<bool> fn_on_pool{false};
+  sftest::gate release;
+  auto fetch = [&] {
+    origin_calls.fetch_add(1);
+    fn_on_pool = pool.get_executor().running_in_this_thread();
+    release.wait("origin released");
+    return profile{"user 42"};
+  };
+  constexpr int callers = 8;
+  std::vector<sftest::result<std::string>> results(callers);
+  {
+    std::vector<std::jthread> ts;
+    for (auto& r : results) {
+      ts.push_back(sftest::spawn(r, [&] { return profiles.do_("user-42", fetch).name; }));
+    }
+    sftest::must([&] { return profiles.stats().joins == callers - 1; }, "every caller attached");
+    release.open();
+    for (auto& r : results) sftest::must([&] { return r.done.load(); }, "caller done");
+  }
+  for (const auto& r : results) REQUIRE(r.value == "user 42");
+  REQUIRE(origin_calls == 1);
+  REQUIRE(fn_on_pool);  // fn ran on a pool thread, not on a caller's
+
+  // With an executor every caller, the first included, can leave at once.
+  sftest::gate hold;
+  std::stop_source leave;
+  sftest::result<std::string> leaver;
+  auto t = sftest::spawn(leaver, [&] {
+    return profiles
+        .do_(
+            "user-43",
+            [&] {
+              hold.wait("second origin released");
+              return profile{"user 43"};
+            },
+            leave.get_token())
+        .name;
+  });
+  sftest::must([&] { return profiles.stats().fn_starts == 2; }, "second fn running on the pool");
+  leave.request_stop();
+  sftest::finish(t, leaver, "first caller left while fn runs");
+  REQUIRE(leaver.threw<sf::cancelled_error>());
+  hold.open();
 }

@@ -33,7 +33,9 @@
 //     deferred operation, started when it is invoked with a token; key and fn
 //     are decay-copied into it, so a key that is a view (std::string_view,
 //     const char*) must outlive that later start;
-//   * a plain callable invocable as void(std::exception_ptr, T).
+//   * a plain callable invocable as void(std::exception_ptr, T), passed as
+//     an rvalue (moved into the operation) or an lvalue (copied, as Asio's
+//     own operations do).
 //
 // fn is anything `group::async_do` accepts. In an Asio program it should be
 // asynchronous, `void fn(std::stop_token, singleflight::completion<T>)`:
@@ -46,9 +48,11 @@
 // captures that are not trivially copyable (a std::string, a shared_ptr)
 // inside the co_await expression. GCC 12 bitwise-copies such a closure
 // temporary in a co_await full-expression and destroys both copies (a double
-// free; Asio issue #1007); `auto fetch = [key](...) {...};` then
+// free; Asio issue #1007), whatever the called function does with it; the
+// same holds for any braced aggregate temporary there (a key struct written
+// `key{a, b}`). `auto fetch = [key](...) {...};` then
 // `co_await singleflight::async_do(g, key, std::move(fetch), use_awaitable)`
-// is fine.
+// is fine. See tests/test_gcc12_coawait.cpp.
 //
 // Errors (the exception_ptr): whatever fn threw or set_exception() passed, the
 // same object for every waiter; cancelled_error (this operation was cancelled,
@@ -70,20 +74,54 @@
 // system_context) nor from inside the cancellation signal's emit() (posted as
 // well).
 // Until the handler has run, the operation counts as outstanding work on its
-// executor (an io_context's run() does not return while it is pending). The
-// handler's associated allocator allocates the operation's state and the
-// function that is dispatched.
+// executor (an io_context's run() does not return while it is pending).
+//
+// Memory: the handler's associated allocator (asio::get_associated_allocator)
+// allocates exactly two things: this operation's own state (the handler, its
+// work guard, its outcome; one allocation per call) and, when the handler is
+// queued to its executor rather than run inline, the queued function. Both
+// are freed before the handler is invoked (Asio's rule). It does not allocate
+// what the group allocates with operator new for the same call: the group's
+// callback node for this waiter (a few hundred bytes), the caller's stop state when
+// the cancellation slot is connected (a std::stop_source), and the flight
+// (shared by its waiters; see group::async_do). The cancellation handler
+// lives in the slot's own storage. When the handler runs inline on the
+// settling thread, the callback node and the stop state are still allocated
+// while it runs and are freed as soon as it returns; when it is queued, they
+// are freed before it runs.
 //
 // Cancellation: when the handler's associated cancellation slot
 // (asio::get_associated_cancellation_slot) is connected, the operation owns a
 // std::stop_source, installs a cancellation handler in the slot and passes the
-// source's token to group::async_do as the caller's token. Any cancellation
-// type (terminal, partial, total) means "this waiter leaves": it completes with
+// source's token to group::async_do as the caller's token. Supported types:
+// terminal and partial. Either means "this waiter leaves": it completes with
 // cancelled_error at once (unless its outcome was already decided), while the
 // other waiters of the flight carry on; what happens to the shared work is the
-// group's ownership policy. The slot is cleared, on the handler's executor,
-// before the handler is invoked. Without a connected slot the operation cannot
-// be cancelled (group::close() still settles it with closed_error).
+// group's ownership policy (under ownership::waiters the last waiter leaving
+// stops fn's token; fn may have run already, so side effects are possible:
+// partial, not total). A request for total cancellation alone is ignored (the
+// operation continues); a request that includes terminal or partial is
+// honoured. The slot is cleared, on the handler's executor, before the
+// handler is invoked. Without a connected slot the operation cannot be
+// cancelled (group::close() still settles it with closed_error).
+//
+// close() and ~group() on an io thread: group::close() (and the destructor,
+// which calls it) returns only when every fn the group started has returned
+// and every completion has been resolved. Do not call it on a thread that
+// runs an io_context your origins need: an async fn whose completion (or
+// whose stop callback's cancellation) is delivered by a handler on that
+// io_context cannot finish while close() blocks that thread, and close()
+// then waits forever (close_for(d) gives up after d). Close the group from a
+// thread that is not running those io_contexts, or from the io thread only
+// once the origins' handlers can run elsewhere.
+//
+// Coroutines: inside asio::awaitable, co_await singleflight::async_do(g,
+// key, fn, asio::use_awaitable), which resumes the coroutine on its own
+// executor. group::co_do cannot be awaited there (asio::awaitable's promise
+// accepts only Asio's own awaitables in its await_transform), and where it
+// can be awaited (another coroutine type) it resumes the coroutine on the
+// thread that settles the flight, not on any executor: the resolving thread,
+// the timer thread, the thread calling close()...
 //
 // Thread safety: async_do may be called concurrently from any number of
 // threads, on the same group or not, like group::async_do. As everywhere in
@@ -198,12 +236,15 @@ class asio_op {
   using allocator_type = asio_net::associated_allocator_t<Handler>;
   using slot_type = asio_net::associated_cancellation_slot_t<Handler>;
 
-  // Allocates and constructs the operation; takes the handler.
-  static asio_op* create(Handler&& handler) {
+  // Allocates and constructs the operation with a decay-copy of the handler
+  // (moved from an rvalue, copied from an lvalue, as Asio's own operations
+  // do).
+  template <class H>
+  static asio_op* create(H&& handler) {
     op_alloc a(asio_net::get_associated_allocator(handler));
     asio_op* p = op_traits::allocate(a, 1);
     try {
-      op_traits::construct(a, p, std::move(handler));
+      op_traits::construct(a, p, std::forward<H>(handler));
     } catch (...) {
       op_traits::deallocate(a, p, 1);
       throw;
@@ -221,8 +262,10 @@ class asio_op {
     op_traits::deallocate(a, p, 1);
   }
 
-  explicit asio_op(Handler&& handler)
-      : handler_(std::move(handler)),
+  template <class H>
+  requires std::constructible_from<Handler, H&&>
+  explicit asio_op(H&& handler)
+      : handler_(std::forward<H>(handler)),
         work_(asio_net::get_associated_executor(handler_, asio_net::system_executor())) {}
   asio_op(const asio_op&) = delete;
   asio_op& operator=(const asio_op&) = delete;
@@ -273,12 +316,17 @@ class asio_op {
 
   // Installed in the handler's cancellation slot. Runs inside emit(), in the
   // handler's executor; request_stop may complete this operation right here
-  // (cancelled_error), which is then posted.
+  // (cancelled_error), which is then posted. Only terminal and partial
+  // cancellation are supported: a request for total cancellation alone
+  // ("only if the operation has had no side effects") is ignored, since this
+  // waiter's fn may already have run, and its leaving may stop the shared work.
   struct cancel_handler {
     explicit cancel_handler(std::stop_source* s) noexcept : source(s) {}
     std::stop_source* source;
     void operator()(asio_net::cancellation_type_t type) const noexcept {
-      if (type == asio_net::cancellation_type::none) return;
+      constexpr auto supported =
+          asio_net::cancellation_type::terminal | asio_net::cancellation_type::partial;
+      if ((type & supported) == asio_net::cancellation_type::none) return;
       const asio_post_only_scope post_only;
       source->request_stop();
     }

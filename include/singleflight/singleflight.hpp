@@ -18,6 +18,7 @@
 #include "options.hpp"          // IWYU pragma: export
 #include "outcome.hpp"          // IWYU pragma: export
 #include "stats.hpp"            // IWYU pragma: export
+#include "stop_token.hpp"       // IWYU pragma: export
 #include "task.hpp"             // IWYU pragma: export
 #include "thread_executor.hpp"  // IWYU pragma: export
 #include "thread_pool.hpp"      // IWYU pragma: export

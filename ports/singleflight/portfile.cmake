@@ -24,6 +24,9 @@ vcpkg_cmake_install()
 
 # The project installs its package files to share/singleflight already.
 vcpkg_cmake_config_fixup(CONFIG_PATH share/singleflight)
+# share/pkgconfig/singleflight.pc: already relocatable (prefix=${pcfiledir}/../..); vcpkg's
+# fixup rewrites the prefix the same way and checks the file.
+vcpkg_fixup_pkgconfig()
 
 # Release-only build: nothing is installed under debug/, and a header-only library has no lib/.
 file(REMOVE_RECURSE "${CURRENT_PACKAGES_DIR}/debug" "${CURRENT_PACKAGES_DIR}/lib")

@@ -4,15 +4,21 @@
 #   include          no build system: c++ -std=c++20 -I <checkout>/include main.cpp -pthread
 #   find_package     install the project (tests/examples/benchmarks OFF), consume it with
 #                    find_package(singleflight CONFIG REQUIRED) and CMAKE_PREFIX_PATH
-#   fetchcontent     FetchContent_Declare(... FIND_PACKAGE_ARGS) with nothing installed, the
-#                    source taken from FETCHCONTENT_SOURCE_DIR_SINGLEFLIGHT (fully disconnected)
+#   fetchcontent     the README's FetchContent_Declare(... SOURCE_DIR ... FIND_PACKAGE_ARGS), as
+#                    written, with nothing installed and SINGLEFLIGHT_PATH=<checkout>; then the
+#                    same with the sources given by FETCHCONTENT_SOURCE_DIR_SINGLEFLIGHT instead
 #   fetchcontent-installed
-#                    the same declaration with an installed copy on CMAKE_PREFIX_PATH and no
-#                    source dir: the installed copy must win (FIND_PACKAGE_ARGS), no download
+#                    the same declaration with an installed copy on CMAKE_PREFIX_PATH and a
+#                    SINGLEFLIGHT_PATH that does not exist: the installed copy must win
+#                    (FIND_PACKAGE_ARGS)
 #   add_subdirectory add_subdirectory(third_party/singleflight), a link to the checkout
+#   pkg-config       install the project, then the README's command line:
+#                    c++ $(pkg-config --cflags singleflight) main.cpp $(pkg-config --libs ...)
+#                    with only that prefix visible to pkg-config; again after moving the
+#                    installed tree elsewhere (singleflight.pc is relocatable)
 #   vcpkg            configured, installed and config-fixed up exactly as
 #                    ports/singleflight/portfile.cmake does, moved into an "installed" tree the
-#                    way vcpkg does, then consumed with find_package
+#                    way vcpkg does, then consumed with find_package and with pkg-config
 # Every configure hides Catch2 and Google Benchmark (CMAKE_DISABLE_FIND_PACKAGE_...): a
 # consumer must not need them.
 #
@@ -39,13 +45,13 @@ while [ $# -gt 0 ]; do
     --make-program) make_program="$2"; shift 2 ;;
     --build-type) build_type="$2"; shift 2 ;;
     --keep) keep=1; shift ;;
-    -h | --help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,29p' "$0"; exit 0 ;;
     -*) echo "run.sh: unknown option $1" >&2; exit 2 ;;
     *) modes+=("$1"); shift ;;
   esac
 done
 [ "${#modes[@]}" -gt 0 ] ||
-  modes=(include find_package fetchcontent fetchcontent-installed add_subdirectory vcpkg)
+  modes=(include find_package fetchcontent fetchcontent-installed add_subdirectory pkg-config vcpkg)
 if [ -z "$generator" ] && command -v ninja >/dev/null 2>&1; then generator=Ninja; fi
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/singleflight-package.XXXXXX")"
@@ -54,9 +60,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# Nothing from the caller's environment may point CMake at another copy or change the flags.
+# Nothing from the caller's environment may point CMake or pkg-config at another copy or change
+# the flags.
 unset CMAKE_PREFIX_PATH CMAKE_GENERATOR CMAKE_BUILD_TYPE CMAKE_TOOLCHAIN_FILE CXXFLAGS LDFLAGS \
-  CMAKE_INSTALL_PREFIX singleflight_DIR singleflight_ROOT SINGLEFLIGHT_ROOT || true
+  CMAKE_INSTALL_PREFIX singleflight_DIR singleflight_ROOT SINGLEFLIGHT_ROOT PKG_CONFIG_PATH \
+  PKG_CONFIG_LIBDIR PKG_CONFIG_SYSROOT_DIR || true
 
 common=(
   -DCMAKE_CXX_COMPILER="$cxx"
@@ -114,14 +122,54 @@ check_install_tree() {
     singleflight-targets.cmake; do
     [ -f "$prefix/share/singleflight/$f" ] || fail "missing share/singleflight/$f in $prefix"
   done
+  [ -f "$prefix/share/pkgconfig/singleflight.pc" ] ||
+    fail "missing share/pkgconfig/singleflight.pc in $prefix"
   local others
   others="$(cd "$prefix" && find . -type f ! -path './include/singleflight/*' \
-    ! -path './share/singleflight/*' | LC_ALL=C sort)"
+    ! -path './share/singleflight/*' ! -path './share/pkgconfig/singleflight.pc' |
+    LC_ALL=C sort)"
   [ -z "$others" ] || fail "unexpected installed files in $prefix: $others"
-  # Relocatable: no installed CMake file may name the prefix it was installed to.
-  if grep -rlF "$prefix" "$prefix/share/singleflight" >/dev/null; then
-    fail "share/singleflight names the absolute install prefix $prefix"
+  # Relocatable: no installed CMake or pkg-config file may name the prefix it was installed to.
+  if grep -rlF "$prefix" "$prefix/share/singleflight" "$prefix/share/pkgconfig" >/dev/null; then
+    fail "share/singleflight or share/pkgconfig names the absolute install prefix $prefix"
   fi
+}
+
+# The project's version, from include/singleflight/version.hpp.
+project_version() {
+  sed -nE 's/^#define SINGLEFLIGHT_VERSION_(MAJOR|MINOR|PATCH) +([0-9]+).*/\2/p' \
+    "$src/include/singleflight/version.hpp" | paste -sd.
+}
+
+# pkg_config_consumer <dir> <pcdir>: build and run the consumer with the README's pkg-config
+# command line, pkg-config seeing only <pcdir> (PKG_CONFIG_LIBDIR replaces the system paths).
+pkg_config_consumer() {
+  local dir="$1" pcdir="$2"
+  command -v pkg-config >/dev/null 2>&1 || fail "pkg-config not found (apt-get install pkg-config)"
+  mkdir -p "$dir"
+  local version cflags libs
+  version="$(PKG_CONFIG_LIBDIR="$pcdir" pkg-config --modversion singleflight)" ||
+    fail "pkg-config: singleflight not found in $pcdir"
+  [ "$version" = "$(project_version)" ] ||
+    fail "pkg-config: singleflight.pc says version $version, version.hpp $(project_version)"
+  cflags="$(PKG_CONFIG_LIBDIR="$pcdir" pkg-config --cflags singleflight)"
+  libs="$(PKG_CONFIG_LIBDIR="$pcdir" pkg-config --libs singleflight)"
+  case " $cflags " in *" -std=c++20 "*) ;; *) fail "pkg-config: no -std=c++20 in Cflags: $cflags" ;; esac
+  case " $cflags " in *" -pthread "*) ;; *) fail "pkg-config: no -pthread in Cflags: $cflags" ;; esac
+  case " $libs " in *" -pthread "*) ;; *) fail "pkg-config: no -pthread in Libs: $libs" ;; esac
+  log "  pkg-config --cflags --libs singleflight: $cflags $libs"
+  # The README's command line (with this build's compiler), plus strict warnings: the headers
+  # come in with -I here, not as SYSTEM includes.
+  (
+    export PKG_CONFIG_LIBDIR="$pcdir"
+    # shellcheck disable=SC2046  # word splitting of pkg-config's output is intended
+    run "$dir/build.log" "$cxx" -Wall -Wextra -Wpedantic -Werror -DSF_CONSUME='"pkg-config"' \
+      $(pkg-config --cflags singleflight) "$consumer/main.cpp" $(pkg-config --libs singleflight) \
+      -o "$dir/consumer"
+  )
+  local out
+  out="$("$dir/consumer")" || fail "pkg-config: the consumer program failed: $out"
+  log "  $out"
 }
 
 # build_consumer <dir> <mode> <expect-regex> [cmake args...]: configure the consumer (a copy
@@ -148,6 +196,15 @@ $(grep 'consumer:' "$dir/configure.log" || cat "$dir/configure.log")"
   local out
   out="$("$dir/build/consumer")" || fail "$mode: the consumer program failed: $out"
   log "  $out"
+  # Where prometheus-cpp is installed (CI installs Debian's prometheus-cpp-dev), every way of
+  # taking singleflight must also define singleflight::prometheus.
+  if [ -f /usr/include/prometheus/collectable.h ]; then
+    grep -q 'consumer: singleflight::prometheus available' "$dir/configure.log" ||
+      fail "$mode: prometheus-cpp is installed but singleflight::prometheus is not defined"
+    out="$("$dir/build/consumer_prometheus")" ||
+      fail "$mode: the consumer's Prometheus program failed: $out"
+    log "  $out"
+  fi
 }
 
 re_quote() { printf '%s' "$1" | sed 's/[][\.*^$(){}+?|/]/\\&/g'; }
@@ -175,26 +232,44 @@ mode_find_package() {
 mode_fetchcontent() {
   # No CMAKE_PREFIX_PATH and no registries: FIND_PACKAGE_ARGS' find_package finds nothing
   # (unless singleflight is installed in a system prefix, which this machine must not have),
-  # and FetchContent takes the checkout.
+  # and FetchContent takes the local sources the snippet names. Nothing else is set: the
+  # snippet must work as written (it has no download method, so nothing can be downloaded).
   build_consumer "$work/fetchcontent" fetchcontent \
     "consumer: .* built from the source tree $(re_quote "$src")$" \
-    -DFETCHCONTENT_FULLY_DISCONNECTED=ON -DFETCHCONTENT_SOURCE_DIR_SINGLEFLIGHT="$src"
+    -DSINGLEFLIGHT_PATH="$src"
+  # FETCHCONTENT_SOURCE_DIR_SINGLEFLIGHT overrides the declared sources (and skips
+  # find_package, as documented), fully disconnected.
+  build_consumer "$work/fetchcontent-override" fetchcontent \
+    "consumer: .* built from the source tree $(re_quote "$src")$" \
+    -DSINGLEFLIGHT_PATH="$work/no-such-dir" -DFETCHCONTENT_FULLY_DISCONNECTED=ON \
+    -DFETCHCONTENT_SOURCE_DIR_SINGLEFLIGHT="$src"
 }
 
 mode_fetchcontent_installed() {
   local d="$work/fetchcontent-installed" prefix="$work/fetchcontent-installed/prefix"
   install_project "$d" "$prefix" "${lib_only[@]}" -DCMAKE_BUILD_TYPE="$build_type"
   # No FETCHCONTENT_SOURCE_DIR_SINGLEFLIGHT here: when set, FetchContent skips find_package
-  # (documented). Fully disconnected, a fallback to the download would fail: the configure
-  # only succeeds if FIND_PACKAGE_ARGS' find_package takes the installed copy.
+  # (documented). The declared SOURCE_DIR does not exist, so the configure only succeeds if
+  # FIND_PACKAGE_ARGS' find_package takes the installed copy.
   build_consumer "$d/consumer" fetchcontent \
     "consumer: .* imported by find_package from $(re_quote "$prefix")/share/singleflight$" \
-    -DFETCHCONTENT_FULLY_DISCONNECTED=ON -DCMAKE_PREFIX_PATH="$prefix"
+    -DSINGLEFLIGHT_PATH="$work/no-such-dir" -DCMAKE_PREFIX_PATH="$prefix"
 }
 
 mode_add_subdirectory() {
   build_consumer "$work/add_subdirectory" add_subdirectory \
     "consumer: .* built from the source tree .*/src/third_party/singleflight$"
+}
+
+mode_pkg_config() {
+  local d="$work/pkg-config" prefix="$work/pkg-config/prefix"
+  install_project "$d" "$prefix" "${lib_only[@]}" -DCMAKE_BUILD_TYPE="$build_type"
+  check_install_tree "$prefix"
+  pkg_config_consumer "$d/consumer" "$prefix/share/pkgconfig"
+  # Moved elsewhere, the same .pc still points at its own tree.
+  mv "$prefix" "$d/moved"
+  pkg_config_consumer "$d/consumer-moved" "$d/moved/share/pkgconfig"
+  log "  relocated: $d/moved"
 }
 
 mode_vcpkg() {
@@ -207,8 +282,7 @@ mode_vcpkg() {
   log "  portfile options: ${port_opts[*]}"
   # The port's version must be the project's (include/singleflight/version.hpp).
   local v_hpp v_json
-  v_hpp="$(sed -nE 's/^#define SINGLEFLIGHT_VERSION_(MAJOR|MINOR|PATCH) +([0-9]+).*/\2/p' \
-    "$src/include/singleflight/version.hpp" | paste -sd.)"
+  v_hpp="$(project_version)"
   v_json="$(sed -nE 's/^ *"version(-semver|-string)?" *: *"([^"]+)".*/\2/p' "$portdir/vcpkg.json")"
   [ "$v_hpp" = "$v_json" ] || fail "vcpkg.json version $v_json != version.hpp $v_hpp"
 
@@ -242,6 +316,8 @@ mode_vcpkg() {
   build_consumer "$d/consumer" find_package \
     "consumer: .* imported by find_package from $(re_quote "$installed")/share/singleflight$" \
     -DCMAKE_PREFIX_PATH="$installed"
+  # vcpkg_fixup_pkgconfig: a consumer using pkg-config with the installed tree's share/pkgconfig.
+  pkg_config_consumer "$d/consumer-pkg-config" "$installed/share/pkgconfig"
   # The usage file's snippet is the one the consumer just used.
   grep -qF 'find_package(singleflight CONFIG REQUIRED)' "$portdir/usage" ||
     fail "vcpkg: usage does not show find_package(singleflight CONFIG REQUIRED)"
@@ -260,6 +336,7 @@ for mode in "${modes[@]}"; do
     fetchcontent) mode_fetchcontent ;;
     fetchcontent-installed) mode_fetchcontent_installed ;;
     add_subdirectory) mode_add_subdirectory ;;
+    pkg-config) mode_pkg_config ;;
     vcpkg) mode_vcpkg ;;
     *) fail "unknown mode $mode" ;;
   esac
