@@ -399,12 +399,28 @@ class group {
 
   // co_do(key, fn, caller)
   //
-  //   T v = co_await g.co_do(key, fn, token);
+  //   auto fetch = [key](std::stop_token st, completion<T> done) { ... };
+  //   T v = co_await g.co_do(key, fetch, token);
+  //
+  // GCC 12 (Debian 12's default compiler): name fn before the co_await, as
+  // above. GCC 12 destroys twice a temporary whose members are initialised in
+  // place when it is written inside a co_await expression: a lambda with
+  // captures that are not trivially copyable (a std::string, a shared_ptr), or
+  // a braced aggregate key; with a std::string capture that is a double free,
+  // with no diagnostic, at -O0 as at -O2. The temporary belongs to the calling
+  // coroutine, so nothing co_do does with fn avoids it (taking fn by value or
+  // copying it into the awaitable was tried: the same double free). clang is
+  // not affected. tests/test_gcc12_coawait.cpp pins the workaround and the bug.
   //
   // The coroutine form of async_do: yields this caller's copy of the value
-  // or throws what do_ would throw. Works from any coroutine type (the
-  // awaiter takes a std::coroutine_handle<>), and costs no allocation per
-  // join: the waiter lives in the awaiting coroutine's frame.
+  // or throws what do_ would throw. Works from any coroutine type whose
+  // promise does not filter co_await through an await_transform that rejects
+  // it (the awaiter takes a std::coroutine_handle<>): not inside
+  // asio::awaitable, whose await_transform accepts only Asio's awaitables;
+  // there, co_await singleflight::async_do(g, key, fn, asio::use_awaitable)
+  // (<singleflight/asio.hpp>), which also resumes on the coroutine's
+  // executor. Costs no allocation per join: the waiter lives in the awaiting
+  // coroutine's frame.
   //
   // The coroutine resumes on the thread that settles the flight (see
   // async_do for the list), or on the thread that requested stop on
@@ -417,10 +433,6 @@ class group {
   // expression (its operator co_await is rvalue-only). Destroying a
   // coroutine while it is suspended in co_do is undefined (leave through
   // `caller` instead). Thread-safe.
-  //
-  // GCC 12 destroys a lambda with non-trivially-copyable captures twice when
-  // it is written inside a co_await expression (a compiler bug, not ours):
-  // with GCC 12, name such an fn before the co_await.
   template <class K, class F>
   [[nodiscard]] auto co_do(const K& key, F&& fn, std::stop_token caller = {}) {
     using Fn = std::decay_t<F>;
