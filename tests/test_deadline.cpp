@@ -42,7 +42,7 @@ TEST_CASE(
     "at the deadline every waiter gets timeout_error, the token is stopped and the "
     "entry is not joinable",
     "[deadline][executor]") {
-  group_t g{timed(/*with_executor=*/true)};
+  group_t g{sftest::numbered(timed(/*with_executor=*/true))};
   sftest::gate release;
   std::atomic<bool> fn_started{false};
   std::atomic<bool> fn_saw_stop{false};
@@ -158,7 +158,7 @@ TEST_CASE(
     "a newcomer after the timeout waits for the timed-out fn instead of starting a "
     "second one",
     "[deadline][inline]") {
-  group_t g{timed()};
+  group_t g{sftest::numbered(timed())};
   sftest::gate release;
   std::atomic<bool> fn_started{false};
   std::atomic<bool> fn_returned{false};

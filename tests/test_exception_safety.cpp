@@ -240,7 +240,7 @@ TEST_CASE("a KeyEqual that throws while comparing leaves the group unchanged",
 
 TEST_CASE("a Key whose copy throws on insertion leaves the group unchanged",
           "[exception_safety][key_copy]") {
-  key_group g;
+  key_group g{sftest::numbered()};
   std::atomic<int> fn_calls{0};
   auto fn = [&] {
     ++fn_calls;

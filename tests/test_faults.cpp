@@ -364,18 +364,29 @@ TEST_CASE("allocation failure at each point of an inline leader's call leaves th
     CHECK(r.points >= 2);
     CHECK(r.faults == r.points);
   }
-  SECTION("warm group (recycled flight and node)") {
+  SECTION("warm group, another key before (one shard: its recycled flight and key storage)") {
     const auto r = sweep([&](long n) {
-      sf::group<std::string, std::string> g;
+      sf::group<std::string, std::string> g(sftest::numbered());  // one shard
       (void)g.do_(std::string(long_key.rbegin(), long_key.rend()), fn);
       return armed_call(g, n, [&] { return g.do_(long_key, fn); });
     });
     WARN("allocation points " << r.points << ", faulted " << r.faults << ", absorbed "
                               << r.absorbed);
     CHECK(r.faults == r.points);
-    // The documented steady state: a recycled flight and map node (and the
+    // The documented steady state: a recycled flight of the shard (and the
     // key's storage in it) make an uncontended leader's call allocation-free.
     CHECK(r.points == 0);
+  }
+  SECTION("warm group, the same key before (default shards)") {
+    const auto r = sweep([&](long n) {
+      sf::group<std::string, std::string> g;
+      (void)g.do_(long_key, fn);
+      return armed_call(g, n, [&] { return g.do_(long_key, fn); });
+    });
+    WARN("allocation points " << r.points << ", faulted " << r.faults << ", absorbed "
+                              << r.absorbed);
+    CHECK(r.faults == r.points);
+    CHECK(r.points == 0);  // spares are per shard: the key's shard is warm
   }
   SECTION("with a deadline") {
     sf::options o;

@@ -24,7 +24,7 @@ using group_t = sf::group<std::string, int>;
 // evicting the newer flight for the same key, so a third caller started a
 // third execution instead of joining the second.
 TEST_CASE("late_cleanup_does_not_evict_newer_flight", "[forget][regression]") {
-  group_t g;
+  group_t g{sftest::numbered()};
   sftest::gate release1, release2;
   std::atomic<int> fn_calls{0};
   std::atomic<bool> fn1_started{false}, fn2_started{false};

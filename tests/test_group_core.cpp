@@ -218,7 +218,7 @@ TEST_CASE("poisoned_key: a failure is shared with its waiters, then forgotten", 
 }
 
 TEST_CASE("do_fresh receives a flight that started after it arrived", "[g2]") {
-  sf::group<std::string, int> g(with_threads());
+  sf::group<std::string, int> g(sftest::numbered(with_threads()));
   overlap_meter meter;
   std::atomic<int> version{0};  // the "database": bumped by the write below
   gate first_may_return, second_may_return;
@@ -332,7 +332,7 @@ TEST_CASE("rejected_flight_cleanup_does_not_evict_successor", "[g3][seed]") {
   // later caller D must join E2: two origin calls, not three. In this design
   // only the flight's own finisher erases, by node identity, before anyone
   // wakes; waiters never touch the map.
-  sf::group<std::string, int> g;
+  sf::group<std::string, int> g{sftest::numbered()};
   gate e1_fails, e2_returns;
   std::atomic<int> origin_calls{0};
   result<int> a, b, c, d;

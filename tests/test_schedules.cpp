@@ -147,7 +147,7 @@ TEST_CASE("woken_rejected_waiter_does_not_evict_successor_flight", "[schedule][s
   // i.e. finish()'s erase moved to the waiter side or done by key lookup.
   schedule s;
   park& b_exit = s.at(hp::caller_exiting, B, "B parked at caller_exiting");
-  sf::group<std::string, int> g;
+  sf::group<std::string, int> g{sftest::numbered()};
   gate e1_fails, e2_returns;
   std::atomic<int> origin_calls{0};
   result<int> a, b, c, d, e;
@@ -226,7 +226,7 @@ TEST_CASE("replacement_call_does_not_overlap_winding_down_fn", "[schedule]") {
   // the stopped flight (joins != 0 before N's fresh flight).
   schedule s;
   park& old_ret = s.at(hp::leader_fn_returned, OLD_RUNNER, "old runner parked after fn");
-  sf::group<std::string, int> g(with_threads());
+  sf::group<std::string, int> g(sftest::numbered(with_threads()));
   std::atomic<int> running{0}, peak{0}, fn_calls{0};
   auto enter = [&] {
     fn_calls.fetch_add(1);
@@ -310,7 +310,7 @@ TEST_CASE("forgotten_flight_completion_does_not_evict_successor", "[schedule]") 
   // the old flight's waiters (B would hang or get a wrong outcome).
   schedule s;
   park& a_ret = s.at(hp::leader_fn_returned, A, "A parked after E1's fn");
-  sf::group<std::string, int> g;
+  sf::group<std::string, int> g{sftest::numbered()};
   gate e1_returns, e2_returns;
   result<int> a, b, c, d;
   sf::call_info b_info{}, d_info{};
@@ -378,7 +378,7 @@ TEST_CASE("newcomer_does_not_join_flight_being_stopped", "[schedule]") {
   // fn still runs (overlap).
   schedule s;
   park& a_stop_park = s.at(hp::stop_requesting, A, "A parked before request_stop");
-  sf::group<std::string, int> g(with_threads());
+  sf::group<std::string, int> g(sftest::numbered(with_threads()));
   std::atomic<int> fn_calls{0};
   std::atomic<bool> old_saw_stop{false};
   gate old_may_return;
@@ -587,7 +587,7 @@ TEST_CASE("cancelled_waiter_does_not_delete_newer_entry", "[schedule][peer]") {
   schedule s;
   park& a_ret = s.at(hp::leader_fn_returned, A, "A parked after E1's fn");
   park& b_exit = s.at(hp::caller_exiting, B, "B parked at caller_exiting");
-  sf::group<std::string, int> g;
+  sf::group<std::string, int> g{sftest::numbered()};
   gate e1_returns, e2_returns;
   std::stop_source b_stop;
   result<int> a, b, c, d;
@@ -654,7 +654,7 @@ TEST_CASE("cancelled_executor_waiter_racing_settle_does_not_delete_newer_entry",
   schedule s;
   park& run_ret = s.at(hp::leader_fn_returned, OLD_RUNNER, "runner parked after E1's fn");
   park& b_exit = s.at(hp::caller_exiting, B, "B parked at caller_exiting");
-  sf::group<std::string, int> g(with_threads());
+  sf::group<std::string, int> g(sftest::numbered(with_threads()));
   gate e1_returns, e2_returns;
   std::stop_source b_stop;
   result<int> a, b, c, d;

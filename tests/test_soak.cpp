@@ -11,7 +11,9 @@
 //  * no stale outcome: a caller's flight (call_info.flight) is newer than any
 //    flight of its key that had visibly settled (some caller had received its
 //    outcome) before the caller arrived; do_fresh's flight is newer than any
-//    flight of any key visibly started before it arrived;
+//    flight of its key visibly started before it arrived (flight numbers
+//    increase per key; across keys they say nothing once there are several
+//    shards);
 //  * identity: a value / exception carries the number of the flight that made
 //    it, which must be the flight the caller was told it was in, and every
 //    caller of one flight that was not itself cancelled sees the same outcome;
@@ -19,6 +21,11 @@
 //  * every call ends (a watchdog aborts if one runs past the bound);
 //  * stats add up exactly against the test's own counts, and in_flight() is 0
 //    after close().
+//
+// The forget oracle needs every flight number started so far (stats().flights
+// with one shard, where numbers count flights); the configurations with
+// forget() run on one shard, and one configuration runs on the default
+// shards without forget(), where any overlap is a violation.
 //
 // Seeded: the seed is printed; SINGLEFLIGHT_SOAK_SEED=<n> replays each
 // thread's sequence of operations (not the thread interleaving).
@@ -106,7 +113,8 @@ struct soak {
 
   // Staleness oracle.
   std::array<std::atomic<std::uint64_t>, n_keys> settled_floor{};
-  std::atomic<std::uint64_t> started_floor{0};
+  std::array<std::atomic<std::uint64_t>, n_keys> started_floor{};
+  bool forgets_on = true;  // only with one shard (see above)
 
   // Identity oracle: the outcome every non-cancelled caller of a flight saw.
   std::mutex om;
@@ -202,7 +210,7 @@ void run_worker(soak& s, worker_slot& slot, std::uint64_t seed, const std::atomi
     const int k = static_cast<int>(rng() % n_keys);
     const int r = pct();
     if (r < 3) {
-      s.forget(k);
+      if (s.forgets_on) s.forget(k);
       continue;
     }
     const bool fresh = pct() < 30;
@@ -248,7 +256,7 @@ void run_worker(soak& s, worker_slot& slot, std::uint64_t seed, const std::atomi
       return encode_value(k, seq);
     };
     const std::uint64_t settled_before = s.settled_floor[k].load();
-    const std::uint64_t started_before = s.started_floor.load();
+    const std::uint64_t started_before = s.started_floor[k].load();
     slot.op_started.store(steady::now().time_since_epoch().count(), std::memory_order_release);
     s.calls.fetch_add(1);
     std::stop_token tok = src ? src->get_token() : std::stop_token{};
@@ -324,7 +332,7 @@ void run_worker(soak& s, worker_slot& slot, std::uint64_t seed, const std::atomi
       s.violation("do_fresh got flight " + std::to_string(info.flight) + " but flight " +
                   std::to_string(started_before) + " had started before it arrived");
     }
-    soak::raise_to(s.started_floor, info.flight);
+    soak::raise_to(s.started_floor[k], info.flight);
     if (got != 0 && !was_cancelled) {
       s.record(info.flight, got);
       soak::raise_to(s.settled_floor[k], info.flight);
@@ -341,8 +349,10 @@ void run_soak(const char* name, sf::options opts) {
   std::fflush(stdout);
   INFO("seed " << seed);
 
+  const bool one_shard = opts.shards == 1;
   sf::group<int, long long> g(std::move(opts));
   soak s(g);
+  s.forgets_on = one_shard;
   std::array<worker_slot, n_workers> slots;
   std::atomic<bool> finished{false}, cancel_stop{false};
   std::atomic<int> exited{0};
@@ -463,6 +473,7 @@ TEST_CASE("soak: inline leaders, ownership::waiters, deadline", "[soak][slow]") 
   sf::options o;
   o.owner = sf::ownership::waiters;
   o.timeout = 10ms;
+  o.shards = 1;  // with forget(): see the oracle
   run_soak("inline/waiters", std::move(o));
 }
 
@@ -471,6 +482,7 @@ TEST_CASE("soak: thread_executor, ownership::group, deadline", "[soak][slow]") {
   o.owner = sf::ownership::group;
   o.executor = sf::thread_executor{};
   o.timeout = 10ms;
+  o.shards = 1;
   run_soak("executor/group", std::move(o));
 }
 
@@ -479,5 +491,17 @@ TEST_CASE("soak: thread_executor, ownership::waiters, deadline", "[soak][slow]")
   o.owner = sf::ownership::waiters;
   o.executor = sf::thread_executor{};
   o.timeout = 10ms;
+  o.shards = 1;
   run_soak("executor/waiters", std::move(o));
+}
+
+TEST_CASE("soak: inline leaders, ownership::waiters, deadline, default shards, no forget",
+          "[soak][slow]") {
+  // The sharded table under the same load: keys in different shards, the
+  // timer and close() across shards, stats() summed over them. Without
+  // forget(), any overlap of two fns of one key is a violation.
+  sf::options o;
+  o.owner = sf::ownership::waiters;
+  o.timeout = 10ms;
+  run_soak("inline/waiters/sharded", std::move(o));
 }

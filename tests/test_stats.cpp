@@ -151,7 +151,7 @@ TEST_CASE("calls == flights + joins + rejections after quiescence, under concurr
 }
 
 TEST_CASE("call_info: role and flight number", "[stats][call_info]") {
-  group_t g;
+  group_t g{sftest::numbered()};
 
   // A leader without followers is a leader.
   sf::call_info alone;

@@ -90,16 +90,16 @@ class completion {
 
  private:
   friend struct detail::completion_access;
-  using resolve_fn = void (*)(void*, detail::flight<T>*, detail::resolution,
+  using resolve_fn = void (*)(void*, detail::flight_value<T>*, detail::resolution,
                               std::exception_ptr) noexcept;
 
   // Adopts one reference to `f`; `group` stays alive while the completion is
   // unresolved (it counts as one of the group's users).
-  completion(void* group, resolve_fn resolve, detail::flight<T>* f) noexcept
+  completion(void* group, resolve_fn resolve, detail::flight_value<T>* f) noexcept
       : group_(group), resolve_(resolve), flight_(f) {}
 
   void finish(detail::resolution r, std::exception_ptr e) noexcept {
-    detail::flight<T>* f = std::exchange(flight_, nullptr);
+    detail::flight_value<T>* f = std::exchange(flight_, nullptr);
     if (f == nullptr) return;
     resolve_(group_, f, r, std::move(e));
     f->release();
@@ -107,14 +107,14 @@ class completion {
 
   void* group_ = nullptr;
   resolve_fn resolve_ = nullptr;
-  detail::flight<T>* flight_ = nullptr;
+  detail::flight_value<T>* flight_ = nullptr;
 };
 
 namespace detail {
 // The group's way to make a completion.
 struct completion_access {
   template <class T, class R>
-  static completion<T> make(void* group, R resolve, flight<T>* f) noexcept {
+  static completion<T> make(void* group, R resolve, flight_value<T>* f) noexcept {
     return completion<T>(group, resolve, f);
   }
 };

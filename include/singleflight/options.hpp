@@ -55,6 +55,14 @@ struct options {
   // `singleflight::thread_executor{}` (a thread per flight, owned and joined
   // by the group) or a `singleflight::thread_pool`'s executor().
   ::singleflight::executor executor;
+
+  // Shards of the group's table: keys are spread over them by hash, each
+  // under its own lock, so calls for different keys on different cores
+  // rarely meet. 0 (the default) picks 8 per hardware thread (at least 8,
+  // at most 256); any other value is rounded up to a power of two (1: one
+  // lock for the whole group). stats(), in_flight() and close() lock every
+  // shard at once, in order, so they stay exact.
+  std::size_t shards = 0;
 };
 
 }  // namespace singleflight

@@ -22,9 +22,21 @@
 #include <thread>
 #include <utility>
 
+#include <singleflight/options.hpp>
+
 namespace sftest {
 
 using namespace std::chrono_literals;
+
+// Options for a group whose flight numbers (call_info::flight) count 1, 2,
+// 3, ... in the order flights start: one shard. With several shards the
+// numbers are unique and increase for each key, but interleave across
+// shards; tests that pin exact numbers of a single key use this (the key
+// lives in one shard either way, so nothing else changes).
+inline singleflight::options numbered(singleflight::options o = {}) {
+  o.shards = 1;
+  return o;
+}
 
 // How long any single wait in a test may take before it counts as a hang.
 // Generous, because sanitizer builds on two cores are slow; a correct run

@@ -1,7 +1,7 @@
 // singleflight/detail/frames.hpp -- internal; do not include directly.
 //
 // Which threads are inside a group, kept *in the group* (guarded by the
-// group's mutex), never in a thread_local: a thread_local in a function-local
+// lock of the shard they concern), never in a thread_local: a thread_local in a function-local
 // static of an inline function is one per shared object under
 // -fvisibility=hidden (and per DLL on Windows), so two modules instantiating
 // the group would each see only their own frames.
@@ -22,12 +22,12 @@
 #include <vector>
 
 #include "../task.hpp"
-#include "flight.hpp"
+#include "wake_batch.hpp"
 
 namespace singleflight::detail {
 
 // An intrusive doubly linked list of records with `prev`/`next` members,
-// newest first. Guarded by the owning group's mutex.
+// newest first. Guarded by the lock of the shard that owns the list.
 template <class R>
 class record_list {
  public:
@@ -67,10 +67,10 @@ struct frame {
   bool linked = false;
 };
 
-// loop_record: one notification loop in progress (see group::notify). Lives
-// on the notifying thread's stack. Only that thread reads or changes
+// loop_record: one notification loop in progress (see notifier::notify).
+// Lives on the notifying thread's stack. Only that thread reads or changes
 // `batch`, `deferred` and `orphaned` (nested calls on the same thread
-// included); the group's mutex guards the links and `deferred`.
+// included); the shard's lock guards the links.
 struct loop_record {
   explicit loop_record(wake_batch* b) noexcept : batch(b) {}
   loop_record(const loop_record&) = delete;

@@ -2,25 +2,23 @@
 //
 // Forced unwinding (pthread_exit, pthread_cancel at a cancellation point:
 // the C++ analogue of Go's runtime.Goexit) runs destructors up the stack of
-// the thread that ends. With libstdc++ a `catch (...)` also catches it as
-// abi::__forced_unwind, and must rethrow it ("FATAL: exception not rethrown"
-// otherwise). Every `catch (...)` on a path where fn (or an executor running
-// fn synchronously) may end its thread is preceded by
-// SINGLEFLIGHT_RETHROW_FORCED_UNWIND; the cleanup itself is done by
-// destructors (unwind guards), which run with every C++ runtime.
+// the thread that ends. With libstdc++ a `catch (...)` also catches it, and
+// must rethrow it ("FATAL: exception not rethrown" otherwise). Every
+// `catch (...)` on a path where fn (or an executor running fn synchronously)
+// may end its thread starts with SINGLEFLIGHT_RETHROW_FOREIGN(): a forced
+// unwind is not a C++ exception, so std::current_exception() is empty for it
+// (catching it as abi::__forced_unwind& instead would bind a reference to a
+// non-object, which UBSan reports). The cleanup itself is done by destructors
+// (on_unwind guards), which run with every C++ runtime.
 #pragma once
 
+#include <exception>
 #include <utility>
 
-#if defined(__GLIBCXX__) && __has_include(<cxxabi.h>)
-#include <cxxabi.h>
-#define SINGLEFLIGHT_RETHROW_FORCED_UNWIND \
-  catch (abi::__forced_unwind&) {          \
-    throw;                                 \
-  }
-#else
-#define SINGLEFLIGHT_RETHROW_FORCED_UNWIND
-#endif
+#define SINGLEFLIGHT_RETHROW_FOREIGN()    \
+  do {                                    \
+    if (!std::current_exception()) throw; \
+  } while (false)
 
 namespace singleflight::detail {
 

@@ -1,0 +1,456 @@
+// singleflight/detail/blocking_calls.hpp -- internal; do not include directly.
+//
+// blocking_calls<Key, T, Hash, KeyEqual>: do_ and do_fresh. A call finds,
+// joins, observes or leads the flight for its key (route), then:
+//   * as the inline leader (no executor, a sync fn) runs fn on its own thread
+//     and finishes the flight (lead_inline); its stop leaves the flight from
+//     its stop callback (leave_on_stop), since it cannot stop waiting;
+//   * as a follower (or an executor leader) sleeps on the flight's signal
+//     until it is claimed or its stop fires (wait_outcome);
+//   * as an observer (the entry is a stopped fn winding down, or, for
+//     do_fresh, a flight that started before it arrived) waits for that fn to
+//     return, bounded by options.timeout from its arrival, and goes round
+//     again (observe).
+// The call's outcome is decided under the shard's lock and delivered after
+// it (result_of: a copy of T or a rethrow; to_outcome: the same as a value).
+//
+// Locking: the key's shard lock around every state change; released before
+// fn runs, before sleeping, and before any stop or notification.
+#pragma once
+
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <thread>
+#include <type_traits>
+#include <utility>
+
+#include "../errors.hpp"
+#include "../outcome.hpp"
+#include "../stats.hpp"
+#include "../stop_token.hpp"
+#include "blocking_waiters.hpp"
+#include "execution.hpp"
+#include "fn_shape.hpp"
+#include "hooks.hpp"
+#include "outcomes.hpp"
+#include "unwind.hpp"
+
+namespace singleflight::detail {
+
+template <class Key, class T, class Hash, class KeyEqual>
+class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
+  using base = execution<Key, T, Hash, KeyEqual>;
+
+ public:
+  using typename base::flight_t;
+  using typename base::kind;
+  using typename base::ref_t;
+  using typename base::shard;
+
+  explicit blocking_calls(options opts) : base(std::move(opts)) {}
+
+ protected:
+  // What one call ends with, decided under the lock and delivered after it.
+  struct ticket {
+    ref_t f;
+    kind outcome = kind::pending;
+    bool sole = false;       // the value is in the leader's own `local`, not in f
+    bool stop = false;       // request_stop on f once the lock is released
+    bool rejected = false;   // neither started nor joined
+    bool accounted = false;  // claimed by a settler, who did the bookkeeping
+    wake_batch wake;         // waiters this call claimed, to notify after unlocking
+  };
+
+  // A blocked caller's stop: wake it. Runs on the thread that requested stop
+  // and touches only the waiter and its flight.
+  struct wake_on_stop {
+    blocking_waiter* w;
+    flight_base* f;
+    void operator()() const noexcept { w->stop(*f); }
+  };
+
+  // An inline leader's stop: it cannot stop waiting (it is running fn), so it
+  // leaves right here, which may stop the flight under the ownership policy.
+  // The leader's thread destroys this callback before it stops counting as a
+  // user, so the group outlives every run of it.
+  //
+  // It runs no callback or resumption itself: the leader's thread, once fn
+  // returns, waits in ~stop_callback for this to finish, and an on_done run
+  // here that waited for that fn (a retry with a blocking do_ after
+  // cancelled_error) would never let it. Blocked followers are only woken;
+  // async ones go to the group's delivery thread.
+  struct leave_on_stop {
+    blocking_calls* g;
+    flight_t* f;
+    blocking_waiter* w;
+    void operator()() const noexcept {
+      shard& s = g->shard_of(*f);
+      bool stop = false;
+      wake_batch wake;
+      {
+        std::lock_guard<std::mutex> lk(s.mu);
+        // A flight that already settled keeps its outcome for the leader.
+        if (w->stop_fired.load(std::memory_order_relaxed) || f->kind != kind::pending) return;
+        w->stop_fired.store(true, std::memory_order_relaxed);  // read under this lock
+        stop = g->leave(s, *f, /*is_leader=*/true, wake);
+      }
+      if (stop) {  // stop first, then notify: a notified waiter may block on this fn
+#if defined(SINGLEFLIGHT_TEST_HOOKS)
+        ::singleflight::detail::hook(::singleflight::detail::hook_point::stop_requesting, g);
+#endif
+        f->stop.request_stop();
+      }
+      wake_batch async;
+      wake.split([](const waiter& x) { return x.async; }, async);
+      wake.signal_all();  // blocked threads: no user code
+      if (!async.empty() && !g->queue_delivery(s, async)) base::notify(g, s, async);  // closing
+    }
+  };
+
+  // call_with(key, fn, caller, fresh, info, local)
+  //
+  // The whole blocking call but the delivery: returns the ticket once the
+  // call no longer counts as a user of the group (only the flight, held by
+  // the ticket, may be touched afterwards). Immediate outcomes (closed, an
+  // already stopped caller, max_in_flight) are tickets too. Throws, with
+  // nothing attached, only what Hash, KeyEqual, Key's copy or allocation
+  // throw, and std::logic_error (self-deadlock).
+  template <class P, class F>
+  ticket call_with(const P& key, F&& fn, const stop_token& caller, bool fresh, call_info* info,
+                   std::optional<T>& local) {
+    if (info != nullptr) *info = call_info{};
+    const std::uint64_t m = base::mix(this->hash_(key));  // user code: outside the lock
+    shard& s = this->shard_of(m);
+    blocking_waiter w;
+    ticket t;
+    SINGLEFLIGHT_HOOK(caller_entering);
+    {
+      std::unique_lock<std::mutex> lk(s.mu);
+      ++s.st.calls;
+      if (s.closed || caller.stop_requested()) {
+        t = rejected(s.closed ? kind::closed : kind::cancelled);
+        ++s.st.rejections;
+        if (t.outcome == kind::cancelled) ++s.st.cancellations;
+        return t;
+      }
+      this->enter_user(s);
+      try {
+        t = route(lk, s, key, m, std::forward<F>(fn), caller, fresh, w, local, info);
+      }
+      // fn ended this thread (an inline leader): lead_inline settled the
+      // flight and gave back this call's count.
+      catch (...) {
+        SINGLEFLIGHT_RETHROW_FOREIGN();
+        // Every throw inside route() happens under the lock and before the
+        // call attached to anything: nothing to roll back but the counts.
+        if (!lk.owns_lock()) lk.lock();
+        ++s.st.rejections;
+        this->exit_user(s);
+        throw;
+      }
+      if (!t.accounted) {
+        if (t.rejected) ++s.st.rejections;
+        if (t.outcome == kind::cancelled) ++s.st.cancellations;
+        this->exit_user(s);
+      }
+    }
+    // No longer a user: only the flight (t.f) and the waiters in t.wake.
+    SINGLEFLIGHT_HOOK(caller_exiting);
+    if (t.stop) {  // stop first, then notify: a notified waiter may wait for this fn
+      SINGLEFLIGHT_HOOK(stop_requesting);
+      t.f->stop.request_stop();
+    }
+    base::notify(this, s, t.wake);
+    return t;
+  }
+
+  // to_outcome(t, local, info): the same as an outcome, without a throw.
+  static outcome<T> to_outcome(ticket& t, std::optional<T>& local, const call_info& info) noexcept {
+    switch (t.outcome) {
+      case kind::value:
+        try {
+          if (t.sole) return outcome<T>(from_flight, info, std::in_place, std::move(*local));
+          return outcome<T>(from_flight, info, std::in_place, *t.f->value);  // our own copy
+        } catch (...) {
+          return outcome<T>(from_flight, info, status::failed, std::current_exception());
+        }
+      case kind::fn_error:
+      case kind::dropped:
+        return outcome<T>(from_flight, info, status::failed, t.f->error);
+      default:
+        return outcome<T>(from_flight, info, status_of(t.outcome), shared_error(t.outcome));
+    }
+  }
+
+  // result_of(t, local): this caller's copy of the value, or the rethrow.
+  static T result_of(ticket& t, std::optional<T>& local) {
+    switch (t.outcome) {
+      case kind::value:
+        if (t.sole) return std::move(*local);
+        return *t.f->value;  // each caller's own copy, made outside the lock
+      case kind::fn_error:
+      case kind::dropped:
+        std::rethrow_exception(t.f->error);
+      case kind::cancelled:
+        throw cancelled_error();
+      case kind::closed:
+        throw closed_error();
+      case kind::timeout:
+        throw timeout_error();
+      case kind::overloaded:
+        throw overloaded_error();
+      case kind::pending:
+        break;
+    }
+    throw error("singleflight: internal error (pending outcome)");
+  }
+
+ private:
+  // Finds, joins, waits for or starts the flight. Called with `lk` held;
+  // returns with it held unless the ticket is `accounted`; throws only while
+  // holding it and before attaching.
+  template <class P, class F>
+  ticket route(std::unique_lock<std::mutex>& lk, shard& s, const P& key, std::uint64_t m, F&& fn,
+               const stop_token& caller, bool fresh, blocking_waiter& w, std::optional<T>& local,
+               call_info* info) {
+    const std::uint64_t arrival = s.seq;
+    std::optional<steady::time_point> wait_deadline;
+    for (;;) {
+      if (s.closed) return rejected(kind::closed);
+      if (caller.stop_requested()) return rejected(kind::cancelled);  // after an observe
+      flight_t* f = this->find(s, key, m);
+      if (f == nullptr) return lead(lk, s, key, m, std::forward<F>(fn), caller, w, local, info);
+      if (f->runner == std::this_thread::get_id()) {
+        throw std::logic_error(
+            "singleflight: fn called do_ for its own key on the thread running it; it would "
+            "wait for itself forever");
+      }
+      if (f->kind == kind::pending && (!fresh || f->seq > arrival)) {
+        ++f->waiters;
+        ++s.st.joins;
+        if (info != nullptr) *info = call_info{role::follower, number(*f)};
+        w.reset(/*as_observer=*/false);
+        f->list.push(w);
+        return wait_outcome(lk, s, ref_t::share(f), caller, w, /*is_leader=*/false);
+      }
+      // The entry is a stopped fn winding down, or (do_fresh) a flight that
+      // started before we arrived: wait until its fn returns, then go again.
+      if (this->opts_.timeout > std::chrono::nanoseconds::zero() && !wait_deadline) {
+        wait_deadline = after(steady::now(), this->opts_.timeout);  // from arrival, once
+      }
+      const kind k = observe(lk, s, ref_t::share(f), caller, w, wait_deadline);
+      if (k != kind::pending) return rejected(k);
+    }
+  }
+
+  static ticket rejected(kind k) {
+    ticket t;
+    t.outcome = k;
+    t.rejected = true;
+    return t;
+  }
+
+ protected:
+  // The flight's number as call_info reports it: unique within the group
+  // (the shard's count interleaved with the shard's index); with one shard
+  // it counts flights from 1 in the order they started.
+  std::uint64_t number(const flight_base& f) const noexcept {
+    return (f.seq - 1) * this->shard_count() + f.shard + 1;
+  }
+
+ private:
+  // Waits, as an observer, until f's fn has returned. Returns pending to go
+  // round again, or the reason to give up. Called and returns with `lk` held.
+  kind observe(std::unique_lock<std::mutex>& lk, shard& s, ref_t f, const stop_token& caller,
+               blocking_waiter& w, const std::optional<steady::time_point>& deadline) {
+    w.reset(/*as_observer=*/true);
+    f->list.push(w);
+    lk.unlock();
+    this->drain_own();  // we may be waiting for what this thread itself holds back
+    bool claimed;
+    {
+      std::optional<stop_callback<wake_on_stop>> cb;
+      if (caller.stop_possible()) cb.emplace(caller, wake_on_stop{&w, f.get()});
+      claimed = w.await(*f, deadline ? &*deadline : nullptr);
+    }
+    if (claimed || !w.try_leave()) {
+      // Claimed: fn returned, forget() or close(). Observers still count as
+      // users, so it is safe to take the lock again.
+      lk.lock();
+      return s.closed ? kind::closed : kind::pending;
+    }
+    lk.lock();
+    if (w.linked) f->list.erase(w);  // a settle that lost the claim to us unlinked it already
+    return w.stop_fired.load(std::memory_order_acquire) ? kind::cancelled : kind::timeout;
+  }
+
+ protected:
+  // Blocks until f settles (claimed) or the caller's token fires (leaves).
+  // Called with `lk` held and `w` linked; returns with `lk` held, or
+  // released when the ticket is `accounted`.
+  ticket wait_outcome(std::unique_lock<std::mutex>& lk, shard& s, ref_t f, const stop_token& caller,
+                      blocking_waiter& w, bool is_leader) {
+    lk.unlock();
+    this->drain_own();  // we may be waiting for what this thread itself holds back
+    bool claimed;
+    {
+      std::optional<stop_callback<wake_on_stop>> cb;
+      if (caller.stop_possible()) cb.emplace(caller, wake_on_stop{&w, f.get()});
+      claimed = w.await(*f, nullptr);
+    }
+    ticket t;
+    if (!claimed && w.try_leave()) {
+      // Our own stop came first, and no settler can claim us now: leave.
+      lk.lock();
+      if (w.linked) f->list.erase(w);  // a settle that lost the claim to us unlinked it already
+      t.outcome = kind::cancelled;
+      t.stop = this->leave(s, *f, is_leader, t.wake);
+      t.f = std::move(f);
+      return t;  // lock held: the caller does the bookkeeping
+    }
+    // Claimed (perhaps at the same moment as our stop: the outcome wins).
+    // The settler did our bookkeeping and no longer counts us as a user:
+    // from here on the group is off limits. It published f->kind before the
+    // claim, which our read of the claimed state orders before this read.
+    t.outcome = f->kind;
+    t.f = std::move(f);
+    t.accounted = true;
+    return t;
+  }
+
+ private:
+  // Starts a new flight for `key` with this caller as its leader.
+  template <class P, class F>
+  ticket lead(std::unique_lock<std::mutex>& lk, shard& s, const P& key, std::uint64_t m, F&& fn,
+              const stop_token& caller, blocking_waiter& w, std::optional<T>& local,
+              call_info* info) {
+    using Fn = std::decay_t<F>;
+    if (!this->reserve_entry()) {
+      ++s.st.overloaded;
+      return rejected(kind::overloaded);
+    }
+    flight_t* f = nullptr;
+    try {
+      f = this->acquire(s, base::template needs_stop<Fn>);
+      this->insert(s, key, m, f);
+    } catch (...) {
+      this->unreserve_entry();
+      if (f != nullptr) f->release();
+      throw;
+    }
+    // Committed: nothing below throws.
+    this->started(s, f);
+    if (info != nullptr) *info = call_info{role::leader, number(*f)};
+    ref_t mine = ref_t::share(f);
+
+    if constexpr (!async_fn<Fn, T>) {
+      if (!this->opts_.executor) return lead_inline(lk, s, std::move(mine), fn, caller, w, local);
+    }
+
+    // Executor, or an async fn: package fn into a task, hand it off (to the
+    // executor; an async fn without one is started right here) and wait like
+    // everyone else. The leader counts in f->waiters from the start, but
+    // links its waiter only once the hand-off is over: a waiter claimed while
+    // this thread still had to come back for the lock would be counted out
+    // too early (found by the spin model: close() could return while the
+    // leader was in here).
+    ticket t;
+    {
+      // The executor (or an async fn started here) is user code run while
+      // this caller's count is held: close() from it must not wait for it.
+      frame fr;
+      s.frames.push(fr);
+      // A synchronous executor's fn may end this thread: run_task fails the
+      // flight; this caller's count goes here (call_with rethrows untouched).
+      on_unwind unwind([&] {
+        if (!lk.owns_lock()) lk.lock();
+        s.frames.erase(fr);
+        this->exit_user(s);
+        lk.unlock();
+      });
+      t.stop = this->hand_off(lk, f, std::forward<F>(fn), t.wake);
+      unwind.disarm();
+      s.frames.erase(fr);
+    }
+    if (f->kind != kind::pending) {
+      // Settled while we were submitting (the task ran, the deadline, close,
+      // or the failure above): take the outcome directly.
+      t.outcome = f->kind;
+      t.f = std::move(mine);
+      return t;  // lock held: the caller does the bookkeeping
+    }
+    w.reset(/*as_observer=*/false);
+    f->list.push(w);
+    return wait_outcome(lk, s, std::move(mine), caller, w, /*is_leader=*/true);
+  }
+
+  // Runs fn on the leader's own thread. The leader counts as a waiter and
+  // leaves through its stop callback, since it cannot stop waiting.
+  template <class F>
+  ticket lead_inline(std::unique_lock<std::mutex>& lk, shard& s, ref_t mine, F& fn,
+                     const stop_token& caller, blocking_waiter& w, std::optional<T>& local) {
+    flight_t* f = mine.get();
+    w.reset(/*as_observer=*/false);
+    ++s.st.fn_starts;
+    // While fn runs: this thread runs f (self-deadlock check) and holds this
+    // call's count (close() from inside fn does not wait for it).
+    f->runner = std::this_thread::get_id();
+    frame fr;
+    s.frames.push(fr);
+    // fn may end this thread (pthread_exit): fail the flight for the others,
+    // free the key, give back this call's count, then let the unwind go on.
+    on_unwind unwind([&] {
+      wake_batch wake;
+      {
+        std::lock_guard<std::mutex> relock(s.mu);
+        this->abandon(s, f, fr, wake);
+        this->exit_user(s);  // this call's (call_with rethrows without touching it)
+      }
+      base::notify(this, s, wake);
+    });
+    lk.unlock();
+    kind k;
+    std::exception_ptr err;
+    {
+      std::optional<stop_callback<leave_on_stop>> cb;
+      if (caller.stop_possible()) cb.emplace(caller, leave_on_stop{this, f, &w});
+      k = base::invoke_fn(local, err, f, fn);
+    }
+    unwind.disarm();
+    SINGLEFLIGHT_HOOK(leader_fn_returned);
+    lk.lock();
+    ticket t;
+    if (k == kind::value && f->kind == kind::pending && f->list.has_followers()) {
+      // Followers need the value in the flight. Move it there outside the
+      // lock (T's move is user code); nobody reads it before the settle.
+      lk.unlock();
+      try {
+        f->value.emplace(std::move(*local));
+      } catch (...) {
+        err = std::current_exception();
+        k = kind::fn_error;
+      }
+      local.reset();
+      lk.lock();
+    }
+    f->runner = std::thread::id{};
+    s.frames.erase(fr);
+    if (k == kind::fn_error && f->kind == kind::pending) f->error = std::move(err);
+    const bool sole = k == kind::value && f->kind == kind::pending;  // nobody else reads it
+    this->finish(s, f, k, t.wake);
+    t.outcome = w.stop_fired.load(std::memory_order_relaxed) ? kind::cancelled : f->kind;
+    if (sole && local) {
+      t.sole = true;
+      this->recycle(s, mine);  // no one else can reach it: keep it for the next start
+    }
+    if (!t.sole) local.reset();
+    t.f = std::move(mine);
+    return t;
+  }
+};
+
+}  // namespace singleflight::detail

@@ -1,0 +1,203 @@
+// singleflight/detail/deadlines.hpp -- internal; do not include directly.
+//
+// deadlines<Key, T, Hash, KeyEqual>: the group's timer and delivery threads.
+//   * The timer (started when options.timeout > 0) settles flights whose
+//     deadline passed, and times out async observers whose bound ran out, one
+//     shard at a time. It runs no callback and no resumption (one that
+//     blocked there would hold back every other deadline): it stops the
+//     settled flights' tokens (fn's stop callbacks run here, as on any
+//     thread that requests a stop), then wakes blocked waiters, then hands
+//     async waiters to the delivery thread.
+//   * The delivery thread (started the first time it is needed) runs those
+//     callbacks and resumptions, one batch after another; also those of an
+//     inline leader's stop (see blocking_calls.hpp). A callback that blocks
+//     there delays the next deliveries, never a deadline.
+// Both are owned threads (owned_thread.hpp): never joined by themselves, and
+// orphaned if the group is destroyed by code they run.
+//
+// Locking: the delivery queue and the threads' handles are guarded by
+// service_mu_ (taken after a shard's lock, never before one); the deadline
+// lists by their shard's lock; the timer's sleep by the timer gate.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <mutex>
+#include <utility>
+
+#include "hooks.hpp"
+#include "notification.hpp"
+#include "observers.hpp"
+#include "owned_thread.hpp"
+
+namespace singleflight::detail {
+
+template <class Key, class T, class Hash, class KeyEqual>
+class deadlines : public notifier<Key, T, Hash, KeyEqual> {
+  using base = notifier<Key, T, Hash, KeyEqual>;
+
+ public:
+  using typename base::kind;
+  using typename base::shard;
+
+  // Throws std::system_error when the timer is needed and cannot start.
+  explicit deadlines(options opts) : base(std::move(opts)) {
+    if (this->opts_.timeout > std::chrono::nanoseconds::zero()) {
+      timer_ = owned_thread([this](owned_thread::home& h) { timer_loop(h); });
+    }
+  }
+
+ protected:
+  // Hands a batch of async waiters of shard s to the delivery thread,
+  // starting it the first time. False when it cannot (the group's threads
+  // are stopping, or no thread could be started): the caller then delivers
+  // them itself.
+  bool queue_delivery(shard& s, wake_batch& batch) noexcept {
+    std::lock_guard<std::mutex> lk(service_mu_);
+    if (delivery_stop_) return false;
+    try {
+      if (!delivery_.started()) {
+        delivery_ = owned_thread([this](owned_thread::home& h) { delivery_loop(h); });
+      }
+      delivery_q_.emplace_back(&s, std::move(batch));
+    } catch (...) {
+      return false;  // std::system_error or bad_alloc: deliver here
+    }
+    delivery_cv_.notify_one();
+    return true;
+  }
+
+  // Claims (under s's lock) an async observer whose bound ran out: it is
+  // delivered timeout_error (a leaving one has unlinked itself).
+  void bound_expired(shard& s, bounded_wait& n, wake_batch& wake) noexcept {
+    s.bounds.unlink(n);
+    if (!n.try_claim()) return;
+    n.observing->erase(n);
+    n.observer = false;
+    n.result = kind::timeout;
+    ++s.st.rejections;
+    this->exit_user(s);
+    wake.add(n);
+  }
+
+  // Links an async observer's bound (taken at its first wait) in shard s.
+  void link_bound(shard& s, bounded_wait& n) noexcept {
+    if (!n.wait_deadline) n.wait_deadline = after(steady::now(), this->opts_.timeout);
+    s.bounds.link(n);
+    this->gate_.linked(*n.wait_deadline);
+  }
+
+  // ---- for lifecycle (join) -----------------------------------------------
+
+  owned_thread timer_;          // guarded by join (see lifecycle)
+  std::mutex service_mu_;       // guards what follows
+  owned_thread delivery_;       // started under service_mu_
+  bool delivery_stop_ = false;  // no more batches: finish the queue and exit
+  std::deque<std::pair<shard*, wake_batch>> delivery_q_;
+  std::condition_variable delivery_cv_;
+
+  // Delivers what is queued, here (the destructor on the delivery thread).
+  void deliver_queue_here() noexcept {
+    for (;;) {
+      std::pair<shard*, wake_batch> item;
+      {
+        std::lock_guard<std::mutex> lk(service_mu_);
+        if (delivery_q_.empty()) return;
+        item = std::move(delivery_q_.front());
+        delivery_q_.pop_front();
+      }
+      base::notify(this, *item.first, item.second);
+    }
+  }
+
+ private:
+  void timer_loop(owned_thread::home& self) {
+    for (;;) {
+      this->gate_.scanning();
+      auto next = steady::time_point::max();
+      for (std::size_t i = 0; i < this->shard_count(); ++i) {
+        if (!expire(this->shard_at(i), self, next)) return;  // orphaned
+      }
+      if (!this->gate_.sleep_until(next)) return;
+    }
+  }
+
+  // Settles shard s's flights whose deadline passed and times out its async
+  // observers whose bound ran out; lowers `next` to the shard's next
+  // deadline. False when the group was destroyed meanwhile (by a stop
+  // callback run here): the thread must touch nothing of it any more.
+  bool expire(shard& s, owned_thread::home& self, steady::time_point& next) {
+    flight_base* to_stop = nullptr;
+    wake_batch wake;
+    {
+      std::unique_lock<std::mutex> lk(s.mu);
+      const auto now = steady::now();
+      const auto due = [&] {
+        return (s.deadlines.head() != nullptr && s.deadlines.head()->deadline <= now) ||
+               (s.bounds.head() != nullptr && *s.bounds.head()->wait_deadline <= now);
+      };
+      if (due()) {
+        SINGLEFLIGHT_HOOK_UNLOCKED(lk, timer_due);
+        while (s.deadlines.head() != nullptr && s.deadlines.head()->deadline <= now) {
+          flight_base* f = s.deadlines.head();
+          this->settle(s, *f, kind::timeout, wake);  // unlinks f from the list
+          if (f->stop.stop_possible()) {
+            f->retain();
+            f->stop_next = to_stop;
+            to_stop = f;
+          }
+        }
+        while (s.bounds.head() != nullptr && *s.bounds.head()->wait_deadline <= now) {
+          bound_expired(s, *s.bounds.head(), wake);
+        }
+      }
+      if (s.deadlines.head() != nullptr && s.deadlines.head()->deadline < next)
+        next = s.deadlines.head()->deadline;
+      if (s.bounds.head() != nullptr && *s.bounds.head()->wait_deadline < next)
+        next = *s.bounds.head()->wait_deadline;
+    }
+    if (to_stop == nullptr && wake.empty()) return true;
+    wake_batch async;
+    wake.split([](const waiter& w) { return w.async; }, async);
+    if (to_stop != nullptr) SINGLEFLIGHT_HOOK(stop_requesting);
+    stop_all(to_stop);  // stop first (fn's stop callbacks run here), then notify
+    wake.signal_all();  // blocked threads only: no user code
+    if (self.orphaned || (!async.empty() && !queue_delivery(s, async))) {
+      // A stop callback destroyed the group (on this thread), or the
+      // delivery thread is unavailable: deliver here. A batch without
+      // observers touches nothing of the group.
+      base::notify(this, s, async);
+    }
+    return !self.orphaned;
+  }
+
+  void delivery_loop(owned_thread::home& self) {
+    std::unique_lock<std::mutex> lk(service_mu_);
+    for (;;) {
+      delivery_cv_.wait(lk, [this] { return delivery_stop_ || !delivery_q_.empty(); });
+      if (delivery_q_.empty()) return;  // asked to stop, and everything delivered
+      std::pair<shard*, wake_batch> item = std::move(delivery_q_.front());
+      delivery_q_.pop_front();
+      lk.unlock();
+      base::notify(this, *item.first, item.second);  // may re-enter, close or destroy the group
+      if (self.orphaned) return;
+      lk.lock();
+    }
+  }
+
+ public:
+  // Stops every collected flight, then releases it; call without any lock.
+  static void stop_all(flight_base* head) noexcept {
+    while (head != nullptr) {
+      flight_base* f = head;
+      head = f->stop_next;
+      f->stop_next = nullptr;
+      f->stop.request_stop();
+      f->release();
+    }
+  }
+};
+
+}  // namespace singleflight::detail

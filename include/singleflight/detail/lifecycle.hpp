@@ -1,0 +1,185 @@
+// singleflight/detail/lifecycle.hpp -- internal; do not include directly.
+//
+// lifecycle<Key, T, Hash, KeyEqual>: close() and the drain. close() marks
+// every shard closed (new calls are rejected from then on), settles every
+// unsettled flight with closed_error, stops their tokens, notifies, and
+// waits until each shard's drain count (`users`: calls inside, unfinished
+// tasks, unresolved completions, notification loops) is down to what the
+// calling thread itself holds. Then it joins the group's threads, never the
+// one it runs on. Also the thread_executor workers: started here, reaped
+// when the next one starts, joined by close().
+//
+// Locking: shard locks as in flight_table.hpp (all of them, in index order,
+// to mark the group closed); workers_ is guarded by workers_mu_; join_mu_
+// serialises joins, so a second close() returns only once the first has
+// joined everything.
+#pragma once
+
+#include <chrono>
+#include <list>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <utility>
+
+#include "../executor.hpp"
+#include "../task.hpp"
+#include "deadlines.hpp"
+#include "hooks.hpp"
+#include "owned_thread.hpp"
+
+namespace singleflight::detail {
+
+template <class Key, class T, class Hash, class KeyEqual>
+class lifecycle : public deadlines<Key, T, Hash, KeyEqual> {
+  using base = deadlines<Key, T, Hash, KeyEqual>;
+
+ public:
+  using typename base::kind;
+  using typename base::shard;
+
+  explicit lifecycle(options opts) : base(std::move(opts)) {}
+
+ protected:
+  // close_until(until, destroying)
+  //
+  // close() (until: nullopt) or close_for(). Returns false when `until`
+  // passed before the drain. `destroying`: ~group, which also joins (or
+  // orphans) the threads that close() called from inside the group leaves
+  // alone.
+  bool close_until(std::optional<steady::time_point> until, bool destroying) {
+    bool first = false;
+    this->lock_all();
+    if (!this->shard_at(0).closed) {
+      first = true;
+      for (std::size_t i = 0; i < this->shard_count(); ++i) this->shard_at(i).closed = true;
+    }
+    this->unlock_all();
+    if (first) {
+      for (std::size_t i = 0; i < this->shard_count(); ++i) close_shard(this->shard_at(i));
+      SINGLEFLIGHT_HOOK(close_marked);
+    }
+    this->drain_own();
+    const auto me = std::this_thread::get_id();
+    bool inside = false;  // called from code this thread runs inside the group
+    for (std::size_t i = 0; i < this->shard_count(); ++i) {
+      shard& s = this->shard_at(i);
+      std::unique_lock<std::mutex> lk(s.mu);
+      const std::size_t own = base::held_in(s, me);
+      inside = inside || own != 0;
+      const auto drained = [&] { return s.users <= own; };
+      if (until) {
+        if (!s.drain_cv.wait_until(lk, *until, drained)) return false;
+      } else {
+        s.drain_cv.wait(lk, drained);
+      }
+    }
+    if (inside && !destroying) return true;  // inside fn or a loop: the destructor joins
+    join_threads(destroying);
+    return true;
+  }
+
+  // Hands a task to the executor (user code: no lock of the group held), or
+  // starts a thread_executor worker: a thread the group owns, which touches
+  // nothing of the group once its task has returned.
+  void submit(task tk) {
+    if (!this->opts_.executor.owns_threads()) {
+      executor_access::submit(this->opts_.executor, std::move(tk));
+      return;
+    }
+    std::lock_guard<std::mutex> lk(workers_mu_);
+    for (auto it = workers_.begin(); it != workers_.end();) {  // reap the finished ones
+      if (it->finished() && it->join_unless_current()) {
+        it = workers_.erase(it);  // it had finished: the join returned at once
+      } else {
+        ++it;
+      }
+    }
+    workers_.emplace_back([body = std::move(tk)](owned_thread::home&) mutable { body(); });
+  }
+
+ private:
+  // Settles shard s's unsettled flights with closed_error, ends its
+  // observers' waits, stops the flights, then notifies.
+  void close_shard(shard& s) {
+    flight_base* to_stop = nullptr;
+    wake_batch wake;
+    {
+      std::lock_guard<std::mutex> lk(s.mu);
+      for (flight_base* f = s.live; f != nullptr; f = f->live_next) {
+        if (f->kind == kind::pending) {
+          this->settle(s, *f, kind::closed, wake);
+          if (f->stop.stop_possible()) {
+            f->retain();
+            f->stop_next = to_stop;
+            to_stop = f;
+          }
+        }
+        claim_observers(*f, s.bounds, wake);
+      }
+    }
+    if (to_stop != nullptr) SINGLEFLIGHT_HOOK(stop_requesting);
+    base::stop_all(to_stop);  // stop first, then notify
+    base::notify(this, s, wake);
+  }
+
+  // Joins the group's threads: the timer first (then nothing new reaches the
+  // delivery thread), then the delivery thread (which delivers what is
+  // queued first), then the thread_executor workers. Never the calling
+  // thread: close() leaves it to the destructor; the destructor detaches it
+  // (orphaned: it touches nothing of the group any more).
+  void join_threads(bool destroying) {
+    std::lock_guard<std::mutex> serial(join_mu_);
+    this->gate_.stop();
+    bool timer_gone = true;
+    if (destroying) {
+      this->timer_.join_or_orphan();
+    } else {
+      timer_gone = this->timer_.join_unless_current();
+    }
+    if (timer_gone) {
+      owned_thread delivery;
+      {
+        std::lock_guard<std::mutex> lk(this->service_mu_);
+        this->delivery_stop_ = true;
+        this->delivery_cv_.notify_all();
+        delivery = std::move(this->delivery_);
+      }
+      if (!delivery.is_current()) {
+        delivery.join_unless_current();
+      } else if (destroying) {
+        // ~group inside a callback on the delivery thread: deliver the rest
+        // here, then let the thread go.
+        this->deliver_queue_here();
+        delivery.join_or_orphan();
+      } else {
+        std::lock_guard<std::mutex> lk(this->service_mu_);
+        this->delivery_ = std::move(delivery);  // it finishes the queue; the destructor joins it
+      }
+    }
+    std::list<owned_thread> workers;
+    {
+      std::lock_guard<std::mutex> lk(workers_mu_);
+      workers.splice(workers.end(), workers_);
+    }
+    for (auto it = workers.begin(); it != workers.end();) {
+      if (destroying) {
+        it->join_or_orphan();
+      } else if (!it->join_unless_current()) {
+        ++it;  // this very thread: kept for the destructor
+        continue;
+      }
+      it = workers.erase(it);
+    }
+    if (!workers.empty()) {
+      std::lock_guard<std::mutex> lk(workers_mu_);
+      workers_.splice(workers_.end(), workers);
+    }
+  }
+
+  std::mutex join_mu_;
+  std::mutex workers_mu_;
+  std::list<owned_thread> workers_;  // guarded by workers_mu_
+};
+
+}  // namespace singleflight::detail

@@ -1,0 +1,138 @@
+// singleflight/detail/notification.hpp -- internal; do not include directly.
+//
+// notifier<Key, T, Hash, KeyEqual>: the layer that hands claimed waiters
+// their outcome once the shard's lock is released, and the part of "where
+// user code runs" that concerns notification loops:
+//   * notify() wakes a batch's blocked waiters (one broadcast per flight) and
+//     runs its async waiters' callbacks and resumptions, in arrival order;
+//   * a batch with async observers (which go round again, still counting as
+//     users) is a loop the group must know about: it is registered in its
+//     shard (loop_record) while it runs, so that a callback later in the
+//     batch that blocks inside the group (do_, close()) first runs the rest
+//     of it and the flights it deferred (drain_own) instead of waiting for
+//     them forever.
+//
+// Locking: loop records are linked under their shard's lock; their contents
+// belong to the thread running the loop. No lock is held while user code
+// runs.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "flight_table.hpp"
+#include "frames.hpp"
+#include "wake_batch.hpp"
+
+namespace singleflight::detail {
+
+template <class Key, class T, class Hash, class KeyEqual>
+class notifier : public flight_table<Key, T, Hash, KeyEqual> {
+  using base = flight_table<Key, T, Hash, KeyEqual>;
+
+ public:
+  using typename base::shard;
+
+  explicit notifier(options opts) : base(std::move(opts)) {}
+
+  // notify(g, s, wake)
+  //
+  // Notifies a batch claimed under s's lock; called without any lock.
+  // Static: a batch without async observers is notified without touching
+  // the group, which may be gone by then (the caller no longer counts as a
+  // user). A batch with them registers a loop record (with a user count of
+  // its own, so that it can unregister: the group stays alive meanwhile).
+  static void notify(notifier* g, shard& s, wake_batch& wake) noexcept {
+    if (!wake.has_observers()) {
+      wake.signal_all();
+      return;
+    }
+    loop_record rec(&wake);
+    {
+      std::lock_guard<std::mutex> lk(s.mu);
+      g->enter_user(s);
+      s.loops.push(rec);
+      g->loops_registered_.fetch_add(1, std::memory_order_relaxed);
+    }
+    g->run_loop(rec);
+    if (rec.orphaned) return;  // code this loop ran destroyed the group
+    std::lock_guard<std::mutex> lk(s.mu);
+    s.loops.erase(rec);
+    g->loops_registered_.fetch_sub(1, std::memory_order_relaxed);
+    g->exit_user(s);
+  }
+
+ protected:
+  // Notifies what is left of a loop's batch, then runs the flights started
+  // inside it (deferred by hand_off), including any started meanwhile. On
+  // the loop's own thread, without any lock. A forced unwind out of a
+  // deferred fn meets this noexcept frame: std::terminate (documented).
+  void run_loop(loop_record& rec) noexcept {
+    for (;;) {
+      rec.batch->signal_all();
+      if (rec.orphaned || rec.deferred.empty()) return;
+      task t = std::move(rec.deferred.front());
+      rec.deferred.erase(rec.deferred.begin());
+      t();
+    }
+  }
+
+  // A thread about to block inside the group first runs what it itself holds
+  // back: the rest of its notification loops and the flights started in
+  // them. Called without any lock. Costs one relaxed load when no loop is
+  // registered: a thread that registered one did the increment itself, so
+  // it sees it (memory ordering: relaxed suffices for that).
+  void drain_own() {
+    if (loops_registered_.load(std::memory_order_relaxed) == 0) return;
+    const auto me = std::this_thread::get_id();
+    for (;;) {
+      loop_record* r = nullptr;
+      for (std::size_t i = 0; i < this->shard_count() && r == nullptr; ++i) {
+        shard& s = this->shard_at(i);
+        std::lock_guard<std::mutex> lk(s.mu);
+        r = loop_with_work(s.loops, me);
+      }
+      if (r == nullptr) return;
+      run_loop(*r);
+    }
+  }
+
+  // The user counts `me` holds in shard s (its frames and loops): close()
+  // from code this thread runs does not wait for them. Under s's lock.
+  static std::size_t held_in(const shard& s, std::thread::id me) noexcept {
+    return held_by(s.frames, s.loops, me);
+  }
+
+  // The innermost loop this thread runs in shard s, if any (a flight started
+  // by an observer going round again is deferred to it). Under s's lock.
+  static loop_record* current_loop(const shard& s) noexcept {
+    return innermost_loop(s.loops, std::this_thread::get_id());
+  }
+
+  // Marks every loop of this thread orphaned and unlinks it (the destructor,
+  // run by code one of them called). Takes each shard's lock.
+  void orphan_own_loops() noexcept {
+    const auto me = std::this_thread::get_id();
+    for (std::size_t i = 0; i < this->shard_count(); ++i) {
+      shard& s = this->shard_at(i);
+      std::lock_guard<std::mutex> lk(s.mu);
+      for (loop_record* l = s.loops.head(); l != nullptr;) {
+        loop_record* next = l->next;
+        if (l->thread == me) {
+          l->orphaned = true;
+          s.loops.erase(*l);
+          loops_registered_.fetch_sub(1, std::memory_order_relaxed);
+        }
+        l = next;
+      }
+    }
+  }
+
+ private:
+  std::atomic<std::size_t> loops_registered_{0};
+};
+
+}  // namespace singleflight::detail
