@@ -44,12 +44,7 @@
 #include <vector>
 
 #include "baselines.hpp"
-// include/singleflight/detail/flight.hpp trips -Wshadow (constructor parameter
-// `seq` shadows the member `seq`); the bench is built with -Werror -Wshadow.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wshadow"
 #include "singleflight/singleflight.hpp"
-#pragma GCC diagnostic pop
 
 // ---------------------------------------------------------------------------
 // Counting allocator
@@ -899,6 +894,63 @@ void register_churn() {
       ->MinTime(0.2);
 }
 
+// ---------------------------------------------------------------------------
+// 9. Calls that end in an error the caller expects: do_ + catch against
+//    try_do (no throw; the library's errors are shared exception objects).
+//    "cancelled": the caller's token is already stopped; "closed": the group
+//    is closed; "value": the plain leader path, to show try_do costs nothing
+//    there.
+// ---------------------------------------------------------------------------
+enum class nothrow_case { cancelled, closed, value };
+
+void bm_nothrow(benchmark::State& state, nothrow_case c, bool use_try) {
+  singleflight::group<std::string, value_t> g;
+  const std::string key = make_key(7, 7);
+  value_t x = 0;
+  auto fn = [&x] { return ++x; };
+  std::stop_source stopped;
+  stopped.request_stop();
+  std::stop_token tok = c == nothrow_case::cancelled ? stopped.get_token() : std::stop_token{};
+  if (c == nothrow_case::closed) g.close();
+  (void)g.try_do(key, fn);  // warm
+  std::uint64_t errors = 0;
+  const alloc::probe p;
+  for (auto _ : state) {
+    if (use_try) {
+      auto o = g.try_do(key, fn, tok);
+      errors += o.status() != singleflight::status::value;
+      benchmark::DoNotOptimize(o);
+    } else {
+      try {
+        benchmark::DoNotOptimize(g.do_(key, fn, tok));
+      } catch (const singleflight::error&) {
+        ++errors;
+      }
+    }
+  }
+  const double n = static_cast<double>(state.iterations());
+  state.counters["allocs_per_call"] = static_cast<double>(p.allocs()) / n;
+  state.counters["errors_per_call"] = static_cast<double>(errors) / n;
+  state.SetItemsProcessed(state.iterations());
+}
+
+void register_nothrow() {
+  const std::pair<const char*, nothrow_case> cases[] = {
+      {"nothrow/case:cancelled", nothrow_case::cancelled},
+      {"nothrow/case:closed", nothrow_case::closed},
+      {"nothrow/case:value", nothrow_case::value}};
+  for (const auto& [name, c] : cases) {
+    for (const bool use_try : {false, true}) {
+      const nothrow_case cc = c;
+      benchmark::RegisterBenchmark(
+          (std::string(name) + (use_try ? "/impl:lib_try" : "/impl:lib_throw")).c_str(),
+          [cc, use_try](benchmark::State& s) { bm_nothrow(s, cc, use_try); })
+          ->UseRealTime()
+          ->MinTime(0.2);
+    }
+  }
+}
+
 const bool registered = [] {
   register_leader<direct_impl>();
   register_leader<lib_impl>();
@@ -927,6 +979,8 @@ const bool registered = [] {
   register_seed<lib_impl>();
   register_seed<future_impl>();
   register_seed<cv_impl>();
+
+  register_nothrow();
   return true;
 }();
 

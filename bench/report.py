@@ -59,6 +59,9 @@ ASYNC_METRICS = [
                        ("alloc_bytes_per_call", "heap bytes/call", 0)]),
 ]
 
+# try_do against do_ + catch (bench_group "nothrow/case:<c>"): ns per call each, and the ratio.
+NOTHROW_IMPLS = ["lib_throw", "lib_try"]
+
 TIME_SCALE = {"ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9}
 GB_SUFFIX = re.compile(r"^(real_time|min_time:[\d.]+|iterations:\d+|repeats:\d+|process_time)$")
 
@@ -219,6 +222,21 @@ def main():
                          "lib_over_c": rc, "lib_over_go": rg})
 
     print("\n".join(lines))
+    nothrow_rows = []
+    nothrow = sorted({s for (s, i) in data if s.startswith("nothrow/")})
+    if nothrow:
+        print("\n## No-throw calls (try_do against do_ + catch)\n")
+        print("| case | do_ + catch ns/call | try_do ns/call | try_do / do_ | allocs/call (do_, try_do) |")
+        print("|---|---:|---:|---:|---:|")
+        for s in nothrow:
+            t = data.get((s, "lib_throw"), {})
+            y = data.get((s, "lib_try"), {})
+            r = ratio(y.get("ns_per_call"), t.get("ns_per_call"))
+            print(f"| {s.split(':', 1)[1]} | {fmt(t.get('ns_per_call'), 0)} | {fmt(y.get('ns_per_call'), 0)} | "
+                  f"{fmt(r, 3) if r is not None else '—'} | {fmt(t.get('allocs_per_call'), 2)}, "
+                  f"{fmt(y.get('allocs_per_call'), 2)} |")
+            nothrow_rows.append({"scenario": s, "throw_ns": t.get("ns_per_call"), "try_ns": y.get("ns_per_call"),
+                                 "try_over_throw": r})
     async_ctx, async_rows, async_data = {}, [], {}
     if args.async_json:
         async_ctx, async_data, aerr = parse_cpp(args.async_json)
@@ -233,6 +251,7 @@ def main():
             print(f"- {e}")
     if args.out:
         doc = {"context": ctx, "go_context": go_ctx, "errors": errors, "rows": rows,
+               "nothrow_rows": nothrow_rows,
                "raw": [{"scenario": s, "impl": i, "metrics": m} for (s, i), m in sorted(data.items())]}
         if args.async_json:
             doc["async_context"] = async_ctx
