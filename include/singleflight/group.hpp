@@ -135,6 +135,7 @@
 #include "stop_token.hpp"
 #include "task.hpp"
 #include "thread_executor.hpp"
+#include "wait_bound.hpp"
 
 namespace singleflight {
 
@@ -282,6 +283,42 @@ class group : private detail::async_calls<Key, T, Hash, KeyEqual> {
     return core::result_of(t, local);
   }
 
+  // do_(key, fn, caller, bound), do_fresh(key, fn, caller, bound)
+  //
+  // As above, and this caller waits at most until `bound` (a wait_bound: a
+  // duration from now, or a time point), independent of the flight's own
+  // options.timeout. When it passes the caller gets timeout_error and counts
+  // as having left the flight, exactly as when `caller` fires: under
+  // ownership::waiters the last caller to go stops the work, under
+  // ownership::leader the leader's bound cancels it for everyone. An inline
+  // leader (no executor) still returns only when its fn does. A bound
+  // already passed starts and joins nothing. The first call with a bound in
+  // a group without options.timeout starts the group's timer thread
+  // (std::system_error if it cannot). Pass {} for no stop_token.
+  template <class K, class F>
+  T do_(const K& key, F&& fn, stop_token caller, wait_bound bound) {
+    std::optional<T> local;
+    const auto at = bound.deadline();
+    auto t = enter<F>(key, std::forward<F>(fn), caller, false, nullptr, local, &at);
+    return core::result_of(t, local);
+  }
+
+  template <class K, class F>
+  T do_(const K& key, F&& fn, stop_token caller, wait_bound bound, call_info& info) {
+    std::optional<T> local;
+    const auto at = bound.deadline();
+    auto t = enter<F>(key, std::forward<F>(fn), caller, false, &info, local, &at);
+    return core::result_of(t, local);
+  }
+
+  template <class K, class F>
+  T do_fresh(const K& key, F&& fn, stop_token caller, wait_bound bound) {
+    std::optional<T> local;
+    const auto at = bound.deadline();
+    auto t = enter<F>(key, std::forward<F>(fn), caller, true, nullptr, local, &at);
+    return core::result_of(t, local);
+  }
+
   // try_do(key, fn, caller)
   //
   // do_ without a throw for the call's outcome: returns this caller's
@@ -300,6 +337,16 @@ class group : private detail::async_calls<Key, T, Hash, KeyEqual> {
     std::optional<T> local;
     call_info info;
     auto t = enter<F>(key, std::forward<F>(fn), caller, false, &info, local);
+    return core::to_outcome(t, local, info);
+  }
+
+  // try_do(key, fn, caller, bound): try_do with a wait_bound (see do_).
+  template <class K, class F>
+  outcome<T> try_do(const K& key, F&& fn, stop_token caller, wait_bound bound) {
+    std::optional<T> local;
+    call_info info;
+    const auto at = bound.deadline();
+    auto t = enter<F>(key, std::forward<F>(fn), caller, false, &info, local, &at);
     return core::to_outcome(t, local, info);
   }
 
@@ -356,6 +403,23 @@ class group : private detail::async_calls<Key, T, Hash, KeyEqual> {
   // std::terminate is called. Thread-safe.
   template <class K, class F, class Callback>
   void async_do(const K& key, F&& fn, Callback&& on_done, stop_token caller = {}) {
+    async_impl(key, std::forward<F>(fn), std::forward<Callback>(on_done), std::move(caller),
+               nullptr);
+  }
+
+  // async_do(key, fn, on_done, caller, bound): as above, and on_done receives
+  // timeout_error once `bound` passes (see do_ with a wait_bound for what
+  // leaving means), on the group's delivery thread.
+  template <class K, class F, class Callback>
+  void async_do(const K& key, F&& fn, Callback&& on_done, stop_token caller, wait_bound bound) {
+    const auto at = bound.deadline();
+    async_impl(key, std::forward<F>(fn), std::forward<Callback>(on_done), std::move(caller), &at);
+  }
+
+ private:
+  template <class K, class F, class Callback>
+  void async_impl(const K& key, F&& fn, Callback&& on_done, stop_token caller,
+                  const std::chrono::steady_clock::time_point* bound) {
     using Fn = std::decay_t<F>;
     using Cb = std::decay_t<Callback>;
     static_assert(detail::flight_fn<Fn, T>,
@@ -372,15 +436,16 @@ class group : private detail::async_calls<Key, T, Hash, KeyEqual> {
                     "singleflight::group::async_do: fn's result must convert to the group's T");
       if constexpr (direct_probe<K>) {
         this->start_callback(key, std::forward<F>(fn), std::forward<Callback>(on_done),
-                             std::move(caller));
+                             std::move(caller), bound);
       } else if constexpr (std::constructible_from<Key, const K&>) {
         const Key converted(key);
         this->start_callback(converted, std::forward<F>(fn), std::forward<Callback>(on_done),
-                             std::move(caller));
+                             std::move(caller), bound);
       }
     }
   }
 
+ public:
   // co_do(key, fn, caller)
   //
   //   auto fetch = [key](std::stop_token st, completion<T> done) { ... };
@@ -419,7 +484,15 @@ class group : private detail::async_calls<Key, T, Hash, KeyEqual> {
   // `caller` instead). Thread-safe.
   template <class K, class F>
   [[nodiscard]] auto co_do(const K& key, F&& fn, stop_token caller = {}) {
-    return co_impl<K, F>(key, fn, std::move(caller), nullptr);
+    return co_impl<K, F>(key, fn, std::move(caller), nullptr, std::nullopt);
+  }
+
+  // co_do(key, fn, caller, bound): as above, and the coroutine resumes with
+  // timeout_error once `bound` passes (see do_ with a wait_bound), on the
+  // group's delivery thread.
+  template <class K, class F>
+  [[nodiscard]] auto co_do(const K& key, F&& fn, stop_token caller, wait_bound bound) {
+    return co_impl<K, F>(key, fn, std::move(caller), nullptr, bound.deadline());
   }
 
   // co_do(key, fn, caller, info): as above, and fills `info` with this
@@ -427,7 +500,7 @@ class group : private detail::async_calls<Key, T, Hash, KeyEqual> {
   // every exit, as do_'s overload does).
   template <class K, class F>
   [[nodiscard]] auto co_do(const K& key, F&& fn, stop_token caller, call_info& info) {
-    return co_impl<K, F>(key, fn, std::move(caller), &info);
+    return co_impl<K, F>(key, fn, std::move(caller), &info, std::nullopt);
   }
 
   // forget(key)
@@ -519,7 +592,8 @@ class group : private detail::async_calls<Key, T, Hash, KeyEqual> {
   // converts the key if needed, and returns the ticket.
   template <class F, class K>
   auto enter(const K& key, F&& fn, const stop_token& caller, bool fresh, call_info* info,
-             std::optional<T>& local) {
+             std::optional<T>& local,
+             const std::chrono::steady_clock::time_point* bound = nullptr) {
     using Fn = std::decay_t<F>;
     static_assert(detail::flight_fn<Fn, T>,
                   "singleflight::group::do_: fn must be invocable as T fn(stop_token), T fn(), "
@@ -532,15 +606,16 @@ class group : private detail::async_calls<Key, T, Hash, KeyEqual> {
                     "singleflight::group::do_: fn's result must convert to the group's T");
     }
     if constexpr (direct_probe<K>) {
-      return this->call_with(key, std::forward<F>(fn), caller, fresh, info, local);
+      return this->call_with(key, std::forward<F>(fn), caller, fresh, info, local, bound);
     } else {
       const Key converted(key);
-      return this->call_with(converted, std::forward<F>(fn), caller, fresh, info, local);
+      return this->call_with(converted, std::forward<F>(fn), caller, fresh, info, local, bound);
     }
   }
 
   template <class K, class F>
-  auto co_impl(const K& key, F& fn, stop_token caller, call_info* info) {
+  auto co_impl(const K& key, F& fn, stop_token caller, call_info* info,
+               std::optional<std::chrono::steady_clock::time_point> bound) {
     using Fn = std::decay_t<F>;
     static_assert(detail::flight_fn<Fn, T>,
                   "singleflight::group::co_do: fn must be invocable as T fn(stop_token), T fn(), "
@@ -553,7 +628,7 @@ class group : private detail::async_calls<Key, T, Hash, KeyEqual> {
                     "singleflight::group::co_do: fn's result must convert to the group's T");
     }
     return detail::co_operation<core, K, F, direct_probe<K>>(static_cast<core*>(this), key, fn,
-                                                             std::move(caller), info);
+                                                             std::move(caller), info, bound);
   }
 };
 

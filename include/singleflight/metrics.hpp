@@ -100,6 +100,8 @@ inline constexpr std::array group_metrics{
     counter<&stats::cancellations>("singleflight_cancellations_total",
                                    "Calls that ended in cancelled_error"),
     counter<&stats::timeouts>("singleflight_timeouts_total", "Flights settled by their deadline"),
+    counter<&stats::wait_timeouts>("singleflight_wait_timeouts_total",
+                                   "Calls that ended at their own wait bound (timeout_error)"),
     counter<&stats::overloaded>("singleflight_overloaded_total",
                                 "Calls rejected by max_in_flight (also in rejections)"),
     gauge<&stats::in_flight>("singleflight_in_flight",

@@ -23,3 +23,4 @@
 #include "thread_executor.hpp"  // IWYU pragma: export
 #include "thread_pool.hpp"      // IWYU pragma: export
 #include "version.hpp"          // IWYU pragma: export
+#include "wait_bound.hpp"       // IWYU pragma: export

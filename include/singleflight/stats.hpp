@@ -30,6 +30,7 @@ struct stats {
   std::uint64_t failures = 0;       // flights whose fn threw (or whose task was dropped)
   std::uint64_t cancellations = 0;  // calls that ended in cancelled_error
   std::uint64_t timeouts = 0;       // flights settled by their deadline
+  std::uint64_t wait_timeouts = 0;  // calls that ended at their own wait_bound (timeout_error)
   std::uint64_t overloaded = 0;     // calls rejected by max_in_flight (also in rejections)
   std::uint64_t in_flight = 0;      // map entries now (same as group::in_flight())
 };

@@ -83,7 +83,6 @@ class async_calls : public blocking_calls<Key, T, Hash, KeyEqual> {
     ref_t f;                   // the flight joined, led or observed
     std::exception_ptr error;  // a failure of this caller's own (going round again)
     call_info info{};          // its role and the flight's number, once attached
-    bool is_leader = false;    // guarded by the shard's lock
     bool has_key = true;       // false: must copy the key before it can go round again
     // Set by the stop callback before it tries to leave. Memory ordering:
     // seq_cst, see waiter::state.
@@ -169,10 +168,12 @@ class async_calls : public blocking_calls<Key, T, Hash, KeyEqual> {
   };
 
   template <class P, class F, class C>
-  void start_callback(const P& key, F&& fn, C&& on_done, stop_token caller) {
+  void start_callback(const P& key, F&& fn, C&& on_done, stop_token caller,
+                      const steady::time_point* bound = nullptr) {
     using node_t = callback_node<std::decay_t<F>, std::decay_t<C>>;
     const std::uint64_t m = base::mix(this->hash_(key));  // user code: outside the lock
     auto* n = new node_t(this, std::forward<C>(on_done), std::move(caller));
+    if (bound != nullptr) n->caller_until = *bound;
     n->m = m;
     n->has_key = false;
     try {
@@ -202,8 +203,12 @@ class async_calls : public blocking_calls<Key, T, Hash, KeyEqual> {
 
   // Registers the stop callback, then attaches. Throws only before
   // attaching, with the callback unregistered again.
+  //
+  // A caller with a wait_bound makes sure the timer runs first (it ends the
+  // wait): std::system_error when no thread can be started.
   template <class P, class F, class KeepKey>
   void start(async_node* n, const P& key, F&& fn, KeepKey keep) {
+    if (n->caller_until && *n->caller_until > steady::now()) this->ensure_timer();
     // If `caller` is already stopped, the callback runs right here; it finds
     // nothing attached and attach() answers cancelled.
     if (n->caller.stop_possible()) n->cb.emplace(n->caller, async_on_stop{n});
@@ -266,6 +271,11 @@ class async_calls : public blocking_calls<Key, T, Hash, KeyEqual> {
           immediate = kind::cancelled;
           break;
         }
+        if (first && n->caller_until && *n->caller_until <= steady::now()) {
+          immediate = kind::timeout;  // its wait_bound passed before it began
+          ++s.st.wait_timeouts;
+          break;
+        }
         flight_t* f = this->find(s, key, n->m);
         if (f == nullptr) {
           if (!this->reserve_entry()) {
@@ -285,7 +295,9 @@ class async_calls : public blocking_calls<Key, T, Hash, KeyEqual> {
           n->observer = false;
           n->is_leader = false;
           n->info = call_info{role::follower, this->number(*f)};
+          n->waiting_on = f;
           f->list.push(*n);
+          this->link_bound(s, *n, /*as_observer=*/false);
           return;  // unlocks; the node may be delivered from here on
         }
         // A stopped fn still winding down: wait for it to return, then go
@@ -301,9 +313,9 @@ class async_calls : public blocking_calls<Key, T, Hash, KeyEqual> {
         previous = std::exchange(n->f, ref_t::share(f));
         n->observer = true;
         n->is_leader = false;
-        n->observing = &f->list;
+        n->waiting_on = f;
         f->list.push(*n);
-        if (this->opts_.timeout > std::chrono::nanoseconds::zero()) this->link_bound(s, *n);
+        this->link_bound(s, *n, /*as_observer=*/true);
         return;
       }
     } catch (...) {
@@ -358,7 +370,9 @@ class async_calls : public blocking_calls<Key, T, Hash, KeyEqual> {
     n->observer = false;
     n->is_leader = true;
     n->info = call_info{role::leader, this->number(*f)};
-    f->list.push(*n);     // unlike a blocked leader, the node is a user of its own
+    n->waiting_on = f;
+    f->list.push(*n);  // unlike a blocked leader, the node is a user of its own
+    this->link_bound(s, *n, /*as_observer=*/false);
     this->enter_user(s);  // this thread, until the hand-off is over
     frame fr;             // ... and close() from code it runs meanwhile does not wait for it
     s.frames.push(fr);
@@ -403,8 +417,8 @@ class async_calls : public blocking_calls<Key, T, Hash, KeyEqual> {
       if (!n->linked) return;
       flight_t* f = n->f.get();
       f->list.erase(*n);
+      s.bounds.unlink(*n);
       if (n->observer) {
-        s.bounds.unlink(*n);
         ++s.st.rejections;
       } else {
         stop = g->leave(s, *f, n->is_leader, wake);

@@ -94,7 +94,9 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
       {
         std::lock_guard<std::mutex> lk(s.mu);
         // A flight that already settled keeps its outcome for the leader.
-        if (w->stop_fired.load(std::memory_order_relaxed) || f->kind != kind::pending) return;
+        if (w->stop_fired.load(std::memory_order_relaxed) || w->bound_fired ||
+            f->kind != kind::pending)
+          return;
         w->stop_fired.store(true, std::memory_order_relaxed);  // read under this lock
         stop = g->leave(s, *f, /*is_leader=*/true, wake);
       }
@@ -119,10 +121,16 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
   // already stopped caller, max_in_flight) are tickets too. Throws, with
   // nothing attached, only what Hash, KeyEqual, Key's copy or allocation
   // throw, and std::logic_error (self-deadlock).
+  //
+  // `bound`: the caller's wait_bound (null: none). A bound already passed is
+  // an immediate timeout; otherwise the timer is made sure to run (an inline
+  // leader's bound needs it), which may throw std::system_error first.
   template <class P, class F>
   ticket call_with(const P& key, F&& fn, const stop_token& caller, bool fresh, call_info* info,
-                   std::optional<T>& local) {
+                   std::optional<T>& local, const steady::time_point* bound = nullptr) {
     if (info != nullptr) *info = call_info{};
+    const bool expired = bound != nullptr && *bound <= steady::now();
+    if (bound != nullptr && !expired) this->ensure_timer();
     const std::uint64_t m = base::mix(this->hash_(key));  // user code: outside the lock
     shard& s = this->shard_of(m);
     blocking_waiter w;
@@ -131,15 +139,18 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
     {
       std::unique_lock<std::mutex> lk(s.mu);
       ++s.st.calls;
-      if (s.closed || caller.stop_requested()) {
-        t = rejected(s.closed ? kind::closed : kind::cancelled);
+      if (s.closed || caller.stop_requested() || expired) {
+        t = rejected(s.closed                  ? kind::closed
+                     : caller.stop_requested() ? kind::cancelled
+                                               : kind::timeout);
         ++s.st.rejections;
         if (t.outcome == kind::cancelled) ++s.st.cancellations;
+        if (t.outcome == kind::timeout) ++s.st.wait_timeouts;
         return t;
       }
       this->enter_user(s);
       try {
-        t = route(lk, s, key, m, std::forward<F>(fn), caller, fresh, w, local, info);
+        t = route(lk, s, key, m, std::forward<F>(fn), caller, fresh, w, local, info, bound);
       }
       // fn ended this thread (an inline leader): lead_inline settled the
       // flight and gave back this call's count.
@@ -216,14 +227,15 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
   template <class P, class F>
   ticket route(std::unique_lock<std::mutex>& lk, shard& s, const P& key, std::uint64_t m, F&& fn,
                const stop_token& caller, bool fresh, blocking_waiter& w, std::optional<T>& local,
-               call_info* info) {
+               call_info* info, const steady::time_point* bound) {
     const std::uint64_t arrival = s.seq;
     std::optional<steady::time_point> wait_deadline;
     for (;;) {
       if (s.closed) return rejected(kind::closed);
       if (caller.stop_requested()) return rejected(kind::cancelled);  // after an observe
       flight_t* f = this->find(s, key, m);
-      if (f == nullptr) return lead(lk, s, key, m, std::forward<F>(fn), caller, w, local, info);
+      if (f == nullptr)
+        return lead(lk, s, key, m, std::forward<F>(fn), caller, w, local, info, bound);
       if (f->runner == std::this_thread::get_id()) {
         throw std::logic_error(
             "singleflight: fn called do_ for its own key on the thread running it; it would "
@@ -235,14 +247,17 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
         if (info != nullptr) *info = call_info{role::follower, number(*f)};
         w.reset(/*as_observer=*/false);
         f->list.push(w);
-        return wait_outcome(lk, s, ref_t::share(f), caller, w, /*is_leader=*/false);
+        return wait_outcome(lk, s, ref_t::share(f), caller, w, /*is_leader=*/false, bound);
       }
       // The entry is a stopped fn winding down, or (do_fresh) a flight that
       // started before we arrived: wait until its fn returns, then go again.
       if (this->opts_.timeout > std::chrono::nanoseconds::zero() && !wait_deadline) {
         wait_deadline = after(steady::now(), this->opts_.timeout);  // from arrival, once
       }
-      const kind k = observe(lk, s, ref_t::share(f), caller, w, wait_deadline);
+      std::optional<steady::time_point> until = wait_deadline;  // the earlier of the two bounds
+      if (bound != nullptr && (!until || *bound < *until)) until = *bound;
+      const kind k = observe(lk, s, ref_t::share(f), caller, w, until);
+      if (k == kind::timeout && bound != nullptr && *bound <= steady::now()) ++s.st.wait_timeouts;
       if (k != kind::pending) return rejected(k);
     }
   }
@@ -293,21 +308,23 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
   // Called with `lk` held and `w` linked; returns with `lk` held, or
   // released when the ticket is `accounted`.
   ticket wait_outcome(std::unique_lock<std::mutex>& lk, shard& s, ref_t f, const stop_token& caller,
-                      blocking_waiter& w, bool is_leader) {
+                      blocking_waiter& w, bool is_leader, const steady::time_point* bound) {
     lk.unlock();
     this->drain_own();  // we may be waiting for what this thread itself holds back
     bool claimed;
     {
       std::optional<stop_callback<wake_on_stop>> cb;
       if (caller.stop_possible()) cb.emplace(caller, wake_on_stop{&w, f.get()});
-      claimed = w.await(*f, nullptr);
+      claimed = w.await(*f, bound);
     }
     ticket t;
     if (!claimed && w.try_leave()) {
-      // Our own stop came first, and no settler can claim us now: leave.
+      // Our own stop (or wait_bound) came first, and no settler can claim us
+      // now: leave, exactly as on a stop.
       lk.lock();
       if (w.linked) f->list.erase(w);  // a settle that lost the claim to us unlinked it already
-      t.outcome = kind::cancelled;
+      t.outcome = w.stop_fired.load(std::memory_order_acquire) ? kind::cancelled : kind::timeout;
+      if (t.outcome == kind::timeout) ++s.st.wait_timeouts;
       t.stop = this->leave(s, *f, is_leader, t.wake);
       t.f = std::move(f);
       return t;  // lock held: the caller does the bookkeeping
@@ -327,7 +344,7 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
   template <class P, class F>
   ticket lead(std::unique_lock<std::mutex>& lk, shard& s, const P& key, std::uint64_t m, F&& fn,
               const stop_token& caller, blocking_waiter& w, std::optional<T>& local,
-              call_info* info) {
+              call_info* info, const steady::time_point* bound) {
     using Fn = std::decay_t<F>;
     if (!this->reserve_entry()) {
       ++s.st.overloaded;
@@ -348,7 +365,8 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
     ref_t mine = ref_t::share(f);
 
     if constexpr (!async_fn<Fn, T>) {
-      if (!this->opts_.executor) return lead_inline(lk, s, std::move(mine), fn, caller, w, local);
+      if (!this->opts_.executor)
+        return lead_inline(lk, s, std::move(mine), fn, caller, w, local, bound);
     }
 
     // Executor, or an async fn: package fn into a task, hand it off (to the
@@ -385,16 +403,23 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
     }
     w.reset(/*as_observer=*/false);
     f->list.push(w);
-    return wait_outcome(lk, s, std::move(mine), caller, w, /*is_leader=*/true);
+    return wait_outcome(lk, s, std::move(mine), caller, w, /*is_leader=*/true, bound);
   }
 
   // Runs fn on the leader's own thread. The leader counts as a waiter and
   // leaves through its stop callback, since it cannot stop waiting.
   template <class F>
   ticket lead_inline(std::unique_lock<std::mutex>& lk, shard& s, ref_t mine, F& fn,
-                     const stop_token& caller, blocking_waiter& w, std::optional<T>& local) {
+                     const stop_token& caller, blocking_waiter& w, std::optional<T>& local,
+                     const steady::time_point* bound) {
     flight_t* f = mine.get();
     w.reset(/*as_observer=*/false);
+    if (bound != nullptr) {  // the timer leaves the flight on our behalf when it passes
+      w.caller_until = *bound;
+      w.waiting_on = f;
+      w.is_leader = true;
+      this->link_bound(s, w, /*as_observer=*/false);
+    }
     ++s.st.fn_starts;
     // While fn runs: this thread runs f (self-deadlock check) and holds this
     // call's count (close() from inside fn does not wait for it).
@@ -407,6 +432,7 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
       wake_batch wake;
       {
         std::lock_guard<std::mutex> relock(s.mu);
+        s.bounds.unlink(w);
         this->abandon(s, f, fr, wake);
         this->exit_user(s);  // this call's (call_with rethrows without touching it)
       }
@@ -439,10 +465,13 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
     }
     f->runner = std::thread::id{};
     s.frames.erase(fr);
+    s.bounds.unlink(w);
     if (k == kind::fn_error && f->kind == kind::pending) f->error = std::move(err);
     const bool sole = k == kind::value && f->kind == kind::pending;  // nobody else reads it
     this->finish(s, f, k, t.wake);
-    t.outcome = w.stop_fired.load(std::memory_order_relaxed) ? kind::cancelled : f->kind;
+    t.outcome = w.stop_fired.load(std::memory_order_relaxed) ? kind::cancelled
+                : w.bound_fired                              ? kind::timeout
+                                                             : f->kind;
     if (sole && local) {
       t.sole = true;
       this->recycle(s, mine);  // no one else can reach it: keep it for the next start

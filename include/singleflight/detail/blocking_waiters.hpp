@@ -13,15 +13,19 @@
 
 #include "claim.hpp"
 #include "flight.hpp"
+#include "observers.hpp"
 
 namespace singleflight::detail {
 
-struct blocking_waiter : waiter {
+struct blocking_waiter : bounded_wait {
   using clock = std::chrono::steady_clock;
 
   // Set by the caller's stop callback, on any thread. Memory ordering:
   // release/acquire; the broadcast that follows it wakes the caller.
   std::atomic<bool> stop_fired{false};
+  // An inline leader's wait_bound passed while it ran fn, and the timer left
+  // the flight on its behalf. Guarded by the shard's lock.
+  bool bound_fired = false;
 
   // Prepares the waiter for a new wait; only while it is not linked and no
   // stop callback refers to it (published by the lock that links it).
@@ -29,6 +33,7 @@ struct blocking_waiter : waiter {
     state.store(waiting, std::memory_order_relaxed);
     observer = as_observer;
     stop_fired.store(false, std::memory_order_relaxed);
+    bound_fired = false;
   }
 
   // Blocks until claimed (true), or until the caller's stop fired or

@@ -11,8 +11,10 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <coroutine>
 #include <exception>
+#include <optional>
 #include <type_traits>
 #include <utility>
 
@@ -59,8 +61,10 @@ class co_awaiter {
   using value_type = typename Core::value_type;
 
   co_awaiter(Core* g, const P& key, std::remove_reference_t<F>& fn, stop_token caller,
-             call_info* info)
-      : node_(g, key, fn, std::move(caller)), info_(info) {}
+             call_info* info, const std::optional<std::chrono::steady_clock::time_point>& bound)
+      : node_(g, key, fn, std::move(caller)), info_(info) {
+    node_.caller_until = bound;
+  }
   co_awaiter(const co_awaiter&) = delete;
   co_awaiter& operator=(const co_awaiter&) = delete;
   ~co_awaiter() = default;
@@ -99,17 +103,17 @@ class co_operation {
   using key_type = typename Core::key_type;
 
   co_operation(Core* g, const K& key, std::remove_reference_t<F>& fn, stop_token caller,
-               call_info* info) noexcept
-      : g_(g), key_(&key), fn_(&fn), caller_(std::move(caller)), info_(info) {}
+               call_info* info, std::optional<std::chrono::steady_clock::time_point> bound) noexcept
+      : g_(g), key_(&key), fn_(&fn), caller_(std::move(caller)), info_(info), bound_(bound) {}
   co_operation(const co_operation&) = delete;
   co_operation& operator=(const co_operation&) = delete;
   ~co_operation() = default;
 
   auto operator co_await() && {
     if constexpr (Direct) {
-      return co_awaiter<Core, K, F>(g_, *key_, *fn_, std::move(caller_), info_);
+      return co_awaiter<Core, K, F>(g_, *key_, *fn_, std::move(caller_), info_, bound_);
     } else {
-      return converting_awaiter(g_, *key_, *fn_, std::move(caller_), info_);
+      return converting_awaiter(g_, *key_, *fn_, std::move(caller_), info_, bound_);
     }
   }
   template <class Self = co_operation>
@@ -124,8 +128,9 @@ class co_operation {
   class converting_awaiter {
    public:
     converting_awaiter(Core* g, const K& key, std::remove_reference_t<F>& fn, stop_token caller,
-                       call_info* info)
-        : key_(key), inner_(g, key_, fn, std::move(caller), info) {}
+                       call_info* info,
+                       const std::optional<std::chrono::steady_clock::time_point>& bound)
+        : key_(key), inner_(g, key_, fn, std::move(caller), info, bound) {}
     bool await_ready() const noexcept { return false; }
     bool await_suspend(std::coroutine_handle<> h) { return inner_.await_suspend(h); }
     auto await_resume() { return inner_.await_resume(); }
@@ -140,6 +145,7 @@ class co_operation {
   std::remove_reference_t<F>* fn_;
   stop_token caller_;
   call_info* info_;
+  std::optional<std::chrono::steady_clock::time_point> bound_;
 };
 
 }  // namespace singleflight::detail

@@ -27,6 +27,7 @@
 #include <mutex>
 #include <utility>
 
+#include "blocking_waiters.hpp"
 #include "hooks.hpp"
 #include "notification.hpp"
 #include "observers.hpp"
@@ -44,9 +45,7 @@ class deadlines : public notifier<Key, T, Hash, KeyEqual> {
 
   // Throws std::system_error when the timer is needed and cannot start.
   explicit deadlines(options opts) : base(std::move(opts)) {
-    if (this->opts_.timeout > std::chrono::nanoseconds::zero()) {
-      timer_ = owned_thread([this](owned_thread::home& h) { timer_loop(h); });
-    }
+    if (this->opts_.timeout > std::chrono::nanoseconds::zero()) ensure_timer();
   }
 
  protected:
@@ -69,30 +68,72 @@ class deadlines : public notifier<Key, T, Hash, KeyEqual> {
     return true;
   }
 
-  // Claims (under s's lock) an async observer whose bound ran out: it is
-  // delivered timeout_error (a leaving one has unlinked itself).
-  void bound_expired(shard& s, bounded_wait& n, wake_batch& wake) noexcept {
+  // Ends (under s's lock) a wait whose bound ran out; `now` passed it. A
+  // leaving waiter has unlinked itself; a claimed one has its outcome.
+  //   * an async observer: claimed, delivered timeout_error (a rejection);
+  //   * an async follower or leader (its own wait_bound): it leaves the flight
+  //     as on its stop (ownership accounting), delivered timeout_error;
+  //   * a blocked inline leader (its own wait_bound): it is running fn, so it
+  //     leaves the flight here, as its stop callback would; it returns
+  //     timeout_error once fn returns.
+  // Returns the flight to stop, if leaving stopped it.
+  flight_base* bound_expired(shard& s, bounded_wait& n, wake_batch& wake,
+                             steady::time_point now) noexcept {
     s.bounds.unlink(n);
-    if (!n.try_claim()) return;
-    n.observing->erase(n);
-    n.observer = false;
-    n.result = kind::timeout;
-    ++s.st.rejections;
-    this->exit_user(s);
-    wake.add(n);
+    const bool own = n.caller_until && *n.caller_until <= now;
+    flight_base& f = *n.waiting_on;
+    bool stop = false;
+    if (!n.async) {  // a blocked inline leader
+      auto& w = static_cast<blocking_waiter&>(n);
+      if (w.stop_fired.load(std::memory_order_relaxed) || w.bound_fired || f.kind != kind::pending)
+        return nullptr;
+      w.bound_fired = true;
+      ++s.st.wait_timeouts;
+      stop = this->leave(s, f, /*is_leader=*/true, wake);
+    } else {
+      if (n.observer ? !n.try_claim() : !n.try_leave()) return nullptr;  // decided meanwhile
+      f.list.erase(n);
+      if (n.observer) {
+        n.observer = false;
+        ++s.st.rejections;
+      } else {
+        stop = this->leave(s, f, n.is_leader, wake);
+      }
+      if (own) ++s.st.wait_timeouts;
+      n.result = kind::timeout;
+      this->exit_user(s);
+      wake.add(n);
+    }
+    if (!stop) return nullptr;
+    f.retain();  // released by whoever stops it
+    return &f;
   }
 
-  // Links an async observer's bound (taken at its first wait) in shard s.
-  void link_bound(shard& s, bounded_wait& n) noexcept {
-    if (!n.wait_deadline) n.wait_deadline = after(steady::now(), this->opts_.timeout);
-    s.bounds.link(n);
-    this->gate_.linked(*n.wait_deadline);
+  // Links n's bound (the one that applies as an observer or not, see
+  // bounded_wait::bound) in shard s, if it has one. Under s's lock.
+  void link_bound(shard& s, bounded_wait& n, bool as_observer) noexcept {
+    if (as_observer && !n.observe_until && this->opts_.timeout > std::chrono::nanoseconds::zero())
+      n.observe_until = after(steady::now(), this->opts_.timeout);
+    if (const auto* d = n.bound(as_observer)) {
+      s.bounds.link(n);
+      this->gate_.linked(*d);
+    }
+  }
+
+  // Starts the timer if it is not running yet (a call with a wait_bound in a
+  // group without options.timeout). Throws std::system_error when no thread
+  // can be started; does nothing once the group's threads are stopping.
+  void ensure_timer() {
+    std::lock_guard<std::mutex> lk(service_mu_);
+    if (timer_.started() || timer_stopped_) return;
+    timer_ = owned_thread([this](owned_thread::home& h) { timer_loop(h); });
   }
 
   // ---- for lifecycle (join) -----------------------------------------------
 
-  owned_thread timer_;          // guarded by join (see lifecycle)
   std::mutex service_mu_;       // guards what follows
+  owned_thread timer_;          // started in the constructor or by ensure_timer()
+  bool timer_stopped_ = false;  // join_threads() took the timer: no new one
   owned_thread delivery_;       // started under service_mu_
   bool delivery_stop_ = false;  // no more batches: finish the queue and exit
   std::deque<std::pair<shard*, wake_batch>> delivery_q_;
@@ -150,7 +191,10 @@ class deadlines : public notifier<Key, T, Hash, KeyEqual> {
           }
         }
         while (s.bounds.head() != nullptr && *s.bounds.head()->wait_deadline <= now) {
-          bound_expired(s, *s.bounds.head(), wake);
+          if (flight_base* f = bound_expired(s, *s.bounds.head(), wake, now)) {
+            f->stop_next = to_stop;  // a flight is stopped at most once: it settles
+            to_stop = f;
+          }
         }
       }
       if (s.deadlines.head() != nullptr && s.deadlines.head()->deadline < next)

@@ -275,6 +275,7 @@ class flight_table {
                           [&](waiter& w) {
                             if (cancelled) ++s.st.cancellations;
                             exit_user(s);
+                            s.bounds.unlink(static_cast<bounded_wait&>(w));  // its own bound
                             wake.add(w);
                           },
                           [&] {
@@ -326,6 +327,7 @@ class flight_table {
       sum.failures += s.st.failures;
       sum.cancellations += s.st.cancellations;
       sum.timeouts += s.st.timeouts;
+      sum.wait_timeouts += s.st.wait_timeouts;
       sum.overloaded += s.st.overloaded;
       sum.in_flight += s.size;
     }

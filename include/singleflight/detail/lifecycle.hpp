@@ -131,11 +131,19 @@ class lifecycle : public deadlines<Key, T, Hash, KeyEqual> {
   void join_threads(bool destroying) {
     std::lock_guard<std::mutex> serial(join_mu_);
     this->gate_.stop();
+    owned_thread timer;
+    {
+      std::lock_guard<std::mutex> lk(this->service_mu_);
+      this->timer_stopped_ = true;  // no new timer (ensure_timer) from here on
+      timer = std::move(this->timer_);
+    }
     bool timer_gone = true;
     if (destroying) {
-      this->timer_.join_or_orphan();
-    } else {
-      timer_gone = this->timer_.join_unless_current();
+      timer.join_or_orphan();
+    } else if (!timer.join_unless_current()) {
+      timer_gone = false;  // close() on the timer thread: the destructor joins it
+      std::lock_guard<std::mutex> lk(this->service_mu_);
+      this->timer_ = std::move(timer);
     }
     if (timer_gone) {
       owned_thread delivery;

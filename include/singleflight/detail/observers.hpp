@@ -24,14 +24,32 @@
 
 namespace singleflight::detail {
 
+// A waiter the timer may have to end: an async caller (as an observer, its
+// bound is options.timeout from its first arrival; as any waiter, its own
+// wait_bound), or a blocked inline leader with a wait_bound (it runs fn, so
+// the timer leaves the flight on its behalf). Blocked followers and
+// observers bound their own sleep instead. Guarded by the shard's lock.
 struct bounded_wait : waiter {
-  // Guarded by the shard's lock.
-  std::optional<std::chrono::steady_clock::time_point> wait_deadline;
+  using time_point = std::chrono::steady_clock::time_point;
+  std::optional<time_point> observe_until;  // an observer's bound, from its first arrival
+  std::optional<time_point> caller_until;   // the caller's own wait_bound
+  std::optional<time_point> wait_deadline;  // the one that applies now (the list's key)
   bounded_wait* ob_prev = nullptr;
   bounded_wait* ob_next = nullptr;
   bool ob_linked = false;
-  waiter_list* observing = nullptr;             // the list it waits in, while an observer
+  flight_base* waiting_on = nullptr;            // the flight whose list it is linked in
+  bool is_leader = false;                       // counts as the flight's leader
   outcome_kind result = outcome_kind::pending;  // set by whoever decides its outcome
+
+  // The bound that applies while it waits as an observer (both) or not
+  // (only its own); null when none.
+  const time_point* bound(bool as_observer) noexcept {
+    if (as_observer && observe_until && (!caller_until || *observe_until < *caller_until))
+      wait_deadline = observe_until;
+    else
+      wait_deadline = caller_until;
+    return wait_deadline ? &*wait_deadline : nullptr;
+  }
 };
 
 // Sorted by wait_deadline. Bounds are taken under the lock from a steady
