@@ -747,44 +747,119 @@ TEST_CASE("ownership::leader: the async leader's stop cancels every waiter on th
 TEST_CASE("cancellation racing the settle: each callback waiter gets exactly one outcome",
           "[async][cancel][race]") {
   // Catches: a waiter both cancelled and served (on_done twice) or neither
-  // (a lost wake-up) when request_stop and set_value run at the same moment;
-  // alternately with and without a second waiter, so the stop is sometimes
-  // the last waiter leaving (which stops the flight) and sometimes not.
+  // (a lost wake-up) when its stop and the settle meet. Three schedules, in
+  // turn; the first two are forced, so both outcomes happen on every run:
+  //  * claimed, then stopped: the settle has claimed the racer and is
+  //    notifying an earlier waiter of the same batch, whose on_done requests
+  //    the racer's stop. The stop callback must lose the claim: the racer is
+  //    served, once, on the settling thread.
+  //  * left, then settled: the racer's stop makes it leave (the last waiter:
+  //    the flight is stopped), and a stop callback on the flight's token
+  //    resolves the completion on the stopping thread before the racer is
+  //    delivered. The racer is cancelled, once; the late value only frees
+  //    the key.
+  //  * together: a resolver and a stopper thread released at once (their
+  //    starts moved apart by sftest::race_sweep, which seeks the boundary
+  //    between the outcomes), alternately with and without a bystander (so
+  //    the stop is sometimes the last waiter leaving and sometimes not).
+  //    Either outcome; what each machine produces is counted, not required.
   constexpr int iterations = 2000;
-  std::vector<std::unique_ptr<callback_log<int>>> racers, bystanders;
+  enum schedule { claimed_then_stopped, left_then_settled, together };
+  const auto schedule_of = [](int i) {
+    return i % 4 == 0 ? claimed_then_stopped : i % 4 == 1 ? left_then_settled : together;
+  };
+  std::vector<std::unique_ptr<callback_log<int>>> racers, others;
   std::optional<sf::completion<int>> cur_c;
   std::optional<std::stop_source> cur_s;
   std::atomic<int> go{0}, acted{0};
   group_t g;
   completion_box<int> box;
-  std::jthread resolver([&] {
-    for (int i = 1; i <= iterations; ++i) {
-      must([&] { return go.load() >= i; }, "resolver released");
-      cur_c->set_value(i);
-      acted.fetch_add(1);
-    }
-  });
-  std::jthread stopper([&] {
-    for (int i = 1; i <= iterations; ++i) {
-      must([&] { return go.load() >= i; }, "stopper released");
-      cur_s->request_stop();
-      acted.fetch_add(1);
-    }
-  });
-  int served = 0, cancelled = 0, wrong = 0, bystanders_wrong = 0;
+  // The workers act once per `together` round i (go = i), and return when
+  // go passes the last round.
+  const auto worker = [&](auto act) {
+    return [&go, &acted, act] {
+      for (int seen = 0;;) {
+        must([&] { return go.load() > seen; }, "worker released");
+        seen = go.load();
+        if (seen > iterations) return;
+        act(seen);
+        acted.fetch_add(1);
+      }
+    };
+  };
+  // In `together` rounds a sweep moves the start of the two sides apart,
+  // towards the boundary between the outcomes, where the stop meets the
+  // settle (see sftest::race_sweep).
+  sftest::race_sweep sweep;
+  sftest::thread resolver(worker([&](int i) {
+    sweep.hold_a();
+    cur_c->set_value(i);
+  }));
+  sftest::thread stopper(worker([&](int) {
+    sweep.hold_b();
+    cur_s->request_stop();
+  }));
+  int served = 0, cancelled = 0, wrong = 0, others_wrong = 0, joins = 0;
+  int raced_served = 0, raced_cancelled = 0;
   for (int i = 1; i <= iterations; ++i) {
     racers.push_back(std::make_unique<callback_log<int>>());
-    cur_s.emplace();
-    g.async_do("k", box.fn(), racers.back()->on_done(), cur_s->get_token());
-    if (i % 2 == 0) {
-      bystanders.push_back(std::make_unique<callback_log<int>>());
-      g.async_do("k", box.fn(), bystanders.back()->on_done());
-    }
-    cur_c.emplace(std::move(box.take("fn parked its completion").second));
-    go.store(i);  // both workers start at once
-    must([&] { return acted.load() == 2 * i; }, "resolver and stopper both returned");
     callback_log<int>& r = *racers.back();
-    must([&] { return r.is_done(); }, "racer got an outcome");
+    cur_s.emplace();
+    switch (schedule_of(i)) {
+      case claimed_then_stopped: {
+        others.push_back(std::make_unique<callback_log<int>>());
+        callback_log<int>& first = *others.back();
+        first.probe = [&] { cur_s->request_stop(); };  // the racer is claimed, not yet notified
+        g.async_do("k", box.fn(), first.on_done());
+        g.async_do("k", box.fn(), r.on_done(), cur_s->get_token());
+        ++joins;
+        box.take("fn parked its completion").second.set_value(i);  // both notified here
+        REQUIRE(first.is_done());
+        REQUIRE(r.is_done());
+        CHECK(cur_s->stop_requested());
+        if (!first.value || *first.value != i) ++others_wrong;
+        break;
+      }
+      case left_then_settled: {
+        g.async_do("k", box.fn(), r.on_done(), cur_s->get_token());
+        auto item = box.take("fn parked its completion");
+        sf::completion<int> c = std::move(item.second);
+        bool racer_delivered_first = true;
+        std::stop_callback resolve_now(item.first, [&] {
+          racer_delivered_first = r.is_done();
+          c.set_value(i);  // the flight was stopped: this only frees the key
+        });
+        cur_s->request_stop();  // the racer leaves, the flight stops, the value comes, then on_done
+        REQUIRE(r.is_done());
+        CHECK_FALSE(racer_delivered_first);
+        CHECK_FALSE(c);
+        CHECK(g.in_flight() == 0);  // freed by the late value, before request_stop returned
+        break;
+      }
+      case together: {
+        g.async_do("k", box.fn(), r.on_done(), cur_s->get_token());
+        const bool bystander = i % 2 == 0;
+        if (bystander) {
+          others.push_back(std::make_unique<callback_log<int>>());
+          g.async_do("k", box.fn(), others.back()->on_done());
+          ++joins;
+        }
+        cur_c.emplace(std::move(box.take("fn parked its completion").second));
+        const int before = acted.load();
+        go.store(i);  // both workers start at once
+        must([&] { return acted.load() == before + 2; }, "resolver and stopper both returned");
+        must([&] { return r.is_done(); }, "racer got an outcome");
+        if (bystander) {
+          callback_log<int>& b = *others.back();
+          must([&] { return b.is_done(); }, "bystander got an outcome");
+          if (!b.value || *b.value != i) ++others_wrong;
+        }
+        if (r.value && *r.value == i) ++raced_served;
+        if (r.threw<sf::cancelled_error>()) ++raced_cancelled;
+        sweep.record(/*a_won=*/r.value == i);
+        break;
+      }
+    }
     if (r.value && *r.value == i) {
       ++served;
     } else if (r.threw<sf::cancelled_error>()) {
@@ -792,26 +867,30 @@ TEST_CASE("cancellation racing the settle: each callback waiter gets exactly one
     } else {
       ++wrong;
     }
-    if (i % 2 == 0) {
-      callback_log<int>& b = *bystanders.back();
-      must([&] { return b.is_done(); }, "bystander got an outcome");
-      if (!b.value || *b.value != i) ++bystanders_wrong;
-    }
+    if (schedule_of(i) == claimed_then_stopped) CHECK(r.value == i);
+    if (schedule_of(i) == left_then_settled) CHECK(r.threw<sf::cancelled_error>());
     must([&] { return g.in_flight() == 0; }, "entry gone once the completion resolved");
   }
+  go.store(iterations + 1);
+  resolver.join("resolver returned");
+  stopper.join("stopper returned");
   CHECK(wrong == 0);
-  CHECK(bystanders_wrong == 0);
+  CHECK(others_wrong == 0);
   CHECK(served + cancelled == iterations);
+  CHECK(served > 0);     // forced: claimed_then_stopped rounds
+  CHECK(cancelled > 0);  // forced: left_then_settled rounds
   int twice = 0;
   for (auto& r : racers) twice += r->calls.load() != 1;
-  for (auto& b : bystanders) twice += b->calls.load() != 1;
+  for (auto& b : others) twice += b->calls.load() != 1;
   CHECK(twice == 0);
   const auto s = g.stats();
   CHECK(s.flights == iterations);
-  CHECK(s.joins == iterations / 2);
+  CHECK(s.joins == static_cast<std::uint64_t>(joins));
   CHECK(s.cancellations == static_cast<std::uint64_t>(cancelled));
   CHECK(s.calls == s.flights + s.joins + s.rejections);
-  UNSCOPED_INFO("served " << served << ", cancelled " << cancelled);
+  UNSCOPED_INFO("served " << served << ", cancelled " << cancelled << "; raced rounds: served "
+                          << raced_served << ", cancelled " << raced_cancelled << "; final offset "
+                          << sweep.offset_ns() << " ns");
   SUCCEED();
 }
 
