@@ -432,6 +432,7 @@ TEST_CASE("a completion resolved or dropped on another thread while fn is still 
           must([&] { return log.is_done(); }, "on_done ran while fn is still running");
         },
         log.on_done());
+    REQUIRE(log.value);
     CHECK(*log.value == 5);
     CHECK(log.thread == resolver.load());
   }
@@ -1026,7 +1027,7 @@ TEST_CASE("close() does not wait for an on_done already under way", "[async][clo
   completion_box<int> box;
   g.async_do("k", box.fn(), log.on_done());
   auto item = box.take("fn parked its completion");
-  std::jthread resolver([&] { item.second.set_value(1); });
+  sftest::thread resolver([&] { item.second.set_value(1); });
   must([&] { return in_on_done.load(); }, "on_done running");
   std::jthread closer([&] {
     g.close();
@@ -1035,7 +1036,8 @@ TEST_CASE("close() does not wait for an on_done already under way", "[async][clo
   must([&] { return close_returned.load(); }, "close() returned while on_done still runs");
   release.open();
   log.wait("on_done returned");
-  resolver.join();
+  resolver.join("the resolver returned (on_done ran on it)");
+  REQUIRE(log.value);
   CHECK(*log.value == 1);
 }
 

@@ -86,6 +86,7 @@ TEST_CASE(
   g.async_do(
       "k", [] { return 7; }, c.on_done());
   CHECK(c.is_done());
+  REQUIRE(c.value);
   CHECK(*c.value == 7);
 }
 
@@ -119,12 +120,12 @@ TEST_CASE("a stop arriving while an async observer is claimed is seen when it at
 
   park_armed = true;
   sf::detail::test_hook.store(&park_returning, std::memory_order_release);
-  std::thread resolver([&] { first.second.set_value(1); });
+  sftest::thread resolver([&] { first.second.set_value(1); });
   returning_parked.wait("observer claimed");
   sb.request_stop();  // the stop callback runs here and loses the claim
   CHECK_FALSE(b.is_done());
   returning_release.open();
-  resolver.join();
+  resolver.join("the resolver returned (b went round on it)");
   sf::detail::test_hook.store(nullptr, std::memory_order_release);
   b.wait("b cancelled");
   CHECK(b.threw<sf::cancelled_error>());
@@ -166,14 +167,14 @@ TEST_CASE(
         return 2;
       },
       a.on_done(), sa.get_token());
-  REQUIRE_FALSE(a.is_done());                                // waits for the stopped fn
-  std::thread resolver([&] { first.second.set_value(1); });  // a goes round and leads, here
+  REQUIRE_FALSE(a.is_done());                                   // waits for the stopped fn
+  sftest::thread resolver([&] { first.second.set_value(1); });  // a goes round and leads, here
   started.wait("a's fn started on the resolver");
   sa.request_stop();  // a leaves: delivered (its node deleted) while its fn runs
   CHECK(a.is_done());
   CHECK(a.threw<sf::cancelled_error>());
   release.open();
-  resolver.join();
+  resolver.join("the resolver returned (a's fn ran on it)");
   CHECK(capture_ok);
   CHECK(g.in_flight() == 0);
 }
@@ -209,7 +210,7 @@ TEST_CASE(
   REQUIRE_FALSE(a2.is_done());
   REQUIRE_FALSE(b1.is_done());
   const auto joins_before = g.stats().joins;
-  std::thread resolver([&] { first.second.set_value(1); });
+  sftest::thread resolver([&] { first.second.set_value(1); });
   started.wait("second flight's fn started");
   CHECK(g.stats().flights == 2);
   CHECK(g.stats().joins == joins_before + 1);  // b1 joined a2's flight instead of waiting
@@ -218,7 +219,7 @@ TEST_CASE(
   CHECK(b1.threw<sf::cancelled_error>());
   CHECK(b1.thread == std::this_thread::get_id());
   s2.request_stop();  // the last waiter leaves: the second flight is stopped, its fn returns
-  resolver.join();
+  resolver.join("the resolver returned (the second flight's fn ran on it)");
   a2.wait("a2 cancelled");
   CHECK(a2.threw<sf::cancelled_error>());
   CHECK(g.in_flight() == 0);

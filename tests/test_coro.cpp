@@ -707,7 +707,7 @@ TEST_CASE("close() does not wait for a coroutine resumption already under way", 
   completion_box<int> box;
   auto t = wait_then_block(g, box.fn(), resumed, release);
   auto item = box.take("fn parked its completion");
-  std::jthread resolver([&] { item.second.set_value(1); });
+  sftest::thread resolver([&] { item.second.set_value(1); });
   must([&] { return resumed.load(); }, "coroutine resumed");
   std::jthread closer([&] {
     g.close();
@@ -716,7 +716,8 @@ TEST_CASE("close() does not wait for a coroutine resumption already under way", 
   must([&] { return close_returned.load(); }, "close() returned while the coroutine still runs");
   release.open();
   t.wait("coroutine finished");
-  resolver.join();
+  resolver.join("the resolver returned (the coroutine ran on it)");
+  REQUIRE(t.get().value);
   CHECK(*t.get().value == 1);
 }
 
