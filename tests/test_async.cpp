@@ -32,6 +32,7 @@ namespace sf = singleflight;
 using namespace std::chrono_literals;
 using sftest::callback_log;
 using sftest::completion_box;
+using sftest::fire_task;
 using sftest::gate;
 using sftest::must;
 using group_t = sf::group<std::string, int>;
@@ -166,6 +167,86 @@ TEST_CASE("an exception from fn reaches every callback waiter as the same object
     CHECK(address_of<not_an_exception>(log.error) == first);
   }
   CHECK(in_flight_seen_nonzero == 0);
+}
+
+namespace {
+// A coroutine waiter that reports what the group looked like when it was
+// resumed: in_flight() as its first step after the co_await.
+template <class F>
+fire_task<std::size_t> in_flight_on_resume(group_t& g, F fn) {
+  try {
+    (void)co_await g.co_do(std::string("k"), fn);
+  } catch (...) {  // value or failure: only the moment of resumption matters
+  }
+  co_return g.in_flight();
+}
+}  // namespace
+
+TEST_CASE("inline_leader_wakes_no_waiter_before_its_entry_is_gone", "[async][coro][g4]") {
+  // Guarantee 4: "the entry is gone before any of them wakes", for a fn run
+  // inline by its leader. Its callback and coroutine waiters are notified on
+  // the leader's thread right after the settle, so they see the group
+  // exactly as the leader left it: no entry (in_flight() == 0), and the same
+  // key starts a new flight at once. Blocked waiters re-lock too late to
+  // tell (see the g4 test in test_group_core.cpp); these cannot miss it.
+  // Catches: a leader that wakes its waiters before erasing its entry (a
+  // mutation that survived the blocked-waiter tests): in_flight() == 1
+  // inside on_done, and an async_do for the key waits for the old fn instead
+  // of starting.
+  const bool throws = GENERATE(false, true);
+  const bool async_leader = GENERATE(false, true);  // async_do running a sync fn inline, or do_
+  CAPTURE(throws, async_leader);
+  callback_log<int> follower, again;
+  std::atomic<std::size_t> in_flight_in_on_done{99};
+  std::atomic<bool> again_done_at_once{false};
+  group_t g;
+  follower.probe = [&] {
+    in_flight_in_on_done = g.in_flight();
+    g.async_do(
+        "k", [] { return 2; }, again.on_done());  // a new flight, run right here
+    again_done_at_once = again.is_done();
+  };
+  gate release;
+  std::atomic<bool> fn_running{false};
+  auto fn = [&]() -> int {
+    fn_running = true;
+    release.wait("inline fn released");
+    if (throws) throw not_an_exception{5};
+    return 1;
+  };
+  callback_log<int> leader_log;
+  sftest::thread leader([&] {
+    if (async_leader) {
+      g.async_do("k", fn, leader_log.on_done());  // fn runs inside, on this thread
+    } else {
+      try {
+        (void)g.do_("k", fn);
+      } catch (...) {
+      }
+    }
+  });
+  const std::thread::id leader_id = leader.get_id();
+  must([&] { return fn_running.load(); }, "the leader runs fn");
+  g.async_do(
+      "k", [] { return -1; }, follower.on_done());
+  auto co = in_flight_on_resume(g, [] { return -1; });
+  CHECK(g.stats().joins == 2);
+  CHECK_FALSE(follower.is_done());
+  CHECK_FALSE(co.done());
+  release.open();
+  leader.join("leader returned");
+  REQUIRE(follower.is_done());
+  REQUIRE(co.done());
+  REQUIRE(follower.thread == leader_id);  // notified by the leader, on its thread
+  REQUIRE(co.get().finished_on == leader_id);
+  CHECK(in_flight_in_on_done == 0);
+  CHECK(again_done_at_once);
+  CHECK(again.value == 2);
+  REQUIRE(co.get().value);
+  CHECK(*co.get().value == 0);
+  CHECK((throws ? follower.threw<not_an_exception>() : follower.value == 1));
+  CHECK(g.stats().flights == 2);
+  CHECK(g.in_flight() == 0);
 }
 
 // ---- immediate outcomes ------------------------------------------------------
@@ -529,6 +610,61 @@ TEST_CASE(
   box.take("second flight's completion").second.set_value(2);
   next.wait("next served");
   CHECK(*next.value == 2);
+}
+
+TEST_CASE("completion_assigned_over_unresolved_fails_its_flight_with_broken_promise",
+          "[async][async-fn]") {
+  // completion.hpp: "Destroyed (or assigned over) without being resolved, it
+  // fails the flight with broken_promise_error." Assigning over an
+  // unresolved completion ends its flight there and then, on the assigning
+  // thread, and frees the key; the completion then resolves the other flight.
+  // Catches: a move-assignment that simply overwrites (a mutation no test
+  // killed): the first flight never settles, its waiters wait forever, its
+  // key stays taken, and close() never returns.
+  const bool from_empty = GENERATE(false, true);  // `c = {}` or `c = std::move(other)`
+  CAPTURE(from_empty);
+  callback_log<int> a, b, late;
+  auto owner = std::make_unique<group_t>();
+  group_t& g = *owner;
+  completion_box<int> box;
+  g.async_do("a", box.fn(), a.on_done());
+  g.async_do("b", box.fn(), b.on_done());
+  sf::completion<int> ca = box.take("a's fn parked its completion").second;
+  sf::completion<int> cb = box.take("b's fn parked its completion").second;
+  REQUIRE(ca);
+  REQUIRE(cb);
+  if (from_empty) {
+    ca = sf::completion<int>{};
+    CHECK_FALSE(ca);
+  } else {
+    ca = std::move(cb);
+    CHECK(ca);  // now b's
+    CHECK_FALSE(cb);
+  }
+  CHECK(a.is_done());  // before the assignment returned
+  CHECK(a.threw<sf::broken_promise_error>());
+  CHECK(a.thread == std::this_thread::get_id());
+  CHECK_FALSE(b.is_done());
+  CHECK(g.in_flight() == 1);  // a's key is free
+  CHECK(g.stats().failures == 1);
+  g.async_do("a", box.fn(), late.on_done());  // so a newcomer starts a new flight
+  const bool restarted = box.size() == 1;     // (no REQUIRE: unwinding would run ~group())
+  CHECK(restarted);
+  if (restarted) {
+    box.take("the newcomer's fn parked its completion").second.set_value(3);
+    CHECK(late.value == 3);
+  }
+  (from_empty ? cb : ca).set_value(2);  // b's flight
+  CHECK(b.value == 2);
+  CHECK(a.calls == 1);
+  CHECK(g.in_flight() == 0);
+  const bool drained = g.close_for(sftest::bound);  // waits for every unresolved completion
+  CHECK(drained);
+  if (!drained) {
+    // A completion was lost unresolved and ~group() would wait for it
+    // forever: leak the group, so the test fails instead of hanging.
+    (void)owner.release();
+  }
 }
 
 TEST_CASE("do_ with an async fn: the blocked caller gets the value and can leave on its token",
