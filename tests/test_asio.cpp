@@ -464,13 +464,26 @@ TEST_CASE("an immediate outcome is posted, never invoked inside the initiating f
 
 TEST_CASE("a pending operation is outstanding work: run() does not return before it completes",
           "[asio][executor]") {
+  // Catches: an operation that does not count as work on its handler's
+  // executor; run() would return while it is pending (and the handler would
+  // never run, or run on whichever thread calls run() next).
   group_t g;
   asio::io_context io;
   parked origin;
   handler_log log;
   sf::async_do(g, "k", origin.fn(), asio::bind_executor(io, recorder(log)));
   origin.wait_calls(1, "origin called");
-  runner run(io);  // nothing else is queued on io: only the operation's work keeps run() going
+  // Nothing is queued on io: only the operation's work can keep it going.
+  // poll() runs what is ready and, when the io_context has no work left,
+  // stops it (what run() returning means), all before it returns here.
+  CHECK(io.poll() == 0);
+  REQUIRE_FALSE(io.stopped());
+  // The same with run() on a thread of its own, once it is running for
+  // certain: the posted marker has run on it.
+  std::atomic<bool> running{false};
+  asio::post(io, [&] { running = true; });
+  runner run(io);
+  sftest::must([&] { return running.load(); }, "run() is running");
   REQUIRE_FALSE(sftest::becomes([&] { return run.returned(); }, 100ms));
   origin.set_value(9);
   log.wait("handler called");

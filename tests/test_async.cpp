@@ -32,6 +32,7 @@ namespace sf = singleflight;
 using namespace std::chrono_literals;
 using sftest::callback_log;
 using sftest::completion_box;
+using sftest::fire_task;
 using sftest::gate;
 using sftest::must;
 using group_t = sf::group<std::string, int>;
@@ -166,6 +167,86 @@ TEST_CASE("an exception from fn reaches every callback waiter as the same object
     CHECK(address_of<not_an_exception>(log.error) == first);
   }
   CHECK(in_flight_seen_nonzero == 0);
+}
+
+namespace {
+// A coroutine waiter that reports what the group looked like when it was
+// resumed: in_flight() as its first step after the co_await.
+template <class F>
+fire_task<std::size_t> in_flight_on_resume(group_t& g, F fn) {
+  try {
+    (void)co_await g.co_do(std::string("k"), fn);
+  } catch (...) {  // value or failure: only the moment of resumption matters
+  }
+  co_return g.in_flight();
+}
+}  // namespace
+
+TEST_CASE("inline_leader_wakes_no_waiter_before_its_entry_is_gone", "[async][coro][g4]") {
+  // Guarantee 4: "the entry is gone before any of them wakes", for a fn run
+  // inline by its leader. Its callback and coroutine waiters are notified on
+  // the leader's thread right after the settle, so they see the group
+  // exactly as the leader left it: no entry (in_flight() == 0), and the same
+  // key starts a new flight at once. Blocked waiters re-lock too late to
+  // tell (see the g4 test in test_group_core.cpp); these cannot miss it.
+  // Catches: a leader that wakes its waiters before erasing its entry (a
+  // mutation that survived the blocked-waiter tests): in_flight() == 1
+  // inside on_done, and an async_do for the key waits for the old fn instead
+  // of starting.
+  const bool throws = GENERATE(false, true);
+  const bool async_leader = GENERATE(false, true);  // async_do running a sync fn inline, or do_
+  CAPTURE(throws, async_leader);
+  callback_log<int> follower, again;
+  std::atomic<std::size_t> in_flight_in_on_done{99};
+  std::atomic<bool> again_done_at_once{false};
+  group_t g;
+  follower.probe = [&] {
+    in_flight_in_on_done = g.in_flight();
+    g.async_do(
+        "k", [] { return 2; }, again.on_done());  // a new flight, run right here
+    again_done_at_once = again.is_done();
+  };
+  gate release;
+  std::atomic<bool> fn_running{false};
+  auto fn = [&]() -> int {
+    fn_running = true;
+    release.wait("inline fn released");
+    if (throws) throw not_an_exception{5};
+    return 1;
+  };
+  callback_log<int> leader_log;
+  sftest::thread leader([&] {
+    if (async_leader) {
+      g.async_do("k", fn, leader_log.on_done());  // fn runs inside, on this thread
+    } else {
+      try {
+        (void)g.do_("k", fn);
+      } catch (...) {
+      }
+    }
+  });
+  const std::thread::id leader_id = leader.get_id();
+  must([&] { return fn_running.load(); }, "the leader runs fn");
+  g.async_do(
+      "k", [] { return -1; }, follower.on_done());
+  auto co = in_flight_on_resume(g, [] { return -1; });
+  CHECK(g.stats().joins == 2);
+  CHECK_FALSE(follower.is_done());
+  CHECK_FALSE(co.done());
+  release.open();
+  leader.join("leader returned");
+  REQUIRE(follower.is_done());
+  REQUIRE(co.done());
+  REQUIRE(follower.thread == leader_id);  // notified by the leader, on its thread
+  REQUIRE(co.get().finished_on == leader_id);
+  CHECK(in_flight_in_on_done == 0);
+  CHECK(again_done_at_once);
+  CHECK(again.value == 2);
+  REQUIRE(co.get().value);
+  CHECK(*co.get().value == 0);
+  CHECK((throws ? follower.threw<not_an_exception>() : follower.value == 1));
+  CHECK(g.stats().flights == 2);
+  CHECK(g.in_flight() == 0);
 }
 
 // ---- immediate outcomes ------------------------------------------------------
@@ -432,6 +513,7 @@ TEST_CASE("a completion resolved or dropped on another thread while fn is still 
           must([&] { return log.is_done(); }, "on_done ran while fn is still running");
         },
         log.on_done());
+    REQUIRE(log.value);
     CHECK(*log.value == 5);
     CHECK(log.thread == resolver.load());
   }
@@ -528,6 +610,61 @@ TEST_CASE(
   box.take("second flight's completion").second.set_value(2);
   next.wait("next served");
   CHECK(*next.value == 2);
+}
+
+TEST_CASE("completion_assigned_over_unresolved_fails_its_flight_with_broken_promise",
+          "[async][async-fn]") {
+  // completion.hpp: "Destroyed (or assigned over) without being resolved, it
+  // fails the flight with broken_promise_error." Assigning over an
+  // unresolved completion ends its flight there and then, on the assigning
+  // thread, and frees the key; the completion then resolves the other flight.
+  // Catches: a move-assignment that simply overwrites (a mutation no test
+  // killed): the first flight never settles, its waiters wait forever, its
+  // key stays taken, and close() never returns.
+  const bool from_empty = GENERATE(false, true);  // `c = {}` or `c = std::move(other)`
+  CAPTURE(from_empty);
+  callback_log<int> a, b, late;
+  auto owner = std::make_unique<group_t>();
+  group_t& g = *owner;
+  completion_box<int> box;
+  g.async_do("a", box.fn(), a.on_done());
+  g.async_do("b", box.fn(), b.on_done());
+  sf::completion<int> ca = box.take("a's fn parked its completion").second;
+  sf::completion<int> cb = box.take("b's fn parked its completion").second;
+  REQUIRE(ca);
+  REQUIRE(cb);
+  if (from_empty) {
+    ca = sf::completion<int>{};
+    CHECK_FALSE(ca);
+  } else {
+    ca = std::move(cb);
+    CHECK(ca);  // now b's
+    CHECK_FALSE(cb);
+  }
+  CHECK(a.is_done());  // before the assignment returned
+  CHECK(a.threw<sf::broken_promise_error>());
+  CHECK(a.thread == std::this_thread::get_id());
+  CHECK_FALSE(b.is_done());
+  CHECK(g.in_flight() == 1);  // a's key is free
+  CHECK(g.stats().failures == 1);
+  g.async_do("a", box.fn(), late.on_done());  // so a newcomer starts a new flight
+  const bool restarted = box.size() == 1;     // (no REQUIRE: unwinding would run ~group())
+  CHECK(restarted);
+  if (restarted) {
+    box.take("the newcomer's fn parked its completion").second.set_value(3);
+    CHECK(late.value == 3);
+  }
+  (from_empty ? cb : ca).set_value(2);  // b's flight
+  CHECK(b.value == 2);
+  CHECK(a.calls == 1);
+  CHECK(g.in_flight() == 0);
+  const bool drained = g.close_for(sftest::bound);  // waits for every unresolved completion
+  CHECK(drained);
+  if (!drained) {
+    // A completion was lost unresolved and ~group() would wait for it
+    // forever: leak the group, so the test fails instead of hanging.
+    (void)owner.release();
+  }
 }
 
 TEST_CASE("do_ with an async fn: the blocked caller gets the value and can leave on its token",
@@ -747,44 +884,119 @@ TEST_CASE("ownership::leader: the async leader's stop cancels every waiter on th
 TEST_CASE("cancellation racing the settle: each callback waiter gets exactly one outcome",
           "[async][cancel][race]") {
   // Catches: a waiter both cancelled and served (on_done twice) or neither
-  // (a lost wake-up) when request_stop and set_value run at the same moment;
-  // alternately with and without a second waiter, so the stop is sometimes
-  // the last waiter leaving (which stops the flight) and sometimes not.
+  // (a lost wake-up) when its stop and the settle meet. Three schedules, in
+  // turn; the first two are forced, so both outcomes happen on every run:
+  //  * claimed, then stopped: the settle has claimed the racer and is
+  //    notifying an earlier waiter of the same batch, whose on_done requests
+  //    the racer's stop. The stop callback must lose the claim: the racer is
+  //    served, once, on the settling thread.
+  //  * left, then settled: the racer's stop makes it leave (the last waiter:
+  //    the flight is stopped), and a stop callback on the flight's token
+  //    resolves the completion on the stopping thread before the racer is
+  //    delivered. The racer is cancelled, once; the late value only frees
+  //    the key.
+  //  * together: a resolver and a stopper thread released at once (their
+  //    starts moved apart by sftest::race_sweep, which seeks the boundary
+  //    between the outcomes), alternately with and without a bystander (so
+  //    the stop is sometimes the last waiter leaving and sometimes not).
+  //    Either outcome; what each machine produces is counted, not required.
   constexpr int iterations = 2000;
-  std::vector<std::unique_ptr<callback_log<int>>> racers, bystanders;
+  enum schedule { claimed_then_stopped, left_then_settled, together };
+  const auto schedule_of = [](int i) {
+    return i % 4 == 0 ? claimed_then_stopped : i % 4 == 1 ? left_then_settled : together;
+  };
+  std::vector<std::unique_ptr<callback_log<int>>> racers, others;
   std::optional<sf::completion<int>> cur_c;
   std::optional<std::stop_source> cur_s;
   std::atomic<int> go{0}, acted{0};
   group_t g;
   completion_box<int> box;
-  std::jthread resolver([&] {
-    for (int i = 1; i <= iterations; ++i) {
-      must([&] { return go.load() >= i; }, "resolver released");
-      cur_c->set_value(i);
-      acted.fetch_add(1);
-    }
-  });
-  std::jthread stopper([&] {
-    for (int i = 1; i <= iterations; ++i) {
-      must([&] { return go.load() >= i; }, "stopper released");
-      cur_s->request_stop();
-      acted.fetch_add(1);
-    }
-  });
-  int served = 0, cancelled = 0, wrong = 0, bystanders_wrong = 0;
+  // The workers act once per `together` round i (go = i), and return when
+  // go passes the last round.
+  const auto worker = [&](auto act) {
+    return [&go, &acted, act] {
+      for (int seen = 0;;) {
+        must([&] { return go.load() > seen; }, "worker released");
+        seen = go.load();
+        if (seen > iterations) return;
+        act(seen);
+        acted.fetch_add(1);
+      }
+    };
+  };
+  // In `together` rounds a sweep moves the start of the two sides apart,
+  // towards the boundary between the outcomes, where the stop meets the
+  // settle (see sftest::race_sweep).
+  sftest::race_sweep sweep;
+  sftest::thread resolver(worker([&](int i) {
+    sweep.hold_a();
+    cur_c->set_value(i);
+  }));
+  sftest::thread stopper(worker([&](int) {
+    sweep.hold_b();
+    cur_s->request_stop();
+  }));
+  int served = 0, cancelled = 0, wrong = 0, others_wrong = 0, joins = 0;
+  int raced_served = 0, raced_cancelled = 0;
   for (int i = 1; i <= iterations; ++i) {
     racers.push_back(std::make_unique<callback_log<int>>());
-    cur_s.emplace();
-    g.async_do("k", box.fn(), racers.back()->on_done(), cur_s->get_token());
-    if (i % 2 == 0) {
-      bystanders.push_back(std::make_unique<callback_log<int>>());
-      g.async_do("k", box.fn(), bystanders.back()->on_done());
-    }
-    cur_c.emplace(std::move(box.take("fn parked its completion").second));
-    go.store(i);  // both workers start at once
-    must([&] { return acted.load() == 2 * i; }, "resolver and stopper both returned");
     callback_log<int>& r = *racers.back();
-    must([&] { return r.is_done(); }, "racer got an outcome");
+    cur_s.emplace();
+    switch (schedule_of(i)) {
+      case claimed_then_stopped: {
+        others.push_back(std::make_unique<callback_log<int>>());
+        callback_log<int>& first = *others.back();
+        first.probe = [&] { cur_s->request_stop(); };  // the racer is claimed, not yet notified
+        g.async_do("k", box.fn(), first.on_done());
+        g.async_do("k", box.fn(), r.on_done(), cur_s->get_token());
+        ++joins;
+        box.take("fn parked its completion").second.set_value(i);  // both notified here
+        REQUIRE(first.is_done());
+        REQUIRE(r.is_done());
+        CHECK(cur_s->stop_requested());
+        if (!first.value || *first.value != i) ++others_wrong;
+        break;
+      }
+      case left_then_settled: {
+        g.async_do("k", box.fn(), r.on_done(), cur_s->get_token());
+        auto item = box.take("fn parked its completion");
+        sf::completion<int> c = std::move(item.second);
+        bool racer_delivered_first = true;
+        std::stop_callback resolve_now(item.first, [&] {
+          racer_delivered_first = r.is_done();
+          c.set_value(i);  // the flight was stopped: this only frees the key
+        });
+        cur_s->request_stop();  // the racer leaves, the flight stops, the value comes, then on_done
+        REQUIRE(r.is_done());
+        CHECK_FALSE(racer_delivered_first);
+        CHECK_FALSE(c);
+        CHECK(g.in_flight() == 0);  // freed by the late value, before request_stop returned
+        break;
+      }
+      case together: {
+        g.async_do("k", box.fn(), r.on_done(), cur_s->get_token());
+        const bool bystander = i % 2 == 0;
+        if (bystander) {
+          others.push_back(std::make_unique<callback_log<int>>());
+          g.async_do("k", box.fn(), others.back()->on_done());
+          ++joins;
+        }
+        cur_c.emplace(std::move(box.take("fn parked its completion").second));
+        const int before = acted.load();
+        go.store(i);  // both workers start at once
+        must([&] { return acted.load() == before + 2; }, "resolver and stopper both returned");
+        must([&] { return r.is_done(); }, "racer got an outcome");
+        if (bystander) {
+          callback_log<int>& b = *others.back();
+          must([&] { return b.is_done(); }, "bystander got an outcome");
+          if (!b.value || *b.value != i) ++others_wrong;
+        }
+        if (r.value && *r.value == i) ++raced_served;
+        if (r.threw<sf::cancelled_error>()) ++raced_cancelled;
+        sweep.record(/*a_won=*/r.value == i);
+        break;
+      }
+    }
     if (r.value && *r.value == i) {
       ++served;
     } else if (r.threw<sf::cancelled_error>()) {
@@ -792,26 +1004,30 @@ TEST_CASE("cancellation racing the settle: each callback waiter gets exactly one
     } else {
       ++wrong;
     }
-    if (i % 2 == 0) {
-      callback_log<int>& b = *bystanders.back();
-      must([&] { return b.is_done(); }, "bystander got an outcome");
-      if (!b.value || *b.value != i) ++bystanders_wrong;
-    }
+    if (schedule_of(i) == claimed_then_stopped) CHECK(r.value == i);
+    if (schedule_of(i) == left_then_settled) CHECK(r.threw<sf::cancelled_error>());
     must([&] { return g.in_flight() == 0; }, "entry gone once the completion resolved");
   }
+  go.store(iterations + 1);
+  resolver.join("resolver returned");
+  stopper.join("stopper returned");
   CHECK(wrong == 0);
-  CHECK(bystanders_wrong == 0);
+  CHECK(others_wrong == 0);
   CHECK(served + cancelled == iterations);
+  CHECK(served > 0);     // forced: claimed_then_stopped rounds
+  CHECK(cancelled > 0);  // forced: left_then_settled rounds
   int twice = 0;
   for (auto& r : racers) twice += r->calls.load() != 1;
-  for (auto& b : bystanders) twice += b->calls.load() != 1;
+  for (auto& b : others) twice += b->calls.load() != 1;
   CHECK(twice == 0);
   const auto s = g.stats();
   CHECK(s.flights == iterations);
-  CHECK(s.joins == iterations / 2);
+  CHECK(s.joins == static_cast<std::uint64_t>(joins));
   CHECK(s.cancellations == static_cast<std::uint64_t>(cancelled));
   CHECK(s.calls == s.flights + s.joins + s.rejections);
-  UNSCOPED_INFO("served " << served << ", cancelled " << cancelled);
+  UNSCOPED_INFO("served " << served << ", cancelled " << cancelled << "; raced rounds: served "
+                          << raced_served << ", cancelled " << raced_cancelled << "; final offset "
+                          << sweep.offset_ns() << " ns");
   SUCCEED();
 }
 
@@ -947,7 +1163,7 @@ TEST_CASE("close() does not wait for an on_done already under way", "[async][clo
   completion_box<int> box;
   g.async_do("k", box.fn(), log.on_done());
   auto item = box.take("fn parked its completion");
-  std::jthread resolver([&] { item.second.set_value(1); });
+  sftest::thread resolver([&] { item.second.set_value(1); });
   must([&] { return in_on_done.load(); }, "on_done running");
   std::jthread closer([&] {
     g.close();
@@ -956,7 +1172,8 @@ TEST_CASE("close() does not wait for an on_done already under way", "[async][clo
   must([&] { return close_returned.load(); }, "close() returned while on_done still runs");
   release.open();
   log.wait("on_done returned");
-  resolver.join();
+  resolver.join("the resolver returned (on_done ran on it)");
+  REQUIRE(log.value);
   CHECK(*log.value == 1);
 }
 

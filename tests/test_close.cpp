@@ -86,14 +86,14 @@ TEST_CASE(
     if (fn_returned.load()) ++closes_returned_after_fn;
     ++closes_returned;
   };
-  std::jthread a(closer);
-  std::jthread b(closer);
+  sftest::thread a(closer);
+  sftest::thread b(closer);
   sftest::must([&] { return fn_saw_stop.load(); }, "fn saw the stop");
   sftest::must([&] { return caller.done.load(); }, "caller got closed_error");
   const bool early = sftest::becomes([&] { return closes_returned.load() > 0; }, 100ms);
   release.open();
-  a.join();
-  b.join();
+  a.join("first close() returned");
+  b.join("second close() returned");
   sftest::finish(tc, caller, "caller");
 
   CHECK_FALSE(early);
@@ -365,13 +365,13 @@ TEST_CASE("concurrent_close_returns_only_after_the_groups_threads_are_joined", "
     if (worker_exited.load()) ++closes_returned_after_exit;
     ++closes_returned;
   };
-  std::jthread a(closer);
-  std::jthread b(closer);
+  sftest::thread a(closer);
+  sftest::thread b(closer);
   sftest::must([&] { return worker_exiting.load(); }, "worker thread exiting");
   const bool early = sftest::becomes([&] { return closes_returned.load() > 0; }, 200ms);
   hold_exit.open();
-  a.join();
-  b.join();
+  a.join("first close() returned");
+  b.join("second close() returned");
   sftest::finish(tc, caller, "caller");
 
   CHECK_FALSE(early);

@@ -479,61 +479,153 @@ TEST_CASE("cancellation racing the settle: each coroutine resumes exactly once",
           "[coro][cancel][race]") {
   // Catches: a coroutine resumed twice (by the stop and by the settle: a
   // double resume of a destroyed frame, which ASan reports) or never (a lost
-  // wake-up), with and without a second waiter keeping the flight owned.
+  // wake-up) when its stop and the settle meet. Three schedules, in turn; the
+  // first two are forced, so both outcomes happen on every run:
+  //  * claimed, then stopped: the settle has claimed the racer and is
+  //    notifying an earlier (callback) waiter of the same batch, whose
+  //    on_done requests the racer's stop. The stop callback must lose the
+  //    claim: the racer resumes once, with the value, on the settling thread.
+  //  * left, then settled: the racer's stop makes it leave (the last waiter:
+  //    the flight is stopped), and a stop callback on the flight's token
+  //    resolves the completion on the stopping thread before the racer is
+  //    resumed. The racer resumes once, with cancelled_error.
+  //  * together: a resolver and a stopper thread released at once (their
+  //    starts moved apart by sftest::race_sweep, which seeks the boundary
+  //    between the outcomes), alternately with and without a second
+  //    coroutine keeping the flight owned. Either outcome; what each machine
+  //    produces is counted, not required.
   constexpr int iterations = 2000;
+  enum schedule { claimed_then_stopped, left_then_settled, together };
+  const auto schedule_of = [](int i) {
+    return i % 4 == 0 ? claimed_then_stopped : i % 4 == 1 ? left_then_settled : together;
+  };
   std::vector<fire_task<int>> racers, bystanders;
+  std::vector<std::unique_ptr<callback_log<int>>> firsts;
   racers.reserve(iterations);
-  bystanders.reserve(iterations / 2);
   std::optional<sf::completion<int>> cur_c;
   std::optional<std::stop_source> cur_s;
   std::atomic<int> go{0}, acted{0};
   group_t g;
   completion_box<int> box;
-  std::jthread resolver([&] {
-    for (int i = 1; i <= iterations; ++i) {
-      must([&] { return go.load() >= i; }, "resolver released");
-      cur_c->set_value(i);
-      acted.fetch_add(1);
-    }
-  });
-  std::jthread stopper([&] {
-    for (int i = 1; i <= iterations; ++i) {
-      must([&] { return go.load() >= i; }, "stopper released");
-      cur_s->request_stop();
-      acted.fetch_add(1);
-    }
-  });
-  int served = 0, cancelled = 0, wrong = 0, bystanders_wrong = 0;
+  // The workers act once per `together` round i (go = i), and return when
+  // go passes the last round.
+  const auto worker = [&](auto act) {
+    return [&go, &acted, act] {
+      for (int seen = 0;;) {
+        must([&] { return go.load() > seen; }, "worker released");
+        seen = go.load();
+        if (seen > iterations) return;
+        act(seen);
+        acted.fetch_add(1);
+      }
+    };
+  };
+  // In `together` rounds a sweep moves the start of the two sides apart,
+  // towards the boundary between the outcomes, where the stop meets the
+  // settle (see sftest::race_sweep).
+  sftest::race_sweep sweep;
+  sftest::thread resolver(worker([&](int i) {
+    sweep.hold_a();
+    cur_c->set_value(i);
+  }));
+  sftest::thread stopper(worker([&](int) {
+    sweep.hold_b();
+    cur_s->request_stop();
+  }));
+  int served = 0, cancelled = 0, wrong = 0, others_wrong = 0, joins = 0;
+  int raced_served = 0, raced_cancelled = 0;
   for (int i = 1; i <= iterations; ++i) {
     cur_s.emplace();
-    racers.push_back(co_wait(g, "k", box.fn(), cur_s->get_token()));
-    if (i % 2 == 0) bystanders.push_back(co_wait(g, "k", box.fn()));
-    cur_c.emplace(std::move(box.take("fn parked its completion").second));
-    go.store(i);
-    must([&] { return acted.load() == 2 * i; }, "resolver and stopper both returned");
-    const fire_task<int>& r = racers.back();
-    r.wait("racer finished");
-    if (r.get().value && *r.get().value == i) {
+    switch (schedule_of(i)) {
+      case claimed_then_stopped: {
+        firsts.push_back(std::make_unique<callback_log<int>>());
+        callback_log<int>& first = *firsts.back();
+        first.probe = [&] { cur_s->request_stop(); };  // the racer is claimed, not yet resumed
+        g.async_do("k", box.fn(), first.on_done());
+        racers.push_back(co_wait(g, "k", box.fn(), cur_s->get_token()));
+        ++joins;
+        REQUIRE_FALSE(racers.back().done());
+        box.take("fn parked its completion").second.set_value(i);  // both notified here
+        REQUIRE(first.is_done());
+        REQUIRE(racers.back().done());
+        CHECK(cur_s->stop_requested());
+        CHECK(racers.back().get().finished_on == std::this_thread::get_id());
+        if (!first.value || *first.value != i) ++others_wrong;
+        break;
+      }
+      case left_then_settled: {
+        racers.push_back(co_wait(g, "k", box.fn(), cur_s->get_token()));
+        const fire_task<int>& r = racers.back();
+        auto item = box.take("fn parked its completion");
+        sf::completion<int> c = std::move(item.second);
+        bool racer_resumed_first = true;
+        std::stop_callback resolve_now(item.first, [&] {
+          racer_resumed_first = r.done();
+          c.set_value(i);  // the flight was stopped: this only frees the key
+        });
+        cur_s->request_stop();  // the racer leaves, the flight stops, the value comes, then resume
+        REQUIRE(r.done());
+        CHECK_FALSE(racer_resumed_first);
+        CHECK_FALSE(c);
+        CHECK(g.in_flight() == 0);  // freed by the late value, before request_stop returned
+        break;
+      }
+      case together: {
+        racers.push_back(co_wait(g, "k", box.fn(), cur_s->get_token()));
+        const bool bystander = i % 2 == 0;
+        if (bystander) {
+          bystanders.push_back(co_wait(g, "k", box.fn()));
+          ++joins;
+        }
+        cur_c.emplace(std::move(box.take("fn parked its completion").second));
+        const int before = acted.load();
+        go.store(i);  // both workers start at once
+        must([&] { return acted.load() == before + 2; }, "resolver and stopper both returned");
+        racers.back().wait("racer finished");
+        if (bystander) {
+          const fire_task<int>& b = bystanders.back();
+          b.wait("bystander finished");
+          if (!b.get().value || *b.get().value != i) ++others_wrong;
+        }
+        const auto& rec = racers.back().get();
+        if (rec.value && *rec.value == i) ++raced_served;
+        if (rec.threw<sf::cancelled_error>()) ++raced_cancelled;
+        sweep.record(/*a_won=*/rec.value == i);
+        break;
+      }
+    }
+    const auto& rec = racers.back().get();
+    if (rec.value && *rec.value == i) {
       ++served;
-    } else if (r.get().threw<sf::cancelled_error>()) {
+    } else if (rec.threw<sf::cancelled_error>()) {
       ++cancelled;
     } else {
       ++wrong;
     }
-    if (i % 2 == 0) {
-      const fire_task<int>& b = bystanders.back();
-      b.wait("bystander finished");
-      if (!b.get().value || *b.get().value != i) ++bystanders_wrong;
-    }
+    if (schedule_of(i) == claimed_then_stopped) CHECK(rec.value == i);
+    if (schedule_of(i) == left_then_settled) CHECK(rec.threw<sf::cancelled_error>());
     must([&] { return g.in_flight() == 0; }, "entry gone once the completion resolved");
   }
+  go.store(iterations + 1);
+  resolver.join("resolver returned");
+  stopper.join("stopper returned");
   CHECK(wrong == 0);
-  CHECK(bystanders_wrong == 0);
+  CHECK(others_wrong == 0);
   CHECK(served + cancelled == iterations);
+  CHECK(served > 0);     // forced: claimed_then_stopped rounds
+  CHECK(cancelled > 0);  // forced: left_then_settled rounds
+  int first_twice = 0;
+  for (auto& f : firsts) first_twice += f->calls.load() != 1;
+  CHECK(first_twice == 0);
   const auto s = g.stats();
   CHECK(s.flights == iterations);
+  CHECK(s.joins == static_cast<std::uint64_t>(joins));
   CHECK(s.cancellations == static_cast<std::uint64_t>(cancelled));
   CHECK(s.calls == s.flights + s.joins + s.rejections);
+  UNSCOPED_INFO("served " << served << ", cancelled " << cancelled << "; raced rounds: served "
+                          << raced_served << ", cancelled " << raced_cancelled << "; final offset "
+                          << sweep.offset_ns() << " ns");
+  SUCCEED();
 }
 
 // ---- deadline and close ------------------------------------------------------
@@ -615,7 +707,7 @@ TEST_CASE("close() does not wait for a coroutine resumption already under way", 
   completion_box<int> box;
   auto t = wait_then_block(g, box.fn(), resumed, release);
   auto item = box.take("fn parked its completion");
-  std::jthread resolver([&] { item.second.set_value(1); });
+  sftest::thread resolver([&] { item.second.set_value(1); });
   must([&] { return resumed.load(); }, "coroutine resumed");
   std::jthread closer([&] {
     g.close();
@@ -624,7 +716,8 @@ TEST_CASE("close() does not wait for a coroutine resumption already under way", 
   must([&] { return close_returned.load(); }, "close() returned while the coroutine still runs");
   release.open();
   t.wait("coroutine finished");
-  resolver.join();
+  resolver.join("the resolver returned (the coroutine ran on it)");
+  REQUIRE(t.get().value);
   CHECK(*t.get().value == 1);
 }
 

@@ -13,11 +13,15 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
+#include <mutex>
 #include <stop_token>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "support/catch.hpp"
+#include "support/coro.hpp"
 #include "support/sync.hpp"
 
 namespace {
@@ -260,6 +264,121 @@ TEST_CASE(
   sftest::finish(tn, newcomer, "newcomer joined");
   CHECK(leader.threw<sf::timeout_error>());
   CHECK(g.in_flight() == 0);
+}
+
+TEST_CASE("newcomer_wait_bound_counts_from_arrival_across_rounds_of_waiting", "[deadline][g1]") {
+  // Guarantee 1: a newcomer that finds a stopped fn winding down waits for
+  // it, "bounded by ... options.timeout, counted from its arrival". Here the
+  // newcomer has to wait twice: the stopped fn it found ends, but when it
+  // looks again another stopped flight holds the key (an async caller
+  // notified just before it led a new flight and left it at once). Its
+  // second wait must end at arrival + timeout, not a timeout after the
+  // second wait began.
+  // Catches: a bound re-armed on every round of waiting (group.hpp, route:
+  // the wait's deadline is taken once per call); for an async newcomer, a
+  // bound re-armed when it attaches again (link_wait_deadline keeps the
+  // first).
+  // Schedule: a manual executor holds every task, so a stopped flight keeps
+  // its key until the test runs its task (which then skips fn). Time is what
+  // is measured: the newcomer arrives, half its bound passes (a wait for the
+  // clock, which orders nothing), its second round begins, and it must give
+  // up before any bound counted from the second round could end.
+  constexpr auto limit = 800ms;
+  std::mutex m;
+  std::deque<sf::task> tasks;
+  std::atomic<bool> stop_on_submit{false};
+  std::stop_source sa;
+  sf::options o;
+  o.timeout = limit;
+  o.executor = [&](sf::task t) {
+    {
+      std::lock_guard<std::mutex> lk(m);
+      tasks.push_back(std::move(t));
+    }
+    if (stop_on_submit.exchange(false)) sa.request_stop();  // the new flight's only waiter leaves
+  };
+  const auto take_task = [&] {
+    sftest::must(
+        [&] {
+          std::lock_guard<std::mutex> lk(m);
+          return !tasks.empty();
+        },
+        "a task queued");
+    std::lock_guard<std::mutex> lk(m);
+    sf::task t = std::move(tasks.front());
+    tasks.pop_front();
+    return t;
+  };
+  std::atomic<int> fn_calls{0};
+  const auto fn = [&](std::stop_token) { return fn_calls.fetch_add(1), 1; };
+  sftest::callback_log<int> x, a, c;
+  std::atomic<clock_t_::time_point> c_delivered{};
+  c.probe = [&] { c_delivered = clock_t_::now(); };
+  group_t g{o};
+  std::stop_source sx;
+  g.async_do("k", fn, x.on_done(), sx.get_token());  // E1: its task waits in the queue
+  sx.request_stop();  // its only waiter leaves: E1 is stopped, its task still holds the key
+  REQUIRE(x.threw<sf::cancelled_error>());
+  REQUIRE(g.in_flight() == 1);
+  g.async_do("k", fn, a.on_done(), sa.get_token());  // waits for E1; notified first, leads E2
+  REQUIRE_FALSE(a.is_done());
+
+  const auto before = clock_t_::now();
+  sftest::result<int> n;
+  std::atomic<clock_t_::time_point> n_returned{};
+  std::jthread tn;
+  const bool blocked_newcomer = GENERATE(true, false);
+  CAPTURE(blocked_newcomer);
+  if (blocked_newcomer) {
+    tn = sftest::spawn(n, [&] {
+      try {
+        return g.do_("k", fn);
+      } catch (...) {
+        n_returned = clock_t_::now();
+        throw;
+      }
+    });
+  } else {
+    g.async_do("k", fn, c.on_done());
+  }
+  sftest::must([&] { return g.stats().calls == 3; }, "the newcomer waits for E1's fn");
+  const auto arrived_by = clock_t_::now();
+  std::this_thread::sleep_until(arrived_by + limit / 2);  // the time under test passes
+  const auto second_round = clock_t_::now();
+  REQUIRE_FALSE((blocked_newcomer ? n.done.load() : c.is_done()));
+
+  // E1's task: it skips fn (stopped) and frees the key. A, notified first,
+  // leads E2 (queued) and leaves it at once (the executor stops it), so E2
+  // is stopped and holds the key when the newcomer looks again.
+  stop_on_submit = true;
+  take_task()();
+  CHECK(a.threw<sf::cancelled_error>());
+  CHECK(g.stats().flights == 2);
+
+  clock_t_::time_point gave_up;
+  if (blocked_newcomer) {
+    sftest::finish(tn, n, "the newcomer gave up");
+    CHECK(n.threw<sf::timeout_error>());
+    gave_up = n_returned.load();
+  } else {
+    c.wait("the newcomer gave up");
+    CHECK(c.threw<sf::timeout_error>());
+    gave_up = c_delivered.load();
+  }
+  const auto ms = [](clock_t_::duration d) {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
+  };
+  INFO("gave up " << ms(gave_up - arrived_by) << " ms after it had arrived, "
+                  << ms(gave_up - second_round) << " ms after its second wait began; bound "
+                  << ms(limit) << " ms");
+  CHECK(gave_up >= before + limit);       // not before its bound
+  CHECK(gave_up < second_round + limit);  // counted from its arrival, not from its second wait
+  take_task()();                          // E2's task: skips fn, frees the key
+  CHECK(fn_calls == 0);
+  CHECK(g.in_flight() == 0);
+  const auto s = g.stats();
+  CHECK(s.rejections == 1);  // the newcomer's bound
+  CHECK(s.calls == s.flights + s.joins + s.rejections);
 }
 
 // Go article seed: "the leader times out first". Under ownership::leader the

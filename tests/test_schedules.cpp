@@ -12,14 +12,19 @@
 
 #include <array>
 #include <atomic>
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <stop_token>
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "support/catch.hpp"
+#include "support/coro.hpp"
+#include "support/futex.hpp"
 #include "support/sync.hpp"
 
 namespace sf = singleflight;
@@ -706,4 +711,131 @@ TEST_CASE("cancelled_executor_waiter_racing_settle_does_not_delete_newer_entry",
   CHECK(*d.value == 2);
   CHECK(d_info.flight == 2);
   must([&] { return g.in_flight() == 0; }, "E2 finished");
+}
+
+// ---- (h) -------------------------------------------------------------------
+
+namespace {
+
+// A KeyEqual that parks the comparison, under the group's lock, on the one
+// thread that armed it: a way to hold the group's lock still while other
+// threads line up behind it. (KeyEqual runs under the lock during lookups:
+// README, "Choices where the contract was silent".)
+struct equal_park {
+  gate parked;
+  gate release;
+};
+thread_local equal_park* tl_equal_park = nullptr;
+struct parking_equal {
+  bool operator()(const std::string& a, const std::string& b) const {
+    if (equal_park* p = std::exchange(tl_equal_park, nullptr)) {
+      p->parked.open();
+      p->release.wait("the comparison parked under the lock released");
+    }
+    return a == b;
+  }
+};
+// "pk" hashes like "k", so a lookup of "pk" compares it with the entry for "k".
+struct colliding_hash {
+  std::size_t operator()(const std::string& s) const {
+    return std::hash<std::string>{}(s == "pk" ? std::string("k") : s);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("blocked_follower_that_left_is_not_claimed_by_a_settle_queued_on_the_lock",
+          "[schedule][claim]") {
+  // The window where a blocked follower's stop and the settle meet, forced:
+  // the follower F has decided to leave (its claim-or-leave CAS won) and
+  // waits for the group's lock to unlink itself, while the settling thread S
+  // already waits for that lock, ahead of it. Exactly one side decides F:
+  // S must skip it (F stays linked and unlinks itself), F gets
+  // cancelled_error, and the group counts F out once.
+  // Catches the claim done with a plain store instead of the compare-and-
+  // swap (a mutation no race test reached: see the [race] test in
+  // test_group_core.cpp): S would claim F anyway, count it out, and F would
+  // count itself out again, so close() returns while a completion is
+  // unresolved (checked with a sentinel flight); S then also signals a
+  // waiter whose call has returned.
+  // How: P holds the group's lock, parked in KeyEqual (a lookup of "pk",
+  // which collides with "k"). S resolves the completion and blocks on the
+  // lock; then F's stop fires and F blocks on the same lock behind S (seen
+  // in /proc: both wait on one futex word). P is released; S gets the lock
+  // first (futex waiters wake in order).
+  if (!sftest::futex_waits_visible()) {
+    WARN("skipped: this system does not show which lock a thread waits on (/proc)");
+    return;
+  }
+  using group_t = sf::group<std::string, int, colliding_hash, parking_equal>;
+  constexpr int rounds = 3;
+  std::vector<sftest::callback_log<int>> leaders(rounds);
+  sftest::callback_log<int> sentinel;
+  auto owner = std::make_unique<group_t>();
+  group_t& g = *owner;
+  sftest::completion_box<int> box, sentinel_box;
+  g.async_do("s", sentinel_box.fn(), sentinel.on_done());  // a user until its completion resolves
+  auto held = sentinel_box.take("sentinel flight started");
+
+  for (int r = 1; r <= rounds; ++r) {
+    INFO("round " << r);
+    g.async_do("k", box.fn(), leaders[r - 1].on_done());
+    std::stop_source f_stop;
+    std::atomic<long> f_tid{0}, s_tid{0};
+    result<int> f;
+    auto tf = sftest::spawn(f, [&] {
+      f_tid = sftest::this_tid();
+      return g.do_(
+          "k", [] { return -1; }, f_stop.get_token());
+    });
+    must([&] { return g.stats().joins == static_cast<std::uint64_t>(r); }, "F joined");
+    sf::completion<int> c = box.take("fn parked its completion").second;
+
+    equal_park holder;
+    std::atomic<bool> forgot{true};
+    sftest::thread p([&] {
+      tl_equal_park = &holder;
+      forgot = g.forget("pk");  // compares "pk" with "k" under the lock, and parks there
+    });
+    holder.parked.wait("P holds the group's lock, parked in KeyEqual");
+    sftest::thread s([&] {
+      s_tid = sftest::this_tid();
+      c.set_value(r);  // blocks on the group's lock
+    });
+    must([&] { return s_tid != 0 && sftest::futex_waited_on(s_tid) != 0; },
+         "S waits for the group's lock");
+    f_stop.request_stop();  // F wakes, wins its CAS (nobody can claim it now), needs the lock
+    must(
+        [&] {
+          const std::uintptr_t w = sftest::futex_waited_on(f_tid);
+          return w != 0 && w == sftest::futex_waited_on(s_tid);
+        },
+        "F left and waits for the group's lock behind S");
+    holder.release.open();
+    p.join("P returned");
+    s.join("S returned");
+    sftest::finish(tf, f, "F returned");
+    CHECK_FALSE(forgot);
+    CHECK(f.threw<sf::cancelled_error>());
+    leaders[r - 1].wait("the leader served");
+    CHECK(leaders[r - 1].value == r);
+    CHECK(leaders[r - 1].calls == 1);
+    CHECK(g.in_flight() == 1);  // the sentinel's
+  }
+  const auto st = g.stats();
+  CHECK(st.cancellations == static_cast<std::uint64_t>(rounds));
+  CHECK(st.calls == st.flights + st.joins + st.rejections);
+  // close() must wait for the sentinel's unresolved completion: a follower
+  // counted out twice would let it return at once.
+  const bool early = g.close_for(0ms);
+  CHECK_FALSE(early);
+  held.second.set_value(0);
+  const bool drained = !early && g.close_for(sftest::bound);
+  CHECK(drained);
+  CHECK(sentinel.threw<sf::closed_error>());
+  if (!drained) {
+    // The user count is corrupt and ~group() would wait forever: leak the
+    // group, so the test fails instead of hanging.
+    (void)owner.release();
+  }
 }

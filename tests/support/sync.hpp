@@ -3,13 +3,15 @@
 // Rules the tests follow:
 //  * interleavings are forced with gates, latches and observable state
 //    (stats(), in_flight()), never with sleeps;
-//  * every wait is bounded; a wait that runs out aborts the test binary with
-//    the wait's name, so a hang fails fast and says where (each TEST_CASE runs
-//    in its own process under ctest);
+//  * every wait is bounded, joins included (sftest::thread, finish()); a wait
+//    that runs out aborts the test binary with the wait's name, so a hang
+//    fails fast and says where (each TEST_CASE runs in its own process under
+//    ctest);
 //  * worker threads record into atomics or into result slots read after join;
 //    Catch2 assertions run on the test's own thread only.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -134,6 +136,88 @@ void finish(std::jthread& t, const result<T>& r, const char* name) {
   must([&] { return r.done.load(std::memory_order_acquire); }, name);
   t.join();
 }
+
+// thread: a thread whose join is bounded. Its body raises a flag as its last
+// step; join(name) waits (bounded, by name) for the flag, then joins, which
+// returns at once. A plain std::thread::join() is bounded only by ctest's
+// timeout, and says nothing about where the test hung.
+// Destroyed unjoined (a failed REQUIRE unwinding past it), it joins with the
+// same bound, so a stuck body aborts with a name instead of hanging.
+class thread {
+ public:
+  template <class F>
+  explicit thread(F f)
+      : t_([this, f = std::move(f)]() mutable {
+          f();
+          // Release: what the body wrote is visible to whoever saw the flag.
+          done_.store(true, std::memory_order_release);
+        }) {}
+  thread(const thread&) = delete;  // not movable either: the body refers to done_
+  thread& operator=(const thread&) = delete;
+  ~thread() {
+    if (t_.joinable()) join("sftest::thread destroyed before join()");
+  }
+
+  void join(const char* name) {
+    must([&] { return done(); }, name);
+    t_.join();
+  }
+  bool done() const { return done_.load(std::memory_order_acquire); }
+  std::thread::id get_id() const noexcept { return t_.get_id(); }
+
+ private:
+  std::atomic<bool> done_{false};  // declared before t_: set up before the body starts
+  std::thread t_;
+};
+
+// race_sweep: where two sides of a race released together start, relative to
+// each other, over many rounds. Released at the same moment, one side tends
+// to win every round on a given machine (a settle always beats a stop that
+// must first wake a thread, or the reverse under TSan), so the interleavings
+// in between are never reached. The sweep delays one side by `offset` and
+// moves the offset after each round towards the boundary between the two
+// outcomes, where those interleavings are: the step doubles while the winner
+// repeats and halves when it flips (wake-up latencies range from microseconds
+// to milliseconds on a loaded machine).
+//
+// Not synchronisation: tests assert only what holds for every interleaving,
+// and force each outcome they require by other means. The delays spin
+// (yielding) rather than sleep: a sleep lasts tens of microseconds at least,
+// far longer than the finest steps.
+//
+// Thread safety: hold_a() and hold_b() from the two sides, record() from the
+// test's thread between rounds.
+class race_sweep {
+ public:
+  // Side a's delay before it acts: the offset, when positive.
+  void hold_a() const { spin(offset_ns_.load(std::memory_order_relaxed)); }
+  // Side b's delay before it acts: minus the offset, when negative.
+  void hold_b() const { spin(-offset_ns_.load(std::memory_order_relaxed)); }
+  // After a round: which side's outcome happened. Moves the offset to give
+  // the other side the next one.
+  void record(bool a_won) {
+    step_ns_ = a_won == last_a_won_ ? std::min<long long>(step_ns_ * 2, max_step_ns)
+                                    : std::max<long long>(step_ns_ / 2, min_step_ns);
+    last_a_won_ = a_won;
+    offset_ns_.fetch_add(a_won ? step_ns_ : -step_ns_, std::memory_order_relaxed);
+  }
+  long long offset_ns() const { return offset_ns_.load(std::memory_order_relaxed); }
+
+ private:
+  static constexpr long long min_step_ns = 250;
+  static constexpr long long max_step_ns = 1'000'000;
+  static void spin(long long ns) {
+    if (ns <= 0) return;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(ns);
+    while (std::chrono::steady_clock::now() < until) std::this_thread::yield();
+  }
+  // Relaxed: the rounds are ordered by the test's own synchronisation (the
+  // release of both sides, and waiting for both to act); the offset only
+  // tunes timing.
+  std::atomic<long long> offset_ns_{0};
+  long long step_ns_ = min_step_ns;
+  bool last_a_won_ = true;
+};
 
 // counted: a value type that counts its copies and moves (the copy contract).
 struct counted {
