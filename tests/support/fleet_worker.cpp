@@ -26,6 +26,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -115,7 +116,7 @@ int main(int argc, char** argv) {
   int ok = 0;
   int err = 0;
   std::string value;
-  std::string error;
+  std::vector<std::exception_ptr> errors;
   long max_ms = 0;
   {
     std::vector<std::jthread> callers;
@@ -123,7 +124,7 @@ int main(int argc, char** argv) {
       callers.emplace_back([&] {
         const auto t0 = std::chrono::steady_clock::now();
         std::string v;
-        std::string e;
+        std::exception_ptr e;
         try {
           if (mode == "fleet") {
             v = fleet.get(key, [] { return load(); });
@@ -132,23 +133,37 @@ int main(int argc, char** argv) {
           } else {
             v = load();
           }
-        } catch (const std::exception& x) {
-          e = x.what();
+        } catch (...) {
+          e = std::current_exception();
         }
         const long took = static_cast<long>(
             std::chrono::duration_cast<ms>(std::chrono::steady_clock::now() - t0).count());
         const std::lock_guard<std::mutex> lk(mu);
         max_ms = std::max(max_ms, took);
-        if (e.empty()) {
+        if (!e) {
           ok += 1;
           value = v;
         } else {
           err += 1;
-          error = e;
+          // Kept until every caller thread is joined: the callers of one flight share one
+          // exception object, and TSan cannot see libstdc++'s exception_ptr reference count
+          // (a false race when the last holder frees it while another reads it).
+          errors.push_back(e);
         }
       });
     }
   }
+  std::string error;
+  if (!errors.empty()) {
+    try {
+      std::rethrow_exception(errors.back());
+    } catch (const std::exception& x) {
+      error = x.what();
+    } catch (...) {
+      error = "not-a-std::exception";
+    }
+  }
+  errors.clear();
   for (char& c : error) {
     if (c == ' ' || c == '\n') c = '_';
   }
