@@ -732,6 +732,23 @@ TEST_CASE(
       "a probe closes the breaker once Redis answers again");
 }
 
+TEST_CASE("writes stalled (CLIENT PAUSE WRITE: GET works, the race times out): the breaker "
+          "still opens; a working GET does not keep it closed for calls that then fail",
+          "[fleet][faults]") {
+  sftest::private_redis server;
+  auto client = server.client();
+  sf::fleet_options o = opts(server.uri(), "wpause");
+  o.redis_timeout = 100ms;
+  o.breaker_threshold = 2;
+  o.breaker_cooldown = 60s;
+  sf::fleet<std::string, int> f(o);
+  client->command({"CLIENT", "PAUSE", "10000", "WRITE"});
+  for (int i = 0; i < 4; ++i) CHECK(f.get("k" + std::to_string(i), [i] { return i; }) == i);
+  CHECK(f.stats().redis_errors == 2);  // the third and fourth calls skipped Redis
+  CHECK_FALSE(f.healthy());
+  CHECK(f.stats().local_fallback == 4);
+}
+
 TEST_CASE(
     "Redis stopped and restarted: calls in between load locally without error; after the "
     "restart the fleet coordinates again",

@@ -145,9 +145,10 @@ struct fleet_options {
   // the next get() loads again (no poisoned key).
   std::chrono::milliseconds error_ttl{0};
 
-  // Circuit breaker: after this many consecutive failed round trips, the
-  // fleet skips Redis for breaker_cooldown (loads locally at no extra
-  // latency), then lets one call probe it.
+  // Circuit breaker: after this many consecutive calls whose round trip to
+  // Redis failed (a call that got a hit or a race answer counts as a
+  // success), the fleet skips Redis for breaker_cooldown (loads locally at no
+  // extra latency), then lets one call probe it.
   std::uint32_t breaker_threshold = 3;
   std::chrono::milliseconds breaker_cooldown{1000};
 
@@ -506,12 +507,15 @@ class fleet {
 
     const detail::fleet_names names = detail::fleet_names::of(e.cfg.key_prefix, text);
     std::optional<detail::pooled> conn;
-    // One round trip; false (and the connection dropped) when Redis failed.
+    // One round trip; false (and the connection dropped) when Redis failed:
+    // a failure for the breaker. Successes are reported per call, below, once
+    // the call's Redis part has worked (a hit, or a race that got an answer):
+    // a GET that works while writes stall (CLIENT PAUSE WRITE, a read-only
+    // replica) must not keep the breaker closed for calls that then time out.
     const auto round_trip = [&](auto&& step) {
       try {
         if (!conn) conn.emplace(e.pool.acquire());
         step(**conn);
-        e.breaker.success();
         return true;
       } catch (const detail::redis_failure&) {
         conn.reset();
@@ -528,6 +532,7 @@ class fleet {
     }
     bool read_value = true;  // may the race script return the value it finds?
     if (first.kind == detail::get_result::found) {
+      e.breaker.success();
       if (std::optional<T> v = decode(first.bytes)) {
         detail::fleet_counters::bump(n.hits);
         return std::move(*v);
@@ -552,6 +557,7 @@ class fleet {
           })) {
         return load_locally(load, st);
       }
+      e.breaker.success();
       if (a.kind == detail::acquire_result::found) {
         if (std::optional<T> v = decode(a.bytes)) {
           detail::fleet_counters::bump(woken ? n.follower_woken : n.late_hit);
