@@ -5,9 +5,11 @@
 // libhiredis-dev) and the CMake target `singleflight::fleet`; nothing else in
 // the library includes this header.
 //
-//   singleflight::fleet<std::string, std::string> profiles{{
-//       .redis_uri = "tcp://10.0.0.5:6379", .key_prefix = "profiles:v3",
-//       .lease_ttl = std::chrono::seconds(5), .value_ttl = std::chrono::minutes(5)}};
+//   singleflight::fleet_options o;
+//   o.redis_uri = "tcp://10.0.0.5:6379";
+//   o.key_prefix = "profiles:v3";  // the value format's version belongs here
+//   o.value_ttl = std::chrono::minutes(5);
+//   singleflight::fleet<std::string, std::string> profiles(o);
 //   std::string p = profiles.get(tenant + '|' + user + '|' + locale,
 //                                [&](std::stop_token st) { return origin.fetch(st, ...); },
 //                                request_stop_token);
@@ -42,13 +44,14 @@
 // lease_ttl; INCR the fence; read the generation). The winner renews the
 // lease every renew_every (another thread), runs the loader, and stores the
 // value in one script that checks its fence is the newest and the generation
-// unchanged, releases the lease and PUBLISHes. A loser SUBSCRIBEs, re-reads
-// once the subscription is confirmed (a publish before that is not lost),
-// waits up to wait_slice for the message, and races again (a dead leader's
-// lease has expired by then); after max_wait it loads for itself. A failed
-// load publishes its error, so followers fail at once with
-// remote_load_error instead of loading again (and stores it for error_ttl
-// when that is > 0).
+// unchanged, releases the lease and PUBLISHes. A loser SUBSCRIBEs, races
+// again once the subscription is confirmed (the race re-reads the value
+// first, so a publish before the confirmation is not lost, nor a lease
+// released without a value), waits up to wait_slice for the message, and
+// races again (a dead leader's lease expires meanwhile); after max_wait it
+// loads for itself. A failed load publishes its error, so followers fail at
+// once with remote_load_error instead of loading again (and stores it for
+// error_ttl when that is > 0).
 //
 // Threads: a fleet owns one subscriber thread (pub/sub), one lease renewer
 // thread and, for async_get/co_get, a pool of worker threads (one per
@@ -296,6 +299,12 @@ class fleet {
   // `caller`, ownership, deadline, close). Without options.local.executor the
   // first caller runs the protocol and the loader on its own thread and
   // returns when they do.
+  //
+  // Waiting for another process lasts at most max_wait; then this process
+  // loads for itself. `caller` firing makes this caller leave at once with
+  // cancelled_error (the flight goes on for the other callers here, as with
+  // a group); the flight's own token (its last caller left, its deadline,
+  // close()) ends the wait without a load.
   //
   // Throws: what the loader threw (in this process); remote_load_error (the
   // leader in another process failed, or its error marker is stored);
