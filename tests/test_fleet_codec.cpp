@@ -254,10 +254,15 @@ TEST_CASE(
 
 TEST_CASE(
     "invalidate() with Redis unreachable throws fleet_error (an invalidation is never "
-    "lost silently)",
+    "lost silently); after close() closed_error, and the fleet is no longer healthy",
     "[fleet][faults]") {
   sf::fleet_options o;
   o.redis_uri = "tcp://127.0.0.1:" + std::to_string(sftest::free_port());
   sf::fleet<std::string, int> f(o);
   CHECK_THROWS_AS(f.invalidate("k"), sf::fleet_error);
+  CHECK(f.healthy());  // one failure: the breaker is still closed
+  f.close();
+  CHECK_FALSE(f.healthy());
+  CHECK_THROWS_AS(f.invalidate("k"), sf::closed_error);
+  CHECK_THROWS_AS(f.get("k", [] { return 1; }), sf::closed_error);
 }

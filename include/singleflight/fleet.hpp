@@ -372,9 +372,10 @@ class fleet {
   // processes keep serving their own callers (see README "Fleet").
   //
   // Returns the key's new generation. Throws fleet_error when Redis cannot
-  // be reached (an invalidation must not be lost silently), std::bad_alloc.
-  // Thread-safe.
+  // be reached (an invalidation must not be lost silently), closed_error
+  // after close(), std::bad_alloc. Thread-safe.
   std::uint64_t invalidate(const Key& key) {
+    if (closed_.load(std::memory_order_relaxed)) throw closed_error();
     const detail::fleet_names names =
         detail::fleet_names::of(engine_->cfg.key_prefix, key_text(key));
     std::uint64_t gen = 0;
@@ -401,6 +402,8 @@ class fleet {
   // expire after lease_ttl). Called from inside a loader or a callback it does
   // not wait for itself; the destructor finishes. Thread-safe.
   void close() {
+    // Relaxed: healthy() only reports it; nothing is ordered by it.
+    closed_.store(true, std::memory_order_relaxed);
     if (engine_->workers.on_worker()) {
       // On a worker (a loader or on_done of an async flight): stop
       // everything, wait for nothing; the destructor joins.
@@ -440,7 +443,9 @@ class fleet {
 
   // healthy(): false while the circuit breaker is open (Redis failing: the
   // fleet loads locally) and after close(). Thread-safe.
-  bool healthy() const noexcept { return engine_->breaker.closed(); }
+  bool healthy() const noexcept {
+    return !closed_.load(std::memory_order_relaxed) && engine_->breaker.closed();
+  }
 
  private:
   friend struct detail::fleet_test_access;
@@ -825,6 +830,7 @@ class fleet {
   Codec codec_;
   KeyCodec key_codec_;
   std::string_view tag_;
+  std::atomic<bool> closed_{false};
 };
 
 namespace detail {
