@@ -732,9 +732,10 @@ TEST_CASE(
       "a probe closes the breaker once Redis answers again");
 }
 
-TEST_CASE("writes stalled (CLIENT PAUSE WRITE: GET works, the race times out): the breaker "
-          "still opens; a working GET does not keep it closed for calls that then fail",
-          "[fleet][faults]") {
+TEST_CASE(
+    "writes stalled (CLIENT PAUSE WRITE: GET works, the race times out): the breaker "
+    "still opens; a working GET does not keep it closed for calls that then fail",
+    "[fleet][faults]") {
   sftest::private_redis server;
   auto client = server.client();
   sf::fleet_options o = opts(server.uri(), "wpause");
