@@ -240,8 +240,10 @@ TEST_CASE(
   const std::string uri = sftest::need_redis();
   const std::string prefix = sftest::unique_prefix("renew");
   sf::fleet_options o = opts(uri, prefix);
-  o.lease_ttl = 600ms;  // renewed every 200 ms
-  o.wait_slice = 60ms;  // b races again every 60 ms
+  // Renewed every 500 ms: a renewal may be a second late (a loaded, sanitized machine)
+  // before the lease lapses.
+  o.lease_ttl = 1500ms;
+  o.wait_slice = 100ms;  // b races again every 100 ms
   fleet_t a(o);
   fleet_t b(o);
   points pb;
@@ -252,8 +254,8 @@ TEST_CASE(
   origin.started.wait("a leads");
   sftest::result<std::string> rb;
   auto tb = sftest::spawn(rb, [&] { return b.get("k", [] { return std::string("from-b"); }); });
-  // b loses a race at least every 60 ms; 30 lost races span three lease_ttls.
-  sftest::must([&] { return pb.lost.load() >= 30; }, "b lost 30 races against a live lease");
+  // b loses a race at least every 100 ms; 45 lost races span three lease_ttls.
+  sftest::must([&] { return pb.lost.load() >= 45; }, "b lost 45 races against a live lease");
   origin.release.open();
   sftest::finish(ta, ra, "a");
   sftest::finish(tb, rb, "b");
@@ -716,9 +718,10 @@ TEST_CASE(
     took.push_back(std::chrono::duration_cast<std::chrono::milliseconds>(
         std::chrono::steady_clock::now() - t0));
   }
-  // Each call gave up after one timed-out round trip (a second one would double its wait).
+  // Each call gave up after one timed-out round trip (counted), then loaded at once; the
+  // time bound only catches a call that waits far longer (loose: a loaded machine).
   CHECK(f.stats().redis_errors == 2);
-  for (const auto t : took) CHECK(t < 2 * o.redis_timeout + 300ms);
+  for (const auto t : took) CHECK(t < o.redis_timeout + 3s);
   CHECK_FALSE(f.healthy());
   CHECK(f.get("k9", [] { return 19; }) == 19);  // open: no round trip at all
   CHECK(f.stats().redis_errors == 2);

@@ -127,8 +127,9 @@ TEST_CASE(
     CHECK(p.field("err") == 0);
     CHECK(p.text("value") == value_of(second));
   }
-  // 1000 + 200 + 500 ms, plus slack for a loaded machine; max_wait (60 s) is far above.
-  CHECK(stall < 1700ms + 3s);
+  // 1000 + 200 + 500 ms, plus generous slack for a loaded machine: the bound only has to tell
+  // the lease's expiry from max_wait (60 s).
+  CHECK(stall < 1700ms + 8s);
 }
 
 TEST_CASE(
@@ -141,7 +142,7 @@ TEST_CASE(
   constexpr int t = 2;
   const std::string prefix = sftest::unique_prefix("stop");
   sftest::worker_fleet procs(
-      n, with(base_args(uri, prefix, t), {"lease_ms=600", "slice_ms=150", "load_ms=1500"}));
+      n, with(base_args(uri, prefix, t), {"lease_ms=1000", "slice_ms=150", "load_ms=1500"}));
   procs.wait_ready();
   procs.send_all("go");
   procs.until([&] { return !procs.origins().empty(); }, "a leader loads");
@@ -247,8 +248,9 @@ TEST_CASE(
     CHECK(p.field("local_fallback") == 1);
     // One timed-out round trip per process (the local group coalesced its callers).
     CHECK(p.field("redis_errors") == 1);
-    // load (100 ms) + one redis_timeout (200 ms) + a connect and a GET, with slack.
-    CHECK(p.field("ms") < 100 + 200 + 1000);
+    // load (100 ms) + one redis_timeout (200 ms) + a connect and a GET; loose (a loaded
+    // machine): redis_errors above is the exact count.
+    CHECK(p.field("ms") < 100 + 200 + 4000);
   }
 }
 
