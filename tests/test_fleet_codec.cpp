@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <limits>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -265,4 +266,31 @@ TEST_CASE(
   CHECK_FALSE(f.healthy());
   CHECK_THROWS_AS(f.invalidate("k"), sf::closed_error);
   CHECK_THROWS_AS(f.get("k", [] { return 1; }), sf::closed_error);
+}
+
+TEST_CASE("metrics::fleet_metrics exports every fleet_stats field once, under its own name",
+          "[fleet][metrics]") {
+  sf::fleet_stats s;
+  std::uint64_t v = 100;
+  for (std::uint64_t* f :
+       {&s.gets, &s.hits, &s.leader, &s.follower_woken, &s.late_hit, &s.local_fallback,
+        &s.lease_lost, &s.fence_rejections, &s.invalidated_stores, &s.decode_failures,
+        &s.redis_errors, &s.remote_failures, &s.origin_calls, &s.breaker_opens}) {
+    *f = ++v;
+  }
+  static_assert(sizeof(sf::fleet_stats) == 14 * sizeof(std::uint64_t),
+                "a new fleet_stats field needs a line in metrics::fleet_metrics");
+  std::set<std::string_view> names;
+  std::set<double> values;
+  for (const auto& d : sf::metrics::fleet_metrics) {
+    CHECK(d.name.rfind("singleflight_fleet_", 0) == 0);
+    CHECK(d.name.substr(d.name.size() - 6) == "_total");
+    CHECK(d.kind == sf::metrics::kind::counter);
+    names.insert(d.name);
+    values.insert(d.read(s));
+  }
+  CHECK(names.size() == sf::metrics::fleet_metrics.size());
+  CHECK(values.size() == 14);  // every field read, none twice
+  CHECK(*values.begin() == 101);
+  CHECK(*values.rbegin() == 114);
 }

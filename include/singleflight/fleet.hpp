@@ -69,6 +69,7 @@
 // trusted network or through a TLS tunnel (stunnel, a service mesh).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <concepts>
@@ -90,6 +91,7 @@
 #include "detail/fleet_engine.hpp"
 #include "errors.hpp"
 #include "group.hpp"
+#include "metrics.hpp"
 #include "options.hpp"
 #include "outcome.hpp"
 #include "stats.hpp"
@@ -832,6 +834,48 @@ class fleet {
   std::string_view tag_;
   std::atomic<bool> closed_{false};
 };
+
+namespace metrics {
+
+// fleet_metrics: a fleet's `stats()` (fleet_stats), one counter per field, for
+// any exporter that reads metrics::descriptor tables (metrics.hpp), e.g.
+//   collector.add_source({{"fleet", "profiles"}}, singleflight::metrics::fleet_metrics,
+//                        [&] { return profiles.stats(); });
+// and the local group's counters under group_metrics through local_stats().
+inline constexpr std::array fleet_metrics{
+    counter<&fleet_stats::gets>("singleflight_fleet_gets_total", "Calls to get/async_get/co_get"),
+    counter<&fleet_stats::hits>("singleflight_fleet_hits_total",
+                                "Flights answered by their first GET"),
+    counter<&fleet_stats::leader>("singleflight_fleet_leads_total",
+                                  "Flights that won the lease and ran the loader"),
+    counter<&fleet_stats::follower_woken>(
+        "singleflight_fleet_follower_woken_total",
+        "Flights answered by another process's value after its message woke them"),
+    counter<&fleet_stats::late_hit>("singleflight_fleet_late_hits_total",
+                                    "Flights answered by a value found on a re-read"),
+    counter<&fleet_stats::local_fallback>(
+        "singleflight_fleet_local_fallbacks_total",
+        "Loads without the lease: Redis failing, breaker open, max_wait passed"),
+    counter<&fleet_stats::lease_lost>("singleflight_fleet_leases_lost_total",
+                                      "Renewals that found this process's lease gone"),
+    counter<&fleet_stats::fence_rejections>("singleflight_fleet_fence_rejections_total",
+                                            "Stores refused: a newer leader took over"),
+    counter<&fleet_stats::invalidated_stores>("singleflight_fleet_invalidated_stores_total",
+                                              "Stores refused: invalidate() ran during the load"),
+    counter<&fleet_stats::decode_failures>(
+        "singleflight_fleet_decode_failures_total",
+        "Values that were not a record of this codec (corrupt, foreign): misses"),
+    counter<&fleet_stats::redis_errors>("singleflight_fleet_redis_errors_total",
+                                        "Failed connects and round trips"),
+    counter<&fleet_stats::remote_failures>("singleflight_fleet_remote_failures_total",
+                                           "Flights failed with another process's error"),
+    counter<&fleet_stats::origin_calls>("singleflight_fleet_origin_calls_total",
+                                        "Loader calls in this process"),
+    counter<&fleet_stats::breaker_opens>("singleflight_fleet_breaker_opens_total",
+                                         "Times the circuit breaker opened"),
+};
+
+}  // namespace metrics
 
 namespace detail {
 // Test access: the protocol's hook points and the subscriber's state.
