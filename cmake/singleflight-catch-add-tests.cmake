@@ -1,6 +1,7 @@
 # Script (cmake -P) run after a Catch2 test executable is built; see singleflight-catch.cmake.
 # Inputs: TEST_EXECUTABLE TEST_WORKING_DIR TEST_PREFIX TEST_TIMEOUT TEST_SLOW_TIMEOUT
-#         TEST_LABELS (","-separated) CATCH_VERSION_MAJOR CTEST_FILE
+#         TEST_LABELS (","-separated) TEST_SKIP_RETURN_CODE (may be empty) CATCH_VERSION_MAJOR
+#         CTEST_FILE
 # Output: CTEST_FILE, a ctest script with one add_test per visible test case.
 cmake_minimum_required(VERSION 3.24)
 
@@ -70,12 +71,15 @@ foreach(name IN LISTS all_tests)
   endif()
   set(test_labels "${labels}")
   set(extra "")
+  if(NOT TEST_SKIP_RETURN_CODE STREQUAL "")
+    string(APPEND extra " SKIP_RETURN_CODE ${TEST_SKIP_RETURN_CODE}")
+  endif()
   # Only names that also appear in the full list count: junk lines in the [slow] listing
   # (e.g. a "no test cases matched" message) can never match one.
   if(name IN_LIST slow_tests)
     list(APPEND test_labels slow)
     set(timeout "${TEST_SLOW_TIMEOUT}")
-    set(extra " RUN_SERIAL TRUE")
+    string(APPEND extra " RUN_SERIAL TRUE")
   else()
     set(timeout "${TEST_TIMEOUT}")
   endif()

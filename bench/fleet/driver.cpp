@@ -1,0 +1,916 @@
+// bench/fleet/driver.cpp: the fleet measured with real processes against a real redis-server.
+//
+//   fleet_driver [--quick] [--only coalescing|faults|costs] [--redis-server PATH]
+//
+// Starts its own redis-server (a free loopback port, a temporary directory, a pidfile;
+// stopped by pid), then N worker processes (fork/exec of this program with --worker) with T
+// threads each, and prints markdown tables:
+//   1. origin calls per key per expiry (each round asks every thread of every process for a
+//      key nobody has: a cold or expired key, all at once) for: no coalescing (N*T),
+//      per-process groups (N), the fleet (1); N x T in {2 x 16, 8 x 16, 32 x 4};
+//   2. faults: leader SIGKILLed or SIGSTOPped mid-load, Redis stopped, frozen (SIGSTOP) or
+//      CLIENT PAUSEd, subscriptions killed (CLIENT KILL TYPE pubsub): origin calls, errors
+//      surfaced, stalls, stale overwrites;
+//   3. cost of a hit and of a miss (leader, follower) in round trips, counted by the server
+//      (INFO commandstats), and in time.
+// Origin calls are counted on a pipe the loader writes to (fd 3 in every worker).
+#include <singleflight/fleet.hpp>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <latch>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+namespace sf = singleflight;
+using clock_t_ = std::chrono::steady_clock;
+using ms = std::chrono::milliseconds;
+using us = std::chrono::microseconds;
+
+[[noreturn]] void die(const std::string& why) {
+  std::fprintf(stderr, "fleet_driver: %s\n", why.c_str());
+  std::exit(1);
+}
+
+double ms_since(clock_t_::time_point t0) {
+  return std::chrono::duration<double, std::milli>(clock_t_::now() - t0).count();
+}
+
+std::string self_exe() { return std::filesystem::read_symlink("/proc/self/exe").string(); }
+
+std::map<std::string, std::string> parse_words(const std::string& line, std::size_t skip) {
+  std::map<std::string, std::string> out;
+  std::istringstream in(line);
+  std::string w;
+  for (std::size_t i = 0; in >> w; ++i) {
+    if (i < skip) continue;
+    const auto eq = w.find('=');
+    if (eq != std::string::npos) out[w.substr(0, eq)] = w.substr(eq + 1);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Worker mode: one process of the fleet.
+
+std::string read_line(int fd) {
+  std::string line;
+  char c = 0;
+  while (::read(fd, &c, 1) == 1) {
+    if (c == '\n') return line;
+    line += c;
+  }
+  return "quit";
+}
+
+void write_all(int fd, const std::string& s) {
+  std::size_t off = 0;
+  while (off < s.size()) {
+    const ssize_t n = ::write(fd, s.data() + off, s.size() - off);
+    if (n <= 0) std::_Exit(3);
+    off += static_cast<std::size_t>(n);
+  }
+}
+
+int worker_main(const std::map<std::string, std::string>& a) {
+  const auto num = [&](const char* k, long d) { return a.count(k) ? std::stol(a.at(k)) : d; };
+  sf::fleet_options o;
+  o.redis_uri = a.at("uri");
+  o.key_prefix = a.at("prefix");
+  o.lease_ttl = ms(num("lease_ms", 1000));
+  o.wait_slice = ms(num("slice_ms", 0));
+  o.max_wait = ms(num("max_wait_ms", 0));
+  o.redis_timeout = ms(num("timeout_ms", 50));
+  o.breaker_threshold = static_cast<std::uint32_t>(num("breaker", 3));
+  o.breaker_cooldown = ms(num("cooldown_ms", 1000));
+  const std::string mode = a.at("mode");
+  const int threads = static_cast<int>(num("threads", 4));
+  sf::fleet<std::string, std::string> fleet(o);
+  sf::group<std::string, std::string> group;
+  std::atomic<long> load_ms{100};
+  const auto load = [&] {
+    write_all(3, "O " + std::to_string(::getpid()) + "\n");
+    std::this_thread::sleep_for(ms(load_ms.load()));  // the origin's latency
+    return "v-" + std::to_string(::getpid());
+  };
+  write_all(1, "ready\n");
+  for (;;) {
+    const std::string cmd = read_line(0);
+    if (cmd == "quit") break;
+    const auto w = parse_words(cmd, 1);  // "round key=K load_ms=L"
+    load_ms = std::stol(w.at("load_ms"));
+    const std::string key = w.at("key");
+    std::mutex mu;
+    int ok = 0;
+    int err = 0;
+    double max_ms = 0;
+    std::string value = "-";
+    std::latch start(threads);
+    {
+      std::vector<std::jthread> ts;
+      for (int t = 0; t < threads; ++t) {
+        ts.emplace_back([&] {
+          start.arrive_and_wait();
+          const auto t0 = clock_t_::now();
+          std::string v;
+          bool failed = false;
+          try {
+            if (mode == "fleet") {
+              v = fleet.get(key, load);
+            } else if (mode == "group") {
+              v = group.do_(key, load);
+            } else {
+              v = load();
+            }
+          } catch (...) {
+            failed = true;
+          }
+          const double took = ms_since(t0);
+          const std::lock_guard<std::mutex> lk(mu);
+          max_ms = std::max(max_ms, took);
+          if (failed) {
+            err += 1;
+          } else {
+            ok += 1;
+            value = v;
+          }
+        });
+      }
+    }
+    const auto s = fleet.stats();
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "done ok=%d err=%d max_ms=%.1f value=%s leader=%llu fence_rejections=%llu "
+                  "redis_errors=%llu local_fallback=%llu breaker_opens=%llu\n",
+                  ok, err, max_ms, value.c_str(), static_cast<unsigned long long>(s.leader),
+                  static_cast<unsigned long long>(s.fence_rejections),
+                  static_cast<unsigned long long>(s.redis_errors),
+                  static_cast<unsigned long long>(s.local_fallback),
+                  static_cast<unsigned long long>(s.breaker_opens));
+    write_all(1, line);
+  }
+  fleet.close();
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The driver's own redis-server and client.
+
+int free_port() {
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (::bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::getsockname(s, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    die("cannot bind a free port");
+  }
+  const int port = ntohs(addr.sin_port);
+  ::close(s);
+  return port;
+}
+
+class server {
+ public:
+  explicit server(std::string bin) : bin_(std::move(bin)) {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "fleet-driver.XXXXXX").string();
+    if (::mkdtemp(tmpl.data()) == nullptr) die("mkdtemp");
+    dir_ = tmpl;
+    port_ = free_port();
+    start();
+  }
+  ~server() {
+    stop();
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  std::string uri() const { return "tcp://127.0.0.1:" + std::to_string(port_); }
+
+  void start() {
+    std::vector<std::string> args = {
+        bin_,     "--port",    std::to_string(port_), "--bind",    "127.0.0.1",
+        "--save", "",          "--appendonly",        "no",        "--daemonize",
+        "no",     "--pidfile", dir_ + "/r.pid",       "--logfile", dir_ + "/r.log",
+        "--dir",  dir_};
+    std::vector<char*> argv;
+    for (auto& s : args) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    pid_ = pid;
+    const auto until = clock_t_::now() + std::chrono::seconds(10);
+    for (;;) {
+      redisContext* c = redisConnect("127.0.0.1", port_);
+      const bool up = c != nullptr && c->err == 0;
+      if (c != nullptr) redisFree(c);
+      if (up) break;
+      if (clock_t_::now() > until) die("redis-server did not start; see " + dir_ + "/r.log");
+      std::this_thread::sleep_for(ms(5));  // polling readiness
+    }
+    connect();
+  }
+  void stop() {
+    if (c_ != nullptr) redisFree(c_);
+    c_ = nullptr;
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGCONT);
+    ::kill(pid_, SIGTERM);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    pid_ = -1;
+  }
+  void freeze() { ::kill(pid_, SIGSTOP); }
+  void thaw() { ::kill(pid_, SIGCONT); }
+
+  redisReply* cmd(const std::vector<std::string>& args) {
+    std::vector<const char*> argv;
+    std::vector<std::size_t> lens;
+    for (const auto& a : args) {
+      argv.push_back(a.data());
+      lens.push_back(a.size());
+    }
+    return static_cast<redisReply*>(
+        redisCommandArgv(c_, static_cast<int>(argv.size()), argv.data(), lens.data()));
+  }
+  void run(const std::vector<std::string>& args) {
+    redisReply* r = cmd(args);
+    if (r == nullptr) die("redis command failed");
+    freeReplyObject(r);
+  }
+  long long integer(const std::vector<std::string>& args) {
+    redisReply* r = cmd(args);
+    long long v = -1;
+    if (r != nullptr && r->type == REDIS_REPLY_INTEGER) v = r->integer;
+    if (r != nullptr && r->type == REDIS_REPLY_ARRAY && r->elements == 2) {
+      v = r->element[1]->integer;
+    }
+    if (r != nullptr) freeReplyObject(r);
+    return v;
+  }
+  std::optional<std::string> get(const std::string& key) {
+    redisReply* r = cmd({"GET", key});
+    std::optional<std::string> v;
+    if (r != nullptr && r->type == REDIS_REPLY_STRING) v.emplace(r->str, r->len);
+    if (r != nullptr) freeReplyObject(r);
+    return v;
+  }
+  // INFO commandstats: calls per command, and the total.
+  std::map<std::string, long long> commands() {
+    redisReply* r = cmd({"INFO", "commandstats"});
+    std::map<std::string, long long> out;
+    if (r != nullptr && r->type == REDIS_REPLY_STRING) {
+      std::istringstream in(std::string(r->str, r->len));
+      std::string line;
+      while (std::getline(in, line)) {
+        if (line.rfind("cmdstat_", 0) != 0) continue;
+        const auto colon = line.find(':');
+        const auto calls = line.find("calls=");
+        const long long n = std::stoll(line.substr(calls + 6));
+        out[line.substr(8, colon - 8)] = n;
+        out["*"] += n;
+      }
+    }
+    if (r != nullptr) freeReplyObject(r);
+    return out;
+  }
+
+ private:
+  void connect() {
+    c_ = redisConnect("127.0.0.1", port_);
+    if (c_ == nullptr || c_->err != 0) die("cannot connect to the driver's redis-server");
+  }
+  std::string bin_;
+  std::string dir_;
+  int port_ = 0;
+  pid_t pid_ = -1;
+  redisContext* c_ = nullptr;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Worker processes, from the driver's side.
+
+struct proc {
+  pid_t pid = -1;
+  int in = -1;
+  int out = -1;
+  std::string buf;
+  std::vector<std::string> lines;
+  bool dead = false;
+};
+
+class workers {
+ public:
+  workers(int n, const std::vector<std::string>& args) {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) die("pipe2");
+    origin_ = fds[0];
+    for (int i = 0; i < n; ++i) procs_.push_back(spawn(args, fds[1]));
+    ::close(fds[1]);
+    until([&] { return count("ready") == procs_.size(); }, "workers ready");
+  }
+  workers(const workers&) = delete;
+  workers& operator=(const workers&) = delete;
+  ~workers() {
+    for (auto& p : procs_) {
+      if (!p.dead) {
+        ::kill(p.pid, SIGCONT);
+        (void)::write(p.in, "quit\n", 5);
+      }
+    }
+    for (auto& p : procs_) {
+      int status = 0;
+      ::waitpid(p.pid, &status, 0);
+      ::close(p.in);
+      ::close(p.out);
+    }
+    ::close(origin_);
+  }
+
+  std::vector<proc>& procs() { return procs_; }
+  proc& of(pid_t pid) {
+    for (auto& p : procs_) {
+      if (p.pid == pid) return p;
+    }
+    die("no such worker");
+  }
+  // Origin calls (pids) since the last reset_origins().
+  const std::vector<pid_t>& origins() const { return origins_; }
+  void reset_origins() { origins_.clear(); }
+
+  void round(const std::string& key, long load_ms) {
+    ++round_;
+    for (auto& p : procs_) {
+      if (p.dead) continue;
+      const std::string cmd = "round key=" + key + " load_ms=" + std::to_string(load_ms) + "\n";
+      (void)::write(p.in, cmd.data(), cmd.size());
+    }
+  }
+  std::size_t done_count() {
+    std::size_t n = 0;
+    for (auto& p : procs_) {
+      if (!p.dead && dones(p) >= round_) ++n;
+    }
+    return n;
+  }
+  std::size_t alive() const {
+    return static_cast<std::size_t>(
+        std::count_if(procs_.begin(), procs_.end(), [](const proc& p) { return !p.dead; }));
+  }
+  bool round_done(const proc& p) const { return dones(p) >= round_; }
+  // The latest "done" line's fields of one worker.
+  std::map<std::string, std::string> last(const proc& p) const {
+    for (auto it = p.lines.rbegin(); it != p.lines.rend(); ++it) {
+      if (it->rfind("done ", 0) == 0) return parse_words(*it, 1);
+    }
+    return {};
+  }
+  void wait_round(const char* what) {
+    until([&] { return done_count() == alive(); }, what);
+    pump(ms(20));  // origin lines written just before the last load are in the pipe by now
+  }
+  void kill_hard(proc& p) {
+    ::kill(p.pid, SIGKILL);
+    p.dead = true;
+  }
+
+  template <class Pred>
+  void until(Pred pred, const char* what, std::chrono::seconds limit = std::chrono::seconds(60)) {
+    const auto deadline = clock_t_::now() + limit;
+    while (!pred()) {
+      if (clock_t_::now() > deadline) die(std::string("timed out waiting for ") + what);
+      pump(ms(5));
+    }
+  }
+
+ private:
+  std::size_t count(const std::string& prefix) const {
+    std::size_t n = 0;
+    for (const auto& p : procs_) {
+      for (const auto& l : p.lines) n += l.rfind(prefix, 0) == 0 ? 1 : 0;
+    }
+    return n;
+  }
+  static std::size_t dones(const proc& p) {
+    return static_cast<std::size_t>(std::count_if(
+        p.lines.begin(), p.lines.end(), [](const auto& l) { return l.rfind("done ", 0) == 0; }));
+  }
+
+  static proc spawn(const std::vector<std::string>& args, int origin_write) {
+    int in[2];
+    int out[2];
+    if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0) die("pipe2");
+    std::vector<std::string> words = {self_exe(), "--worker"};
+    words.insert(words.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& w : words) argv.push_back(w.data());
+    argv.push_back(nullptr);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      ::dup2(in[0], 0);
+      ::dup2(out[1], 1);
+      ::dup2(origin_write, 3);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    ::close(in[0]);
+    ::close(out[1]);
+    (void)::fcntl(out[0], F_SETFL, ::fcntl(out[0], F_GETFL) | O_NONBLOCK);
+    proc p;
+    p.pid = pid;
+    p.in = in[1];
+    p.out = out[0];
+    return p;
+  }
+
+  void pump(ms wait) {
+    std::vector<pollfd> fds = {{origin_, POLLIN, 0}};
+    for (auto& p : procs_) fds.push_back({p.dead ? -1 : p.out, POLLIN, 0});
+    (void)::poll(fds.data(), fds.size(), static_cast<int>(wait.count()));
+    char b[4096];
+    if ((fds[0].revents & POLLIN) != 0) {
+      const ssize_t n = ::read(origin_, b, sizeof b);
+      if (n > 0) origin_buf_.append(b, static_cast<std::size_t>(n));
+      std::size_t eol = 0;
+      while ((eol = origin_buf_.find('\n')) != std::string::npos) {
+        origins_.push_back(static_cast<pid_t>(std::stol(origin_buf_.substr(2, eol - 2))));
+        origin_buf_.erase(0, eol + 1);
+      }
+    }
+    for (std::size_t i = 0; i < procs_.size(); ++i) {
+      if ((fds[i + 1].revents & POLLIN) == 0) continue;
+      proc& p = procs_[i];
+      for (;;) {
+        const ssize_t n = ::read(p.out, b, sizeof b);
+        if (n <= 0) break;
+        p.buf.append(b, static_cast<std::size_t>(n));
+      }
+      std::size_t eol = 0;
+      while ((eol = p.buf.find('\n')) != std::string::npos) {
+        p.lines.push_back(p.buf.substr(0, eol));
+        p.buf.erase(0, eol + 1);
+      }
+    }
+  }
+
+  std::vector<proc> procs_;
+  int origin_ = -1;
+  std::string origin_buf_;
+  std::vector<pid_t> origins_;
+  std::size_t round_ = 0;
+};
+
+std::vector<std::string> worker_args(const server& s, const std::string& prefix,
+                                     const std::string& mode, int threads,
+                                     std::vector<std::string> more = {}) {
+  std::vector<std::string> a = {"uri=" + s.uri(), "prefix=" + prefix, "mode=" + mode,
+                                "threads=" + std::to_string(threads)};
+  a.insert(a.end(), more.begin(), more.end());
+  return a;
+}
+
+double max_latency(workers& w) {
+  double m = 0;
+  for (auto& p : w.procs()) {
+    if (p.dead) continue;
+    m = std::max(m, std::stod(w.last(p)["max_ms"]));
+  }
+  return m;
+}
+long errors_surfaced(workers& w) {
+  long e = 0;
+  for (auto& p : w.procs()) {
+    if (!p.dead) e += std::stol(w.last(p)["err"]);
+  }
+  return e;
+}
+long sum_field(workers& w, const char* f) {
+  long e = 0;
+  for (auto& p : w.procs()) {
+    if (!p.dead) e += std::stol(w.last(p)[f]);
+  }
+  return e;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. Origin calls per key per expiry.
+
+void coalescing(server& s, bool quick) {
+  std::printf("\n### Origin calls per key per expiry (200 ms origin, %d rounds each)\n\n",
+              quick ? 2 : 5);
+  std::printf(
+      "| processes x threads | no coalescing | per-process groups | fleet | "
+      "fleet p50 / max caller latency (ms) |\n|---|---:|---:|---:|---:|\n");
+  const int rounds = quick ? 2 : 5;
+  for (const auto& [n, t] : {std::pair{2, 16}, std::pair{8, 16}, std::pair{32, 4}}) {
+    std::string cells[3];
+    std::vector<double> lat;
+    int mi = 0;
+    for (const char* mode : {"naive", "group", "fleet"}) {
+      workers w(n, worker_args(s, "coal-" + std::string(mode) + std::to_string(n), mode, t,
+                               {"timeout_ms=500"}));
+      std::size_t lo = SIZE_MAX;
+      std::size_t hi = 0;
+      for (int r = 0; r < rounds; ++r) {
+        w.reset_origins();
+        w.round(std::string("k").append(std::to_string(r)), 200);
+        w.wait_round("a coalescing round");
+        lo = std::min(lo, w.origins().size());
+        hi = std::max(hi, w.origins().size());
+        if (std::string(mode) == "fleet") lat.push_back(max_latency(w));
+      }
+      cells[mi++] = lo == hi ? std::to_string(lo) : std::to_string(lo) + "-" + std::to_string(hi);
+    }
+    std::sort(lat.begin(), lat.end());
+    std::printf("| %d x %d | %s | %s | **%s** | %.0f / %.0f |\n", n, t, cells[0].c_str(),
+                cells[1].c_str(), cells[2].c_str(), lat[lat.size() / 2], lat.back());
+    std::fflush(stdout);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Faults.
+
+void faults(server& s, const std::string& bin) {
+  std::printf(
+      "\n### Faults (8 processes x 4 threads, lease_ttl 1 s, wait_slice 200 ms, "
+      "redis_timeout 50 ms)\n\n");
+  std::printf(
+      "| scenario | origin calls | errors surfaced | stall / extra latency | notes |\n"
+      "|---|---:|---:|---|---|\n");
+  const std::vector<std::string> base = {"lease_ms=1000", "slice_ms=200", "max_wait_ms=60000"};
+  constexpr int n = 8;
+  constexpr int t = 4;
+  {  // SIGKILL the leader mid-load
+    workers w(n, worker_args(s, "f-kill", "fleet", t, base));
+    w.round("k", 500);
+    w.until([&] { return !w.origins().empty(); }, "a leader");
+    const auto killed_at = clock_t_::now();
+    w.kill_hard(w.of(w.origins()[0]));
+    w.wait_round("survivors");
+    const double stall = ms_since(killed_at);
+    std::printf(
+        "| leader SIGKILLed 0 ms into a 500 ms load | %zu | %ld | last survivor answered "
+        "%.0f ms after the kill (bound: lease 1000 + slice 200 + load 500) | |\n",
+        w.origins().size(), errors_surfaced(w), stall);
+  }
+  {  // SIGSTOP the leader past its lease, then SIGCONT
+    workers w(n, worker_args(s, "f-stop", "fleet", t, base));
+    w.round("k", 1500);
+    w.until([&] { return !w.origins().empty(); }, "a leader");
+    const pid_t paused = w.origins()[0];
+    proc& p = w.of(paused);
+    ::kill(paused, SIGSTOP);
+    const auto stopped_at = clock_t_::now();
+    w.until([&] { return w.done_count() == w.alive() - 1; }, "the others");
+    const double others = ms_since(stopped_at);
+    const pid_t second = w.origins().size() > 1 ? w.origins()[1] : 0;
+    ::kill(paused, SIGCONT);
+    w.wait_round("the paused leader");
+    const auto bytes = s.get("{f-stop:k}:v");
+    const auto rec = bytes ? sf::detail::parse_record(*bytes, "string") : std::nullopt;
+    const bool stale = rec && rec->payload == "v-" + std::to_string(paused);
+    const bool fresh = rec && rec->payload == "v-" + std::to_string(second);
+    std::printf(
+        "| leader SIGSTOPped for its whole 1500 ms load, SIGCONTed after the others "
+        "answered | %zu | %ld | others answered %.0f ms after the stop | stale "
+        "overwrites: %d (stored value from the second leader: %s); the paused "
+        "leader's fence_rejections: %s |\n",
+        w.origins().size(), errors_surfaced(w), others, stale ? 1 : 0, fresh ? "yes" : "no",
+        w.last(p)["fence_rejections"].c_str());
+  }
+  // Redis failing: each process's own calls, round after round (the breaker opens after 3).
+  const auto failing = [&](const char* name, auto&& inject, auto&& lift) {
+    workers w(n, worker_args(s, std::string("f-") + name, "fleet", t, {}));
+    inject();
+    std::string per_round;
+    std::string extra;
+    std::size_t calls = 0;
+    long errs = 0;
+    for (int r = 0; r < 5; ++r) {
+      w.reset_origins();
+      w.round("k" + std::to_string(r), 100);
+      w.wait_round("a round against failing Redis");
+      calls += w.origins().size();
+      errs += errors_surfaced(w);
+      per_round += (r == 0 ? "" : ", ") + std::to_string(w.origins().size());
+      char b[32];
+      std::snprintf(b, sizeof b, "%s%.0f", r == 0 ? "" : ", ", std::max(0.0, max_latency(w) - 100));
+      extra += b;
+    }
+    lift();
+    long opened = 0;
+    for (auto& p : w.procs()) opened += std::stol(w.last(p)["breaker_opens"]) > 0 ? 1 : 0;
+    std::printf(
+        "| %s, 5 rounds | %s (N = %d; total %zu) | %ld | extra ms per round (max caller "
+        "latency - 100 ms load): %s | breaker open in %ld of %d processes; %ld failed "
+        "round trips in all |\n",
+        name, per_round.c_str(), n, calls, errs, extra.c_str(), opened, n,
+        sum_field(w, "redis_errors"));
+  };
+  failing(
+      "Redis stopped", [&] { s.stop(); }, [&] { s.start(); });
+  failing(
+      "Redis frozen (SIGSTOP)", [&] { s.freeze(); }, [&] { s.thaw(); });
+  failing(
+      "CLIENT PAUSE ALL",
+      [&] {
+        s.run({"CLIENT", "PAUSE", "4000", "ALL"});
+      },
+      [&] { std::this_thread::sleep_for(ms(4000)); });  // UNPAUSE would wait it out too
+  failing(
+      "CLIENT PAUSE WRITE",
+      [&] {
+        s.run({"CLIENT", "PAUSE", "4000", "WRITE"});
+      },
+      [&] {
+        s.run({"CLIENT", "UNPAUSE"});
+      });
+  {  // CLIENT KILL TYPE pubsub while the followers wait
+    workers w(n, worker_args(s, "f-sub", "fleet", t, base));
+    w.round("k", 800);
+    w.until([&] { return !w.origins().empty(); }, "a leader");
+    w.until(
+        [&] {
+          return s.integer({"PUBSUB", "NUMSUB", "{f-sub:k}:c"}) == n - 1;
+        },
+        "followers subscribed");
+    const long long killed = s.integer({"CLIENT", "KILL", "TYPE", "pubsub"});
+    w.wait_round("followers after the kill");
+    std::printf(
+        "| subscriptions killed mid-wait (CLIENT KILL TYPE pubsub: %lld) | %zu | %ld | "
+        "max caller latency %.0f ms for an 800 ms load | |\n",
+        killed, w.origins().size(), errors_surfaced(w), max_latency(w));
+  }
+  (void)bin;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Cost of a hit and of a miss.
+
+// Counts the commands clients send (round trips), by name, through MONITOR; commands run
+// inside scripts (MONITOR's "[0 lua]" lines) are not round trips and are left out.
+class monitor {
+ public:
+  explicit monitor(int port) {
+    c_ = redisConnect("127.0.0.1", port);
+    if (c_ == nullptr || c_->err != 0) die("monitor: connect");
+    freeReplyObject(redisCommand(c_, "MONITOR"));
+    thread_ = std::thread([this] { run(); });
+  }
+  monitor(const monitor&) = delete;
+  monitor& operator=(const monitor&) = delete;
+  ~monitor() {
+    stop_ = true;
+    thread_.join();
+    redisFree(c_);
+  }
+  // Waits until the marker sent through `s` has been seen, then returns the counts so far.
+  std::map<std::string, long> counts(server& s) {
+    const std::string marker = "marker-" + std::to_string(++markers_);
+    s.run({"ECHO", marker});
+    const auto until = clock_t_::now() + std::chrono::seconds(10);
+    for (;;) {
+      {
+        const std::lock_guard<std::mutex> lk(mu_);
+        if (seen_.count(marker) != 0) return counts_;
+      }
+      if (clock_t_::now() > until) die("monitor: marker not seen");
+      std::this_thread::sleep_for(ms(1));
+    }
+  }
+
+ private:
+  void run() {
+    while (!stop_) {
+      pollfd p{c_->fd, POLLIN, 0};
+      if (::poll(&p, 1, 20) <= 0) continue;
+      if (redisBufferRead(c_) != REDIS_OK) return;
+      void* r = nullptr;
+      while (redisGetReplyFromReader(c_, &r) == REDIS_OK && r != nullptr) {
+        const auto* reply = static_cast<redisReply*>(r);
+        if (reply->str != nullptr) take(std::string(reply->str, reply->len));
+        freeReplyObject(r);
+      }
+    }
+  }
+  void take(const std::string& line) {
+    if (line.find(" lua] ") != std::string::npos) return;
+    const auto q = line.find('"');
+    if (q == std::string::npos) return;
+    const auto q2 = line.find('"', q + 1);
+    std::string cmd = line.substr(q + 1, q2 - q - 1);
+    for (char& ch : cmd) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    const std::lock_guard<std::mutex> lk(mu_);
+    if (cmd == "ECHO") {
+      const auto a = line.find('"', q2 + 1);
+      seen_[line.substr(a + 1, line.find('"', a + 1) - a - 1)] = true;
+      return;
+    }
+    counts_[cmd] += 1;
+  }
+  redisContext* c_ = nullptr;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  std::mutex mu_;
+  std::map<std::string, long> counts_;
+  std::map<std::string, bool> seen_;
+  int markers_ = 0;
+};
+
+// Runs body(pass, i) for i < calls twice: once under MONITOR (the round trips), once without
+// it (the time per call, MONITOR slowing the server down). Returns {counts per call, µs}.
+template <class Body>
+std::pair<std::map<std::string, long>, double> measure(server& s, int port, int calls, Body body) {
+  std::map<std::string, long> per;
+  {
+    monitor m(port);
+    const auto before = m.counts(s);
+    for (int i = 0; i < calls; ++i) body(0, i);
+    const auto after = m.counts(s);
+    for (const auto& [k, v] : after) {
+      const long d = v - (before.count(k) != 0 ? before.at(k) : 0);
+      if (d != 0) per[k] = d;
+    }
+  }
+  const auto t0 = clock_t_::now();
+  for (int i = 0; i < calls; ++i) body(1, i);
+  return {per, ms_since(t0) * 1000 / calls};
+}
+
+std::string show(const std::map<std::string, long>& counts, long calls) {
+  std::string out;
+  double total = 0;
+  for (const auto& [k, v] : counts) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%s%s %.2f", out.empty() ? "" : ", ", k.c_str(),
+                  static_cast<double>(v) / static_cast<double>(calls));
+    out += buf;
+    total += static_cast<double>(v) / static_cast<double>(calls);
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "**%.2f**: ", total);
+  std::string head(buf);  // not `buf + out`: GCC 12 -O3 warns (-Wrestrict, a false positive)
+  head += out;
+  return head;
+}
+
+void costs(server& s) {
+  std::printf(
+      "\n### Cost of a hit and of a miss (round trips: the commands clients sent, seen "
+      "by MONITOR; times measured in a second pass without it)\n\n"
+      "| path | round trips per call | time per call |\n|---|---|---:|\n");
+  const int port = std::stoi(s.uri().substr(s.uri().rfind(':') + 1));
+  sf::fleet_options o;
+  o.redis_uri = s.uri();
+  o.key_prefix = "cost";
+  o.redis_timeout = ms(500);
+  {
+    sf::fleet<std::string, std::string> f(o);
+    (void)f.get("hot", [] { return std::string(100, 'x'); });
+    constexpr int hits = 5000;
+    const auto [counts, unused] =
+        measure(s, port, hits, [&](int, int) { (void)f.get("hot", [] { return std::string(); }); });
+    // Time: the fleet and the floor (the same GET through a bare hiredis connection) in
+    // alternating blocks of 100 calls, so that both see the same machine; medians of blocks.
+    redisContext* c = redisConnect("127.0.0.1", port);
+    std::vector<double> fleet_blocks;
+    std::vector<double> raw_blocks;
+    for (int b = 0; b < 50; ++b) {
+      auto t0 = clock_t_::now();
+      for (int i = 0; i < 100; ++i) (void)f.get("hot", [] { return std::string(); });
+      fleet_blocks.push_back(ms_since(t0) * 10);  // µs per call
+      t0 = clock_t_::now();
+      for (int i = 0; i < 100; ++i) freeReplyObject(redisCommand(c, "GET %s", "{cost:hot}:v"));
+      raw_blocks.push_back(ms_since(t0) * 10);
+    }
+    redisFree(c);
+    std::sort(fleet_blocks.begin(), fleet_blocks.end());
+    std::sort(raw_blocks.begin(), raw_blocks.end());
+    const double t = fleet_blocks[fleet_blocks.size() / 2];
+    const double raw = raw_blocks[raw_blocks.size() / 2];
+    (void)unused;
+    std::printf(
+        "| hit (fleet.get, 100-byte value) | %s | %.1f µs; a bare hiredis GET %.1f µs "
+        "(%.2fx; medians of 50 alternating blocks of 100) |\n",
+        show(counts, hits).c_str(), t, raw, t / raw);
+  }
+  std::map<std::string, long> leader_counts;
+  constexpr int misses = 200;
+  {
+    sf::fleet<std::string, std::string> f(o);
+    const auto [counts, t] = measure(s, port, misses, [&](int pass, int i) {
+      (void)f.get("cold" + std::to_string(pass) + ":" + std::to_string(i),
+                  [] { return std::string("v"); });
+    });
+    leader_counts = counts;
+    std::printf("| miss, leader (origin returns at once) | %s | %.1f µs + the load |\n",
+                show(counts, misses).c_str(), t);
+  }
+  {
+    sf::fleet<std::string, std::string> leader(o);
+    sf::fleet<std::string, std::string> follower(o);
+    constexpr int pairs = 50;
+    std::vector<double> wakes;
+    const auto [counts, t] = measure(s, port, pairs, [&](int pass, int i) {
+      const std::string key = "pair" + std::to_string(pass) + ":" + std::to_string(i);
+      std::atomic<bool> loading{false};
+      clock_t_::time_point leader_done;
+      std::jthread a([&] {
+        (void)leader.get(key, [&] {
+          loading = true;
+          std::this_thread::sleep_for(ms(30));
+          return std::string("v");
+        });
+        leader_done = clock_t_::now();
+      });
+      while (!loading) std::this_thread::yield();
+      (void)follower.get(key, [] { return std::string("dup"); });
+      const auto follower_done = clock_t_::now();
+      a.join();
+      if (pass == 1) {
+        wakes.push_back(
+            std::chrono::duration<double, std::micro>(follower_done - leader_done).count());
+      }
+    });
+    (void)t;
+    std::sort(wakes.begin(), wakes.end());
+    // The follower's share: the pair's commands minus what one leader alone costs (above).
+    auto follower_counts = counts;
+    for (const auto& [k, v] : leader_counts) {
+      follower_counts[k] -= v / misses * pairs;
+      if (follower_counts[k] == 0) follower_counts.erase(k);
+    }
+    std::printf(
+        "| miss, follower in another process (leader loading 30 ms) | %s (SUBSCRIBE and "
+        "UNSUBSCRIBE on the subscriber's connection) | returns %.0f µs (median; p90 %.0f "
+        "µs) after the leader's get() |\n",
+        show(follower_counts, pairs).c_str(), wakes[wakes.size() / 2],
+        wakes[wakes.size() * 9 / 10]);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "--worker") {
+    std::map<std::string, std::string> a;
+    for (int i = 2; i < argc; ++i) {
+      const std::string w = argv[i];
+      a[w.substr(0, w.find('='))] = w.substr(w.find('=') + 1);
+    }
+    return worker_main(a);
+  }
+  bool quick = false;
+  std::string only;  // --only coalescing|faults|costs
+  std::string bin = "redis-server";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") quick = true;
+    if (a == "--only" && i + 1 < argc) only = argv[++i];
+    if (a == "--redis-server" && i + 1 < argc) bin = argv[++i];
+  }
+  if (bin.find('/') == std::string::npos) {
+    for (const char* dir : {"/usr/bin", "/usr/local/bin", "/usr/sbin"}) {
+      if (::access((std::string(dir) + "/" + bin).c_str(), X_OK) == 0) {
+        bin = std::string(dir) + "/" + bin;
+        break;
+      }
+    }
+  }
+  server s(bin);
+  std::printf("fleet_driver: redis-server at %s; %u hardware threads\n", s.uri().c_str(),
+              std::thread::hardware_concurrency());
+  if (only.empty() || only == "coalescing") coalescing(s, quick);
+  if (only.empty() || only == "faults") faults(s, bin);
+  if (only.empty() || only == "costs") costs(s);
+  return 0;
+}

@@ -1,0 +1,360 @@
+// singleflight/detail/fleet_protocol.hpp -- internal; do not include directly.
+//
+// The fleet's wire protocol: the Redis names of one logical key, the record
+// stored under it, and the five steps (GET, acquire, renew, store,
+// invalidate), each one round trip on a connection the caller holds. The
+// decisions (when to race, wait, load, give up) are fleet.hpp's; this file
+// only says what goes over the wire. No state, no lock.
+//
+// Names of the logical key K under prefix P (one hash tag, so that every
+// script touches one Redis Cluster slot):
+//   {P:K}:v   the record: a value or an error marker, with a TTL
+//   {P:K}:l   the lease: a random token, SET NX PX lease_ttl
+//   {P:K}:m   metadata hash: `fence` (the fencing counter) and `gen` (the
+//             generation, bumped by invalidate), with a TTL refreshed by every
+//             step that touches it
+//   {P:K}:c   the pub/sub channel leaders publish on ("v", "r", "e<text>")
+//
+// Record: "SF1|<kind>|<codec tag>|<fence>|<gen>|<checksum>|<payload>", kind
+// 'v' (payload = the codec's bytes) or 'e' (payload = the failure's text),
+// checksum = FNV-1a 64 (16 hex digits) of everything between "SF1|" and the
+// checksum, plus the payload. Anything else under the name (another program's
+// value, a truncated or bit-flipped record, another codec's tag, another Redis
+// type) is a miss, never a value.
+//
+// Fences: the first acquisition of a key (or the first after its metadata
+// expired) seeds the counter with the server's clock in microseconds, so a
+// fence handed out after the metadata expired is always greater than any
+// handed out before: a leader paused for longer than the metadata lives can
+// still not store (its fence is no longer the newest).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "redis_conn.hpp"
+#include "sha1.hpp"
+
+namespace singleflight::detail {
+
+// The four Redis names of one logical key.
+struct fleet_names {
+  std::string value;
+  std::string lease;
+  std::string meta;
+  std::string channel;
+
+  static fleet_names of(std::string_view prefix, std::string_view key) {
+    std::string tag;
+    tag.reserve(prefix.size() + key.size() + 4);
+    tag += '{';
+    tag += prefix;
+    tag += ':';
+    tag += key;
+    tag += "}:";
+    fleet_names n;
+    n.value = tag + 'v';
+    n.lease = tag + 'l';
+    n.meta = tag + 'm';
+    n.channel = std::move(tag) + 'c';
+    return n;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Records
+
+inline std::uint64_t fnv1a64(std::string_view s, std::uint64_t h = 0xcbf29ce484222325ULL) {
+  for (const char c : s) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+inline std::string hex16(std::uint64_t v) {
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string out(16, '0');
+  for (int i = 15; i >= 0; --i) {
+    out[static_cast<std::size_t>(i)] = digits[v & 0xFU];
+    v >>= 4;
+  }
+  return out;
+}
+
+struct record {
+  char kind = 'v';  // 'v' value, 'e' error marker
+  std::string_view tag;
+  std::string_view fence;
+  std::string_view gen;
+  std::string_view payload;
+};
+
+inline std::string make_record(char kind, std::string_view tag, std::string_view fence,
+                               std::string_view gen, std::string_view payload) {
+  std::string head;
+  head.reserve(tag.size() + fence.size() + gen.size() + 8);
+  head += kind;
+  head += '|';
+  head += tag;
+  head += '|';
+  head += fence;
+  head += '|';
+  head += gen;
+  head += '|';
+  const std::string sum = hex16(fnv1a64(payload, fnv1a64(head)));
+  std::string out;
+  out.reserve(4 + head.size() + sum.size() + 1 + payload.size());
+  out += "SF1|";
+  out += head;
+  out += sum;
+  out += '|';
+  out += payload;
+  return out;
+}
+
+// parse_record(bytes, tag): the record, or nullopt for anything that is not a
+// well-formed record with this codec tag and a matching checksum.
+inline std::optional<record> parse_record(std::string_view bytes, std::string_view tag) {
+  if (!bytes.starts_with("SF1|")) return std::nullopt;
+  std::string_view rest = bytes.substr(4);
+  std::string_view field[5];
+  for (auto& f : field) {
+    const auto bar = rest.find('|');
+    if (bar == std::string_view::npos) return std::nullopt;
+    f = rest.substr(0, bar);
+    rest = rest.substr(bar + 1);
+  }
+  record r;
+  if (field[0].size() != 1 || (field[0][0] != 'v' && field[0][0] != 'e')) return std::nullopt;
+  r.kind = field[0][0];
+  r.tag = field[1];
+  r.fence = field[2];
+  r.gen = field[3];
+  r.payload = rest;
+  if (r.tag != tag || field[4].size() != 16) return std::nullopt;
+  const std::size_t head_len = static_cast<std::size_t>(field[4].data() - bytes.data()) - 4;
+  const std::string_view head = bytes.substr(4, head_len);
+  if (hex16(fnv1a64(r.payload, fnv1a64(head))) != field[4]) return std::nullopt;
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scripts
+
+struct lua_script {
+  std::string_view body;
+  std::string sha;
+  explicit lua_script(std::string_view b) : body(b), sha(sha1_hex(b)) {}
+};
+
+// ACQUIRE. KEYS: value, lease, meta. ARGV: token, lease_ttl_ms, meta_ttl_ms, read ("1": read
+// the value first). Returns {0, record} (a value is there), {1, pttl} (lost: someone holds
+// the lease), or {2, fence, gen} (won).
+inline const lua_script& acquire_script() {
+  static const lua_script s(R"lua(
+if redis.replicate_commands then redis.replicate_commands() end
+if ARGV[4] == '1' then
+  local v = redis.pcall('GET', KEYS[1])
+  if type(v) == 'string' then return {0, v} end
+end
+if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {1, redis.call('PTTL', KEYS[2])}
+end
+if redis.call('HEXISTS', KEYS[3], 'fence') == 0 then
+  local t = redis.call('TIME')
+  redis.call('HSET', KEYS[3], 'fence', t[1] .. string.format('%06d', tonumber(t[2])))
+end
+local f = redis.call('HINCRBY', KEYS[3], 'fence', 1)
+local g = redis.call('HGET', KEYS[3], 'gen') or '0'
+redis.call('PEXPIRE', KEYS[3], ARGV[3])
+return {2, f, g}
+)lua");
+  return s;
+}
+
+// RENEW. KEYS: lease, meta. ARGV: token, lease_ttl_ms, meta_ttl_ms. 1 while the lease is ours.
+inline const lua_script& renew_script() {
+  static const lua_script s(R"lua(
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+  return 1
+end
+return 0
+)lua");
+  return s;
+}
+
+// STORE. KEYS: value, lease, meta. ARGV: token, fence, gen, record ('' = store nothing),
+// ttl_ms, channel, message, meta_ttl_ms. Returns 1 (stored/published), -1 (a newer fence
+// exists: nothing written, nothing published: the newer leader publishes), -2 (the key was
+// invalidated since this leader's acquisition: nothing stored, lease released, "r" published
+// so that waiters race again).
+inline const lua_script& store_script() {
+  static const lua_script s(R"lua(
+local m = redis.call('HMGET', KEYS[3], 'fence', 'gen')
+if m[1] ~= ARGV[2] then return -1 end
+if redis.call('GET', KEYS[2]) == ARGV[1] then redis.call('DEL', KEYS[2]) end
+if (m[2] or '0') ~= ARGV[3] then
+  redis.call('PUBLISH', ARGV[6], 'r')
+  return -2
+end
+if ARGV[4] ~= '' and tonumber(ARGV[5]) > 0 then
+  redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[5])
+end
+redis.call('PEXPIRE', KEYS[3], ARGV[8])
+redis.call('PUBLISH', ARGV[6], ARGV[7])
+return 1
+)lua");
+  return s;
+}
+
+// INVALIDATE. KEYS: value, meta. ARGV: channel, meta_ttl_ms. Deletes the value, bumps the
+// generation (so that no load acquired before this stores), wakes waiters. Returns the new
+// generation.
+inline const lua_script& invalidate_script() {
+  static const lua_script s(R"lua(
+redis.call('DEL', KEYS[1])
+local g = redis.call('HINCRBY', KEYS[2], 'gen', 1)
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+redis.call('PUBLISH', ARGV[1], 'r')
+return g
+)lua");
+  return s;
+}
+
+// Runs a script by its SHA; on NOSCRIPT (a fresh or flushed server) sends the body once,
+// which also caches it. keys and args are appended in order.
+inline redis_reply run_script(redis_conn& c, const lua_script& s,
+                              std::initializer_list<std::string_view> keys,
+                              std::initializer_list<std::string_view> args) {
+  std::vector<std::string_view> argv;
+  argv.reserve(3 + keys.size() + args.size());
+  const std::string nkeys = std::to_string(keys.size());
+  argv.emplace_back("EVALSHA");
+  argv.emplace_back(s.sha);
+  argv.emplace_back(nkeys);
+  argv.insert(argv.end(), keys.begin(), keys.end());
+  argv.insert(argv.end(), args.begin(), args.end());
+  redis_reply r = c.command(argv);
+  if (is_error(r.get()) && text_of(r.get()).starts_with("NOSCRIPT")) {
+    argv[0] = "EVAL";
+    argv[1] = s.body;
+    r = c.command(argv);
+  }
+  if (is_error(r.get())) throw redis_failure("script: " + std::string(text_of(r.get())));
+  return r;
+}
+
+inline std::string ms_text(std::chrono::milliseconds d) { return std::to_string(d.count()); }
+
+// ---------------------------------------------------------------------------------------------
+// Steps
+
+struct get_result {
+  enum kind_t { miss, found, foreign } kind = miss;
+  std::string bytes;
+};
+
+// GET the record: one round trip. A value of another Redis type (WRONGTYPE) is `foreign`.
+inline get_result get_value(redis_conn& c, const fleet_names& n) {
+  const redis_reply r = c.command({"GET", n.value});
+  get_result out;
+  if (is_nil(r.get())) return out;
+  if (is_error(r.get())) {
+    if (text_of(r.get()).starts_with("WRONGTYPE")) {
+      out.kind = get_result::foreign;
+      return out;
+    }
+    throw redis_failure("GET: " + std::string(text_of(r.get())));
+  }
+  if (r->type != REDIS_REPLY_STRING) throw redis_failure("GET: unexpected reply");
+  out.kind = get_result::found;
+  out.bytes.assign(r->str, r->len);
+  return out;
+}
+
+struct acquire_result {
+  enum kind_t { found, lost, won } kind = lost;
+  std::string bytes;   // found: the record
+  std::string fence;   // won
+  std::string gen;     // won
+  long long pttl = 0;  // lost: the lease's remaining time (ms), -1/-2 when none
+};
+
+inline acquire_result acquire(redis_conn& c, const fleet_names& n, std::string_view token,
+                              std::chrono::milliseconds lease_ttl,
+                              std::chrono::milliseconds meta_ttl, bool read_value) {
+  const std::string lease_ms = ms_text(lease_ttl);
+  const std::string meta_ms = ms_text(meta_ttl);
+  const redis_reply r = run_script(c, acquire_script(), {n.value, n.lease, n.meta},
+                                   {token, lease_ms, meta_ms, read_value ? "1" : "0"});
+  if (r->type != REDIS_REPLY_ARRAY || r->elements < 2 ||
+      r->element[0]->type != REDIS_REPLY_INTEGER) {
+    throw redis_failure("acquire: unexpected reply");
+  }
+  acquire_result out;
+  const long long k = r->element[0]->integer;
+  const redisReply* e1 = r->element[1];
+  if (k == 0 && e1->type == REDIS_REPLY_STRING) {
+    out.kind = acquire_result::found;
+    out.bytes.assign(e1->str, e1->len);
+  } else if (k == 1 && e1->type == REDIS_REPLY_INTEGER) {
+    out.kind = acquire_result::lost;
+    out.pttl = e1->integer;
+  } else if (k == 2 && r->elements == 3 && e1->type == REDIS_REPLY_INTEGER &&
+             is_string(r->element[2])) {
+    out.kind = acquire_result::won;
+    out.fence = std::to_string(e1->integer);
+    out.gen = std::string(text_of(r->element[2]));
+  } else {
+    throw redis_failure("acquire: unexpected reply");
+  }
+  return out;
+}
+
+inline bool renew(redis_conn& c, const fleet_names& n, std::string_view token,
+                  std::chrono::milliseconds lease_ttl, std::chrono::milliseconds meta_ttl) {
+  const std::string lease_ms = ms_text(lease_ttl);
+  const std::string meta_ms = ms_text(meta_ttl);
+  const redis_reply r =
+      run_script(c, renew_script(), {n.lease, n.meta}, {token, lease_ms, meta_ms});
+  if (r->type != REDIS_REPLY_INTEGER) throw redis_failure("renew: unexpected reply");
+  return r->integer == 1;
+}
+
+enum class store_result { stored, fenced_out, invalidated };
+
+inline store_result store(redis_conn& c, const fleet_names& n, std::string_view token,
+                          std::string_view fence, std::string_view gen, std::string_view rec,
+                          std::chrono::milliseconds ttl, std::string_view message,
+                          std::chrono::milliseconds meta_ttl) {
+  const std::string ttl_ms = ms_text(ttl);
+  const std::string meta_ms = ms_text(meta_ttl);
+  const redis_reply r = run_script(c, store_script(), {n.value, n.lease, n.meta},
+                                   {token, fence, gen, rec, ttl_ms, n.channel, message, meta_ms});
+  if (r->type != REDIS_REPLY_INTEGER) throw redis_failure("store: unexpected reply");
+  if (r->integer == -1) return store_result::fenced_out;
+  if (r->integer == -2) return store_result::invalidated;
+  return store_result::stored;
+}
+
+inline std::uint64_t invalidate(redis_conn& c, const fleet_names& n,
+                                std::chrono::milliseconds meta_ttl) {
+  const std::string meta_ms = ms_text(meta_ttl);
+  const redis_reply r = run_script(c, invalidate_script(), {n.value, n.meta}, {n.channel, meta_ms});
+  if (r->type != REDIS_REPLY_INTEGER || r->integer < 0) {
+    throw redis_failure("invalidate: unexpected reply");
+  }
+  return static_cast<std::uint64_t>(r->integer);
+}
+
+}  // namespace singleflight::detail

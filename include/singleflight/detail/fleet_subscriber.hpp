@@ -1,0 +1,444 @@
+// singleflight/detail/fleet_subscriber.hpp -- internal; do not include directly.
+//
+// detail::fleet_subscriber: the fleet's one pub/sub connection and the thread
+// that owns it. A follower that lost the lease race takes a `watch` on its
+// key's channel; the thread SUBSCRIBEs, reports the server's confirmation,
+// and wakes the watch on every message. The thread does I/O and sets flags:
+// it runs no user code, so no callback can hold back the notifications of
+// other keys.
+//
+// Pub/sub is at-most-once: a message published before the subscription was
+// confirmed, or while the connection was down, is lost. So a follower re-reads
+// the value after the confirmation (wait_confirmed), and after every
+// re-confirmation that follows a reconnect (a `resubscribed` event); and it
+// never waits longer than its wait_slice on a message in any case.
+//
+// Connection: opened lazily, when the first channel is watched; on any I/O
+// error (including CLIENT KILL TYPE pubsub, or a server restart) it is
+// dropped and reopened with a backoff (immediately, then 50 ms doubling to
+// 2 s) while channels are watched.
+//
+// Locking: `mu_` guards `channels_`, `closing_`, `dirty_` and every
+// channel_state. The thread holds it only to read the wanted subscriptions
+// and to apply what it read; connecting, writing, polling and reading happen
+// without it. Waiters wait on their channel's condition variable under `mu_`;
+// the thread notifies under `mu_` after setting the counters the waiters test
+// (no lost wake-up). Nothing here calls out while holding `mu_`.
+#pragma once
+
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "fleet_hooks.hpp"
+#include "redis_conn.hpp"
+#include "redis_pool.hpp"
+
+namespace singleflight::detail {
+
+class fleet_subscriber {
+  struct channel_state {
+    std::size_t refs = 0;    // watches alive
+    bool on_server = false;  // SUBSCRIBE sent on the current connection, no UNSUBSCRIBE since
+    bool confirmed = false;  // the server confirmed it on the current connection
+    std::uint64_t confirmations = 0;
+    std::uint64_t messages = 0;
+    std::string last;  // the latest message
+    std::condition_variable_any cv;
+  };
+
+ public:
+  // What ended a wait.
+  enum class event { message, resubscribed, timeout, stopped, closed };
+
+  // watch: interest in one channel, from construction to destruction. Used by
+  // one thread (the follower's). Destroying it unsubscribes once no other
+  // watch of the same channel is left.
+  class watch {
+   public:
+    watch() noexcept = default;
+    watch(watch&& o) noexcept
+        : owner_(std::exchange(o.owner_, nullptr)),
+          ch_(std::exchange(o.ch_, nullptr)),
+          name_(std::move(o.name_)),
+          seen_confirmations_(o.seen_confirmations_),
+          seen_messages_(o.seen_messages_) {}
+    watch& operator=(watch&& o) noexcept {
+      if (this != &o) {
+        release();
+        owner_ = std::exchange(o.owner_, nullptr);
+        ch_ = std::exchange(o.ch_, nullptr);
+        name_ = std::move(o.name_);
+        seen_confirmations_ = o.seen_confirmations_;
+        seen_messages_ = o.seen_messages_;
+      }
+      return *this;
+    }
+    watch(const watch&) = delete;
+    watch& operator=(const watch&) = delete;
+    ~watch() { release(); }
+
+    explicit operator bool() const noexcept { return owner_ != nullptr; }
+
+    // wait_confirmed(until, st): true once the server has confirmed the
+    // subscription; false at `until`, on `st`'s stop, or when the subscriber
+    // closes. Events before the confirmation are not reported later.
+    template <class Clock, class Duration>
+    bool wait_confirmed(std::chrono::time_point<Clock, Duration> until, const std::stop_token& st) {
+      std::unique_lock<std::mutex> lk(owner_->mu_);
+      const bool ok =
+          ch_->cv.wait_until(lk, st, until, [&] { return ch_->confirmed || owner_->closing_; });
+      seen_confirmations_ = ch_->confirmations;
+      seen_messages_ = ch_->messages;
+      return ok && ch_->confirmed;
+    }
+
+    // wait_event(until, st, message): the first of: a message (copied into
+    // `message`), a re-confirmation after a reconnect, `until`, `st`'s stop,
+    // the subscriber closing. Messages and re-confirmations that arrived since
+    // the previous wait are reported at once (nothing between two waits is
+    // lost; several are reported as one, the latest message winning).
+    template <class Clock, class Duration>
+    event wait_event(std::chrono::time_point<Clock, Duration> until, const std::stop_token& st,
+                     std::string& message) {
+      std::unique_lock<std::mutex> lk(owner_->mu_);
+      const auto news = [&] {
+        return ch_->messages != seen_messages_ || ch_->confirmations != seen_confirmations_ ||
+               owner_->closing_;
+      };
+      (void)ch_->cv.wait_until(lk, st, until, news);
+      if (ch_->messages != seen_messages_) {
+        seen_messages_ = ch_->messages;
+        seen_confirmations_ = ch_->confirmations;
+        message = ch_->last;
+        return event::message;
+      }
+      if (ch_->confirmations != seen_confirmations_) {
+        seen_confirmations_ = ch_->confirmations;
+        return event::resubscribed;
+      }
+      if (owner_->closing_) return event::closed;
+      if (st.stop_requested()) return event::stopped;
+      return event::timeout;
+    }
+
+   private:
+    friend class fleet_subscriber;
+    watch(fleet_subscriber* owner, channel_state* ch, std::string name) noexcept
+        : owner_(owner), ch_(ch), name_(std::move(name)) {}
+
+    void release() noexcept {
+      if (owner_ == nullptr) return;
+      std::exchange(owner_, nullptr)->unwatch(name_, std::exchange(ch_, nullptr));
+    }
+
+    fleet_subscriber* owner_ = nullptr;
+    channel_state* ch_ = nullptr;
+    std::string name_;
+    std::uint64_t seen_confirmations_ = 0;
+    std::uint64_t seen_messages_ = 0;
+  };
+
+  // The pool only opens the connection (same endpoint, timeout and AUTH as
+  // the command connections); `errors` counts failed connects and I/O errors;
+  // `hook` (tests) is called at fleet_point::resubscribing.
+  fleet_subscriber(const redis_pool& pool, std::atomic<std::uint64_t>& errors,
+                   const fleet_hook& hook)
+      : pool_(pool), errors_(errors), hook_(hook) {
+    int fds[2];
+    if (::pipe(fds) != 0) throw std::system_error(errno, std::generic_category(), "pipe");
+    for (const int fd : fds) {
+      (void)::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+      (void)::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD) | FD_CLOEXEC);
+    }
+    wake_read_ = fds[0];
+    wake_write_ = fds[1];
+    try {
+      thread_ = std::thread([this] { run(); });
+    } catch (...) {
+      ::close(wake_read_);
+      ::close(wake_write_);
+      throw;
+    }
+  }
+
+  fleet_subscriber(const fleet_subscriber&) = delete;
+  fleet_subscriber& operator=(const fleet_subscriber&) = delete;
+
+  ~fleet_subscriber() {
+    close();
+    ::close(wake_read_);
+    ::close(wake_write_);
+  }
+
+  // subscribe(channel): a watch on `channel` (the SUBSCRIBE is sent by the
+  // thread). Thread-safe. Throws std::bad_alloc.
+  watch subscribe(const std::string& channel) {
+    channel_state* ch = nullptr;
+    {
+      const std::lock_guard<std::mutex> lk(mu_);
+      auto& slot = channels_[channel];
+      if (!slot) slot = std::make_unique<channel_state>();
+      ch = slot.get();
+      ch->refs += 1;
+      dirty_ = true;
+      cv_.notify_all();
+    }
+    poke();
+    return watch(this, ch, channel);
+  }
+
+  // close(): stops the thread and joins it; every waiter returns `closed`.
+  // Idempotent. Must not be called from the subscriber's own thread (it never
+  // runs user code, so it cannot be).
+  void close() noexcept {
+    {
+      const std::lock_guard<std::mutex> lk(mu_);
+      closing_ = true;
+      cv_.notify_all();
+      for (auto& [name, ch] : channels_) ch->cv.notify_all();
+    }
+    poke();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  // How many channels the current connection has confirmed (tests).
+  std::size_t confirmed_channels() const {
+    const std::lock_guard<std::mutex> lk(mu_);
+    return static_cast<std::size_t>(std::count_if(
+        channels_.begin(), channels_.end(), [](const auto& c) { return c.second->confirmed; }));
+  }
+
+ private:
+  void unwatch(const std::string& name, channel_state* ch) noexcept {
+    {
+      const std::lock_guard<std::mutex> lk(mu_);
+      ch->refs -= 1;
+      if (ch->refs == 0 && !ch->on_server) {
+        // Never subscribed on the server (or already unsubscribed): forget it.
+        channels_.erase(name);
+      } else {
+        dirty_ = true;
+      }
+    }
+    poke();
+  }
+
+  // Wakes the thread out of poll(). The pipe is non-blocking: when it is
+  // full, the thread has wake-ups pending anyway.
+  void poke() const noexcept {
+    const char b = 1;
+    (void)!::write(wake_write_, &b, 1);
+  }
+
+  void drain_pokes() const noexcept {
+    char buf[64];
+    while (::read(wake_read_, buf, sizeof buf) > 0) {
+    }
+  }
+
+  // The thread.
+  void run() {
+    using clock = std::chrono::steady_clock;
+    std::unique_ptr<redis_conn> conn;
+    std::chrono::milliseconds backoff{0};
+    clock::time_point next_attempt{};
+    std::vector<std::string> subs;
+    std::vector<std::string> unsubs;
+    std::vector<redis_reply> replies;
+    bool lost_once = false;  // a connection was lost: the next one is a reconnection
+
+    std::unique_lock<std::mutex> lk(mu_);
+    while (!closing_) {
+      if (!conn) {
+        const bool wanted = std::any_of(channels_.begin(), channels_.end(),
+                                        [](const auto& c) { return c.second->refs > 0; });
+        if (!wanted) {
+          cv_.wait(lk, [&] { return closing_ || dirty_; });
+          dirty_ = false;
+          continue;
+        }
+        if (clock::now() < next_attempt) {
+          cv_.wait_until(lk, next_attempt, [&] { return closing_; });
+          continue;
+        }
+        lk.unlock();
+        std::unique_ptr<redis_conn> fresh;
+        try {
+          fresh = pool_.open();
+        } catch (const redis_failure&) {
+          errors_.fetch_add(1, std::memory_order_relaxed);
+        }
+        lk.lock();
+        if (!fresh) {
+          backoff = backoff.count() == 0 ? std::chrono::milliseconds(50)
+                                         : std::min(backoff * 2, std::chrono::milliseconds(2000));
+          next_attempt = clock::now() + backoff;
+          continue;
+        }
+        if (lost_once) {
+          lk.unlock();
+          if (hook_) hook_(fleet_point::resubscribing, std::string_view());
+          lk.lock();
+        }
+        conn = std::move(fresh);
+        backoff = std::chrono::milliseconds(0);
+        for (auto& [name, ch] : channels_) {
+          ch->on_server = false;
+          ch->confirmed = false;
+        }
+      }
+
+      // What to (un)subscribe on this connection.
+      subs.clear();
+      unsubs.clear();
+      for (auto it = channels_.begin(); it != channels_.end();) {
+        channel_state& ch = *it->second;
+        if (ch.refs > 0 && !ch.on_server) {
+          subs.push_back(it->first);
+          ch.on_server = true;
+        } else if (ch.refs == 0 && ch.on_server) {
+          unsubs.push_back(it->first);
+          ch.on_server = false;
+          ch.confirmed = false;
+        }
+        if (ch.refs == 0 && !ch.on_server) {
+          it = channels_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      dirty_ = false;
+      lk.unlock();
+
+      bool ok =
+          send(*conn, "SUBSCRIBE", subs) && send(*conn, "UNSUBSCRIBE", unsubs) && flush(*conn);
+      replies.clear();
+      if (ok) ok = wait_and_read(*conn, replies);
+
+      lk.lock();
+      for (const redis_reply& r : replies) apply(*r);
+      if (!ok) {
+        lost_once = true;
+        errors_.fetch_add(1, std::memory_order_relaxed);
+        lk.unlock();
+        conn.reset();
+        lk.lock();
+        for (auto& [name, ch] : channels_) {
+          ch->on_server = false;
+          ch->confirmed = false;
+        }
+        next_attempt = clock::now();  // reconnect at once; back off only if that fails
+      }
+    }
+    lk.unlock();
+    conn.reset();
+  }
+
+  static bool send(redis_conn& c, const char* verb, const std::vector<std::string>& names) {
+    if (names.empty()) return true;
+    std::vector<const char*> argv;
+    std::vector<std::size_t> lens;
+    argv.reserve(names.size() + 1);
+    lens.reserve(names.size() + 1);
+    argv.push_back(verb);
+    lens.push_back(std::char_traits<char>::length(verb));
+    for (const std::string& n : names) {
+      argv.push_back(n.data());
+      lens.push_back(n.size());
+    }
+    return redisAppendCommandArgv(c.raw(), static_cast<int>(argv.size()), argv.data(),
+                                  lens.data()) == REDIS_OK;
+  }
+
+  static bool flush(redis_conn& c) {
+    int done = 0;
+    while (done == 0) {
+      if (redisBufferWrite(c.raw(), &done) != REDIS_OK) return false;
+    }
+    return true;
+  }
+
+  // Waits for the connection or a poke; reads whatever replies arrived.
+  bool wait_and_read(redis_conn& c, std::vector<redis_reply>& out) {
+    // Replies already parsed (they came with an earlier read) first.
+    if (!take_parsed(c, out)) return false;
+    if (!out.empty()) return true;
+    pollfd fds[2] = {{c.raw()->fd, POLLIN, 0}, {wake_read_, POLLIN, 0}};
+    const int n = ::poll(fds, 2, -1);
+    if (n < 0) return errno == EINTR;
+    if ((fds[1].revents & POLLIN) != 0) drain_pokes();
+    if ((fds[0].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
+      if (redisBufferRead(c.raw()) != REDIS_OK) return false;
+      return take_parsed(c, out);
+    }
+    return true;
+  }
+
+  static bool take_parsed(redis_conn& c, std::vector<redis_reply>& out) {
+    for (;;) {
+      void* raw = nullptr;
+      if (redisGetReplyFromReader(c.raw(), &raw) != REDIS_OK) return false;
+      if (raw == nullptr) return true;
+      out.emplace_back(static_cast<redisReply*>(raw));
+    }
+  }
+
+  // Applies one pub/sub reply: ["subscribe", ch, n], ["message", ch, text],
+  // ["unsubscribe", ch, n]. Called with mu_ held.
+  void apply(const redisReply& r) {
+    if (r.type != REDIS_REPLY_ARRAY || r.elements < 3 || !is_string(r.element[0]) ||
+        !is_string(r.element[1])) {
+      return;
+    }
+    const std::string_view kind = text_of(r.element[0]);
+    const auto it = channels_.find(std::string(text_of(r.element[1])));
+    if (it == channels_.end()) return;
+    channel_state& ch = *it->second;
+    if (kind == "subscribe") {
+      if (!ch.on_server || ch.confirmed) return;
+      ch.confirmed = true;
+      ch.confirmations += 1;
+      ch.cv.notify_all();
+    } else if (kind == "message") {
+      if (!is_string(r.element[2])) return;
+      ch.last.assign(text_of(r.element[2]));
+      ch.messages += 1;
+      ch.cv.notify_all();
+    }
+    // "unsubscribe": nothing to do; the state was updated when it was sent.
+  }
+
+  const redis_pool& pool_;
+  std::atomic<std::uint64_t>& errors_;
+  const fleet_hook& hook_;
+  int wake_read_ = -1;
+  int wake_write_ = -1;
+
+  mutable std::mutex mu_;
+  std::condition_variable_any cv_;  // the thread's wait while it has no connection
+  std::unordered_map<std::string, std::unique_ptr<channel_state>> channels_;  // guarded by mu_
+  bool closing_ = false;                                                      // guarded by mu_
+  bool dirty_ = false;                                                        // guarded by mu_
+  std::thread thread_;
+};
+
+}  // namespace singleflight::detail
