@@ -574,6 +574,7 @@ class cache {
     std::exception_ptr error;      // failed
     duration age{};
     std::uint64_t version = 0;
+    std::uint64_t seen = 0;     // load: the key's version this call saw
     node_t* pinned = nullptr;   // load: pinned for a stale-if-error answer
     node_t* refresh = nullptr;  // serve: start this refresh (pinned)
     std::uint64_t refresh_id = 0;
@@ -765,6 +766,7 @@ class cache {
         node_t* n = table.at(si).find(key, m, eq);
         if (n == nullptr) {
           sc.add(sc.misses);
+          d.seen = table.at(si).versions.load(std::memory_order_relaxed);
           return d;  // no record: no load registered, nothing to pin
         }
         const verdict v = classify(*n, now, [&] { return draws(*n, now, sc); });
@@ -787,6 +789,7 @@ class cache {
       node_t* n = s.find(key, m, eq);
       if (n == nullptr) {
         sc.add(sc.misses);
+        d.seen = s.versions.load(std::memory_order_relaxed);
         return d;
       }
       const verdict v = classify(*n, now, [&] { return early || draws(*n, now, sc); });
@@ -809,6 +812,7 @@ class cache {
           break;
       }
       sc.add(sc.misses);
+      d.seen = n->version;
       if (sie > duration::zero() && n->kind == detail::held::value && now < n->error_until) {
         ++n->pins;
         d.pinned = n;
@@ -889,7 +893,7 @@ class cache {
       lk->write();
       if (node_t* n = s.find(key, m, eq)) return n;  // `made` is freed after the lock
       s.reserve_one();
-      made->version = s.versions;  // versions only grow, per key too
+      made->version = s.versions.load(std::memory_order_relaxed);  // only grows, per key too
       made->throttle_until = time_point::min();
       node_t* n = made.release();
       s.link(n);
@@ -913,32 +917,39 @@ class cache {
       }
     }
 
-    // Stores in n (readers locked out): value / not_found / error.
-    void admit(shard_t& s, node_t* n, time_point now,
-               garbage_t& g) {
+    // admit(s, n, now, g): n (readers locked out) now holds an entry. A new
+    // entry first makes room (evicting, dead entries first), so that size()
+    // never exceeds max_entries, not even for a moment; then a couple of dead
+    // entries are swept (no timer does it).
+    void admit(shard_t& s, node_t* n, time_point now, garbage_t& g) {
+      const auto dead = [now](const detail::policy_hook* h) {
+        return is_dead(*static_cast<const node_t*>(h), now);
+      };
+      const auto remove = [&](node_t* v) {
+        s.entries.fetch_sub(1, std::memory_order_relaxed);
+        v->kind = detail::held::nothing;
+        erase_if_unused(s, v, g);
+      };
       if (n->queue == detail::s3fifo::none) {
+        while (s.policy.capacity() != 0 && s.policy.size() >= s.policy.capacity()) {
+          auto* v = static_cast<node_t*>(s.policy.evict(dead));
+          if (v == nullptr) break;
+          ++s.evictions;
+          remove(v);
+        }
         s.policy.insert(n);
         s.entries.fetch_add(1, std::memory_order_relaxed);
       } else {
         s.policy.rewritten(n);
       }
-      const auto dead = [now](const detail::policy_hook* h) {
-        return is_dead(*static_cast<const node_t*>(h), now);
-      };
-      while (s.policy.over_capacity()) {
-        auto* v = static_cast<node_t*>(s.policy.evict(dead));
-        if (v == nullptr) break;
-        s.entries.fetch_sub(1, std::memory_order_relaxed);
-        v->kind = detail::held::nothing;
-        ++s.evictions;
-        if (v != n) erase_if_unused(s, v, g);
-      }
       for (int i = 0; i < 2; ++i) {
         auto* v = static_cast<node_t*>(s.policy.sweep_one(dead));
         if (v == nullptr) break;
-        s.entries.fetch_sub(1, std::memory_order_relaxed);
-        v->kind = detail::held::nothing;
-        if (v != n) erase_if_unused(s, v, g);
+        if (v == n) {  // n itself cannot be dead: it was just written
+          s.policy.insert(n);
+          break;
+        }
+        remove(v);
       }
     }
 
@@ -959,7 +970,7 @@ class cache {
       node_t* n = find_or_make(key, m, lk);
       auto& s = table.at(table.shard_index(m));
       const time_point now = Clock::now();
-      n->version = ++s.versions;
+      n->version = s.next_version();
       n->kind = detail::held::value;
       n->value.swap(box);  // the old value leaves with `box`, after the lock
       old_error = std::exchange(n->error, nullptr);
@@ -978,7 +989,7 @@ class cache {
       const std::size_t si = table.shard_index(m);
       auto& s = table.at(si);
       shard_lock lk(table, si);
-      const std::uint64_t v = ++s.versions;
+      const std::uint64_t v = s.next_version();
       if (node_t* n = s.find(key, m, eq)) {
         lk.write();
         n->version = v;
@@ -998,7 +1009,7 @@ class cache {
         for (std::size_t b = 0; s.buckets != nullptr && b <= s.mask; ++b) {
           for (node_t* n = s.buckets[b]; n != nullptr;) {
             node_t* next = n->chain;
-            n->version = ++s.versions;
+            n->version = s.next_version();
             n->refresh_id.store(0, std::memory_order_relaxed);
             drop(s, n);
             erase_if_unused(s, n, g);
@@ -1402,7 +1413,7 @@ class cache {
       sc.add(sc.misses);
       node_t* n = c->fresh_enter(key, m);
       const auto leave = make_scope_exit([c, n] { c->fresh_leave(n); });
-      return load_blocking(key, m, std::forward<L>(loader), nullptr, std::move(caller), true);
+      return load_blocking(key, m, std::forward<L>(loader), nullptr, std::move(caller), true, 0);
     }
     decision d = c->lookup(key, m);
     switch (d.what) {
@@ -1422,35 +1433,36 @@ class cache {
       if (pinned != nullptr) c->unpin(pinned);
     });
     return load_blocking(key, m, std::forward<L>(loader), pinned, std::move(caller),
-                         d.what == decision::act::load_fresh);
+                         d.what == decision::act::load_fresh, d.seen);
   }
 
   template <class P, class L>
   cached<T> load_blocking(const P& key, std::uint64_t m, L&& loader, node_t* pinned,
-                          std::stop_token caller, bool fresh) {
+                          std::stop_token caller, bool fresh, std::uint64_t seen) {
     using Ld = std::remove_reference_t<L>;
     core* c = core_.get();
     call_info info;
     try {
-      loaded_t r;
-      bool done = false;
-      if constexpr (!detail::loader_traits<std::decay_t<L>, T>::is_async) {
-        if (!group_has_executor_) {
-          // Inline: the leader runs the loader on this thread and cannot leave
-          // before it returns, so the body may refer to this frame.
-          auto body = [c, &key, m, &loader, fresh](std::stop_token st) -> loaded_t {
-            return c->run_sync(key, m, static_cast<Ld&>(loader), st, !fresh);
-          };
-          r = fresh ? group_.do_fresh(key, body, std::move(caller), info)
-                    : group_.do_(key, body, std::move(caller), info);
-          done = true;
+      const auto run = [&](bool fresh_flight) {
+        if constexpr (!detail::loader_traits<std::decay_t<L>, T>::is_async) {
+          if (!group_has_executor_) {
+            // Inline: the leader runs the loader on this thread and cannot
+            // leave before it returns, so the body may refer to this frame.
+            auto body = [c, &key, m, &loader, fresh_flight](std::stop_token st) -> loaded_t {
+              return c->run_sync(key, m, static_cast<Ld&>(loader), st, !fresh_flight);
+            };
+            return fresh_flight ? group_.do_fresh(key, body, caller, info)
+                                : group_.do_(key, body, caller, info);
+          }
         }
-      }
-      if (!done) {
-        auto body = owned_fn(key_of(key), m, loader, !fresh);
-        r = fresh ? group_.do_fresh(key, std::move(body), std::move(caller), info)
-                  : group_.do_(key, std::move(body), std::move(caller), info);
-      }
+        auto body = owned_fn(key_of(key), m, loader, !fresh_flight);
+        return fresh_flight ? group_.do_fresh(key, std::move(body), caller, info)
+                            : group_.do_(key, std::move(body), caller, info);
+      };
+      loaded_t r = run(fresh);
+      // A load that started before a write this call saw (it joined a flight
+      // that was still settling when the call looked): take a newer one.
+      if (!fresh && r.version < seen) r = run(true);
       return core::entry_of(r, info.role);
     } catch (...) {
       if (auto e = c->serve_on_error(pinned, std::current_exception())) {

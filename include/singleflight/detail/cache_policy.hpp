@@ -85,7 +85,6 @@ class s3fifo {
 
   std::size_t size() const noexcept { return small_.n + main_.n; }
   std::size_t capacity() const noexcept { return capacity_; }
-  bool over_capacity() const noexcept { return capacity_ != 0 && size() > capacity_; }
 
   // insert(n): a node that starts holding an entry. It must be in no queue.
   void insert(policy_hook* n) noexcept {

@@ -94,7 +94,16 @@ struct alignas(64) cache_shard {
   std::size_t nodes = 0;             // linked nodes
   s3fifo policy;                     // nodes that hold an entry
   std::atomic<std::size_t> entries{0};  // = policy.size(), readable without the mutex
-  std::uint64_t versions = 0;        // the last version handed out here
+  // The last version handed out here. Written under the mutex; read by hits
+  // (the version a call saw when it found no record), hence atomic. Relaxed:
+  // a call ordered after an invalidation by its own synchronisation sees it
+  // (read-read coherence), and none is needed otherwise.
+  std::atomic<std::uint64_t> versions{0};
+  std::uint64_t next_version() noexcept {
+    const std::uint64_t v = versions.load(std::memory_order_relaxed) + 1;
+    versions.store(v, std::memory_order_relaxed);
+    return v;
+  }
   std::uint64_t refreshes = 0;       // the last refresh id handed out here
   splitmix rng;                      // jitter
 
