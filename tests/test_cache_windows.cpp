@@ -355,6 +355,32 @@ TEST_CASE("without error_ttl a failure throttles loads for default_error_throttl
   CHECK(calls == 2);
 }
 
+TEST_CASE("a failed background refresh holds off the next one for error_ttl", "[cache][c5]") {
+  manual_clock::reset();
+  sf::cache_options o = swr(1s, 1h);
+  o.error_ttl = 2s;
+  scache c(o);
+  c.put("k", "v1");
+  manual_clock::advance(1500ms);
+  std::atomic<int> calls{0};
+  auto throwing = [&]() -> std::string {
+    calls.fetch_add(1);
+    throw origin_error();
+  };
+  CHECK(c.get("k", throwing) == "v1");
+  must([&] { return c.stats().load_failures == 1; }, "refresh failed");
+  // Until error_ttl has passed, stale reads start no refresh: the failing
+  // origin is not asked again on every read.
+  for (int i = 0; i < 50; ++i) {
+    manual_clock::advance(39ms);
+    CHECK(c.get("k", throwing) == "v1");
+  }
+  CHECK(calls == 1);
+  manual_clock::advance(50ms);
+  must([&] { return c.get("k", throwing) == "v1" && calls.load() == 2; },
+       "a refresh after error_ttl");
+}
+
 TEST_CASE("past ttl + stale_if_error a failing load throws: the old value is dead",
           "[cache][c5]") {
   manual_clock::reset();
