@@ -716,12 +716,19 @@ class cache {
     }
 
     // Applies a verdict that needs no write. Returns false for the others.
-    bool answer(decision& d, node_t& n, verdict v, time_point now, detail::stripe_counters& sc) {
+    // `counted`, when given, receives a fresh hit's count (the read section
+    // adds it as it ends: one atomic operation for both).
+    bool answer(decision& d, node_t& n, verdict v, time_point now, detail::stripe_counters& sc,
+                std::uint64_t* counted = nullptr) {
       switch (v) {
         case verdict::fresh:
           serve(d, n, freshness::fresh, now);
           n.touch();
-          sc.add(sc.hits);
+          if (counted != nullptr) {
+            *counted = 1;
+          } else {
+            sc.add(sc.hits);
+          }
           return true;
         case verdict::stale:
           serve(d, n, freshness::stale, now);
@@ -762,7 +769,7 @@ class cache {
       decision d;
       bool early = false;
       if (gate.try_enter(si, stripe)) {
-        const section s(gate, si, stripe);
+        section s(gate, si, stripe);
         node_t* n = table.at(si).find(key, m, eq);
         if (n == nullptr) {
           sc.add(sc.misses);
@@ -770,7 +777,7 @@ class cache {
           return d;  // no record: no load registered, nothing to pin
         }
         const verdict v = classify(*n, now, [&] { return draws(*n, now, sc); });
-        if (answer(d, *n, v, now, sc)) return d;
+        if (answer(d, *n, v, now, sc, &s.hit)) return d;
         early = v == verdict::fresh_refresh;
       }
       return lookup_locked(key, m, si, now, early, sc);
@@ -868,29 +875,28 @@ class cache {
       detail::read_gate& g;
       std::size_t shard;
       std::size_t stripe;
+      std::uint64_t hit = 0;  // 1: count a hit as the section ends
       section(detail::read_gate& gate, std::size_t sh, std::size_t st) noexcept
           : g(gate), shard(sh), stripe(st) {}
       section(const section&) = delete;
       section& operator=(const section&) = delete;
-      ~section() { g.leave(shard, stripe); }
+      ~section() { g.leave(shard, stripe, hit); }
     };
 
     // -- records --
 
-    // find_or_make(key, m, lk...): the node for key, created if missing
-    // (Key's copy and the allocation happen without the mutex). Returns with
-    // `lk` holding the shard's mutex and the readers locked out.
+    // find_or_make(key, m, lk): the node for key, created if missing (Key's
+    // copy and the allocation happen with `lk` released). `lk` holds the
+    // key's shard; returns with it held and the readers locked out.
     template <class P>
-    node_t* find_or_make(const P& key, std::uint64_t m, std::optional<shard_lock>& lk) {
-      const std::size_t si = table.shard_index(m);
-      auto& s = table.at(si);
-      lk.emplace(table, si);
-      lk->write();
+    node_t* find_or_make(const P& key, std::uint64_t m, shard_lock& lk) {
+      auto& s = table.at(table.shard_index(m));
+      lk.write();
       if (node_t* n = s.find(key, m, eq)) return n;
-      lk.reset();
+      lk.unlock();
       auto made = std::make_unique<node_t>(key, m);  // user code: no lock
-      lk.emplace(table, si);
-      lk->write();
+      lk.lock();
+      lk.write();
       if (node_t* n = s.find(key, m, eq)) return n;  // `made` is freed after the lock
       s.reserve_one();
       made->version = s.versions.load(std::memory_order_relaxed);  // only grows, per key too
@@ -966,7 +972,7 @@ class cache {
     std::uint64_t put(const P& key, std::uint64_t m, std::shared_ptr<const T> box) {
       std::exception_ptr old_error;  // destroyed after the lock (declared before it)
       garbage_t g;
-      std::optional<shard_lock> lk;
+      shard_lock lk(table, table.shard_index(m));
       node_t* n = find_or_make(key, m, lk);
       auto& s = table.at(table.shard_index(m));
       const time_point now = Clock::now();
@@ -979,7 +985,7 @@ class cache {
       admit(s, n, now, g);
       const std::uint64_t v = n->version;
       erase_if_unused(s, n, g);  // evicted at once (a tiny max_entries)
-      lk.reset();
+      lk.unlock();
       return v;
     }
 
@@ -1029,6 +1035,7 @@ class cache {
 
     cache_stats stats() {
       cache_stats st;
+      st.hits = table.gate().hits();
       for (std::size_t i = 0; i < table.stripe_total(); ++i) {
         const auto& c = table.stripe(i);
         st.hits += c.hits.load(std::memory_order_relaxed);
@@ -1128,7 +1135,7 @@ class cache {
     // flight).
     template <class P>
     registration begin_load(const P& key, std::uint64_t m, bool foreground) {
-      std::optional<shard_lock> lk;
+      shard_lock lk(table, table.shard_index(m));
       node_t* n = find_or_make(key, m, lk);
       auto& s = table.at(table.shard_index(m));
       const time_point now = Clock::now();
@@ -1208,7 +1215,7 @@ class cache {
     // the key's node, so that no flight they may join answers from the cache.
     template <class P>
     node_t* fresh_enter(const P& key, std::uint64_t m) {
-      std::optional<shard_lock> lk;
+      shard_lock lk(table, table.shard_index(m));
       node_t* n = find_or_make(key, m, lk);
       ++n->pins;
       ++n->fresh_waiters;

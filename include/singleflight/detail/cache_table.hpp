@@ -253,14 +253,24 @@ class cache_table {
   std::size_t stripe_total() const noexcept { return gate_.stripes(); }
 
   // shard_lock: holds a shard's mutex; write() also locks the readers out
-  // (once), until the lock is released.
+  // (once), until the lock is released. unlock() / lock() let a caller step
+  // out (to run user code) and back in.
   class shard_lock {
    public:
-    shard_lock(cache_table& t, std::size_t i) : t_(t), i_(i) { t_.shards_[i_].mu.lock(); }
+    shard_lock(cache_table& t, std::size_t i) : t_(t), i_(i) { lock(); }
     shard_lock(const shard_lock&) = delete;
     shard_lock& operator=(const shard_lock&) = delete;
     ~shard_lock() {
+      if (held_) unlock();
+    }
+    void lock() {
+      t_.shards_[i_].mu.lock();
+      held_ = true;
+    }
+    void unlock() noexcept {
       if (out_) t_.gate_.let_in(i_);
+      out_ = false;
+      held_ = false;
       t_.shards_[i_].mu.unlock();
     }
     void write() noexcept {
@@ -273,6 +283,7 @@ class cache_table {
    private:
     cache_table& t_;
     std::size_t i_;
+    bool held_ = false;
     bool out_ = false;
   };
 
