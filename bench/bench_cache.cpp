@@ -74,7 +74,8 @@ struct scaled_clock {
   using time_point = std::chrono::time_point<scaled_clock>;
   static constexpr bool is_steady = true;
   static constexpr int scale = 10;
-  static inline const std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  static inline const std::chrono::steady_clock::time_point start =
+      std::chrono::steady_clock::now();
   static time_point now() noexcept {
     return time_point(duration((std::chrono::steady_clock::now() - start).count() * scale));
   }
@@ -89,7 +90,9 @@ struct manual_clock {
   using duration = std::chrono::nanoseconds;
   using time_point = std::chrono::time_point<manual_clock>;
   static constexpr bool is_steady = true;
-  static time_point now() noexcept { return time_point(duration(ticks.load(std::memory_order_acquire))); }
+  static time_point now() noexcept {
+    return time_point(duration(ticks.load(std::memory_order_acquire)));
+  }
   static inline std::atomic<rep> ticks{3'600'000'000'000};
 };
 
@@ -111,7 +114,7 @@ constexpr int stampede_expiries = 15;
 struct stampede_log {
   std::mutex mu;
   std::vector<std::int64_t> calls;
-  std::atomic<long> waited{0};     // reader calls that waited on the origin
+  std::atomic<long> waited{0};  // reader calls that waited on the origin
   std::atomic<long> reads{0};
   std::atomic<long> warm_waits{0};  // waits during warm-up (the first load)
   void call() {
@@ -186,8 +189,8 @@ struct group_only {
   }
 };
 
-using stampede_cache = sf::cache<std::string, std::uint64_t, sf::default_hash, std::equal_to<>,
-                                 scaled_clock>;
+using stampede_cache =
+    sf::cache<std::string, std::uint64_t, sf::default_hash, std::equal_to<>, scaled_clock>;
 
 enum class stampede_impl { lib_swr, lib_xfetch, naive, group_only };
 
@@ -240,7 +243,8 @@ void bm_stampede(benchmark::State& state, stampede_impl impl, int threads) {
     if (c) c->close();
     const auto [calls, expiries] = per_expiry(log.calls);
     state.counters["origin_calls_per_expiry"] = expiries > 0 ? calls / expiries : 0;
-    state.counters["waited_per_expiry"] = expiries > 0 ? static_cast<double>(log.waited) / expiries : 0;
+    state.counters["waited_per_expiry"] =
+        expiries > 0 ? static_cast<double>(log.waited) / expiries : 0;
     state.counters["expiries"] = expiries;
     state.counters["reads"] = static_cast<double>(log.reads);
   }
@@ -253,8 +257,8 @@ void bm_stampede(benchmark::State& state, stampede_impl impl, int threads) {
 constexpr int failing_keys = 16;
 
 void bm_failing(benchmark::State& state, bool lib) {
-  using fcache = sf::cache<std::string, std::uint64_t, sf::default_hash, std::equal_to<>,
-                           scaled_clock>;
+  using fcache =
+      sf::cache<std::string, std::uint64_t, sf::default_hash, std::equal_to<>, scaled_clock>;
   for (auto _ : state) {
     sf::cache_options o;
     o.ttl = 1s;
@@ -287,7 +291,8 @@ void bm_failing(benchmark::State& state, bool lib) {
       {
         std::lock_guard<std::mutex> lk(naive.mu);
         auto it = naive.map.find(keys[static_cast<std::size_t>(k)]);
-        if (it != naive.map.end() && scaled_clock::now() < it->second.second) return it->second.first;
+        if (it != naive.map.end() && scaled_clock::now() < it->second.second)
+          return it->second.first;
       }
       (void)waited;
       const std::uint64_t v = origin(k);
@@ -491,7 +496,8 @@ const std::vector<int>& trace() {
     int next_scan = zipf_keys;
     while (static_cast<int>(out.size()) < trace_length) {
       for (int i = 0; i < scan_every && static_cast<int>(out.size()) < trace_length; ++i) {
-        out.push_back(static_cast<int>(std::lower_bound(cdf.begin(), cdf.end(), u(rng)) - cdf.begin()));
+        out.push_back(
+            static_cast<int>(std::lower_bound(cdf.begin(), cdf.end(), u(rng)) - cdf.begin()));
       }
       for (int i = 0; i < scan_length && static_cast<int>(out.size()) < trace_length; ++i) {
         out.push_back(next_scan++);
@@ -550,20 +556,28 @@ void bm_hit_ratio(benchmark::State& state, bool lib) {
 
 const char* name_of(stampede_impl i) {
   switch (i) {
-    case stampede_impl::lib_swr: return "lib_swr";
-    case stampede_impl::lib_xfetch: return "lib_xfetch";
-    case stampede_impl::naive: return "naive";
-    case stampede_impl::group_only: return "group_only";
+    case stampede_impl::lib_swr:
+      return "lib_swr";
+    case stampede_impl::lib_xfetch:
+      return "lib_xfetch";
+    case stampede_impl::naive:
+      return "naive";
+    case stampede_impl::group_only:
+      return "group_only";
   }
   return "?";
 }
 
 const char* name_of(hit_impl i) {
   switch (i) {
-    case hit_impl::lib: return "lib";
-    case hit_impl::lib_free_clock: return "lib_free_clock";
-    case hit_impl::shared_mutex: return "shared_mutex";
-    case hit_impl::shared_mutex_ttl: return "shared_mutex_ttl";
+    case hit_impl::lib:
+      return "lib";
+    case hit_impl::lib_free_clock:
+      return "lib_free_clock";
+    case hit_impl::shared_mutex:
+      return "shared_mutex";
+    case hit_impl::shared_mutex_ttl:
+      return "shared_mutex_ttl";
   }
   return "?";
 }
@@ -572,35 +586,52 @@ const char* name_of(hit_impl i) {
   for (const int threads : {1, 8, 64}) {
     for (const auto impl : {stampede_impl::lib_swr, stampede_impl::lib_xfetch, stampede_impl::naive,
                             stampede_impl::group_only}) {
-      const std::string n = "cache_stampede/threads:" + std::to_string(threads) + "/impl:" + name_of(impl);
-      benchmark::RegisterBenchmark(n.c_str(), [impl, threads](benchmark::State& s) {
-        bm_stampede(s, impl, threads);
-      })->Iterations(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+      const std::string n =
+          "cache_stampede/threads:" + std::to_string(threads) + "/impl:" + name_of(impl);
+      benchmark::RegisterBenchmark(
+          n.c_str(), [impl, threads](benchmark::State& s) { bm_stampede(s, impl, threads); })
+          ->Iterations(1)
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
     }
   }
   for (const bool lib : {true, false}) {
     const std::string n = std::string("cache_failing/impl:") + (lib ? "lib" : "naive");
     benchmark::RegisterBenchmark(n.c_str(), [lib](benchmark::State& s) { bm_failing(s, lib); })
-        ->Iterations(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+        ->Iterations(1)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
   }
   for (const double j : {0.1, 0.0}) {
     const std::string n = std::string("cache_jitter/impl:") + (j > 0 ? "lib" : "no_jitter");
     benchmark::RegisterBenchmark(n.c_str(), [j](benchmark::State& s) { bm_jitter(s, j); })
-        ->Iterations(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+        ->Iterations(1)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
   }
   for (const auto impl : {hit_impl::lib, hit_impl::lib_free_clock, hit_impl::shared_mutex,
                           hit_impl::shared_mutex_ttl}) {
     const std::string u = std::string("cache_hit/value:u64/impl:") + name_of(impl);
-    benchmark::RegisterBenchmark(u.c_str(), [impl](benchmark::State& s) { bm_hit<std::uint64_t>(s, impl); })
-        ->Threads(1)->Threads(2)->UseRealTime()->MinTime(0.3);
+    benchmark::RegisterBenchmark(u.c_str(),
+                                 [impl](benchmark::State& s) { bm_hit<std::uint64_t>(s, impl); })
+        ->Threads(1)
+        ->Threads(2)
+        ->UseRealTime()
+        ->MinTime(0.3);
     const std::string st = std::string("cache_hit/value:str100/impl:") + name_of(impl);
-    benchmark::RegisterBenchmark(st.c_str(), [impl](benchmark::State& s) { bm_hit<std::string>(s, impl); })
-        ->Threads(1)->Threads(2)->UseRealTime()->MinTime(0.3);
+    benchmark::RegisterBenchmark(st.c_str(),
+                                 [impl](benchmark::State& s) { bm_hit<std::string>(s, impl); })
+        ->Threads(1)
+        ->Threads(2)
+        ->UseRealTime()
+        ->MinTime(0.3);
   }
   for (const bool lib : {true, false}) {
     const std::string n = std::string("cache_hit_ratio/impl:") + (lib ? "lib" : "lru");
     benchmark::RegisterBenchmark(n.c_str(), [lib](benchmark::State& s) { bm_hit_ratio(s, lib); })
-        ->Iterations(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+        ->Iterations(1)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
   }
   return true;
 }();

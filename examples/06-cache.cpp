@@ -26,7 +26,9 @@
 using namespace std::chrono_literals;
 using steady = std::chrono::steady_clock;
 
-int main() {
+namespace {
+
+int run() {
   singleflight::cache<std::string, std::string> profiles({
       .ttl = 1s,
       .jitter = 0.1,
@@ -40,7 +42,7 @@ int main() {
   std::atomic<int> origin_calls{0};
   std::atomic<int> origin_failures{0};
   auto origin = [&](const std::string& key) {
-    return [&, key](std::stop_token) {
+    return [&, key](const std::stop_token&) {
       origin_calls.fetch_add(1);
       std::this_thread::sleep_for(200ms);  // the slow origin
       const auto t = since_start();
@@ -53,6 +55,7 @@ int main() {
   };
 
   std::vector<std::string> keys;
+  keys.reserve(20);
   for (int i = 0; i < 20; ++i) {
     keys.push_back("tenant-" + std::to_string(i % 3) + "|user-" + std::to_string(100 + i) + "|" +
                    (i % 2 != 0 ? "en-GB" : "de-DE"));
@@ -63,6 +66,7 @@ int main() {
   std::atomic<int> waited{0};
   std::atomic<int> burst_loads{0};  // origin calls made for the start burst
   std::vector<std::jthread> threads;
+  threads.reserve(8);
   for (int t = 0; t < 8; ++t) {
     threads.emplace_back([&, t] {
       std::minstd_rand rng(static_cast<unsigned>(t) + 1);
@@ -88,9 +92,10 @@ int main() {
 
   const singleflight::cache_stats s = profiles.stats();
   std::printf("requests:              %d\n", requests.load());
-  std::printf("origin calls:          %d (%d for the 64-request start burst on %zu profiles; "
-              "%d failed)\n",
-              origin_calls.load(), burst_loads.load(), keys.size(), origin_failures.load());
+  std::printf(
+      "origin calls:          %d (%d for the 64-request start burst on %zu profiles; "
+      "%d failed)\n",
+      origin_calls.load(), burst_loads.load(), keys.size(), origin_failures.load());
   std::printf("hits:                  %llu\n", static_cast<unsigned long long>(s.hits));
   std::printf("stale serves:          %llu (%llu while the origin was down)\n",
               static_cast<unsigned long long>(s.stale_hits),
@@ -100,8 +105,19 @@ int main() {
               static_cast<unsigned long long>(s.background_refreshes));
   std::printf("errors seen by users:  %d\n", errors.load());
 
-  const bool ok = errors == 0 && burst_loads == static_cast<int>(keys.size()) &&
-                  s.stale_hits > 0 && s.stale_on_error > 0 && s.background_refreshes > 0;
+  const bool ok = errors == 0 && burst_loads == static_cast<int>(keys.size()) && s.stale_hits > 0 &&
+                  s.stale_on_error > 0 && s.background_refreshes > 0;
   if (!ok) std::printf("FAILED: a claim above does not hold\n");
   return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main() {
+  try {
+    return run();
+  } catch (const std::exception& e) {
+    std::printf("FAILED: %s\n", e.what());
+    return 1;
+  }
 }

@@ -76,7 +76,8 @@ void* operator new(std::size_t n) { return counted_alloc(n); }
 void* operator new[](std::size_t n) { return counted_alloc(n); }
 void* operator new(std::size_t n, std::align_val_t a) {
   ++t_allocs;
-  std::size_t al = static_cast<std::size_t>(a) < sizeof(void*) ? sizeof(void*) : static_cast<std::size_t>(a);
+  std::size_t al =
+      static_cast<std::size_t>(a) < sizeof(void*) ? sizeof(void*) : static_cast<std::size_t>(a);
   void* p = std::aligned_alloc(al, ((n == 0 ? 1 : n) + al - 1) / al * al);
   if (p == nullptr) throw std::bad_alloc();
   return p;
@@ -337,7 +338,7 @@ TEST_CASE("error_ttl hands callers the same exception object without an origin c
   CHECK(sftest::address_of<origin_error>(first) == sftest::address_of<origin_error>(second));
   CHECK(calls == 1);
   CHECK(c.stats().negative_hits == 1);
-  CHECK(!c.peek("k"));  // peek does not throw the cached failure
+  CHECK(!c.peek("k"));         // peek does not throw the cached failure
   manual_clock::advance(1ms);  // error_ttl over: the next get asks the origin again
   CHECK(c.get("k", [] { return std::string("ok"); }) == "ok");
 }
@@ -466,8 +467,7 @@ TEST_CASE("get_fresh never returns a value loaded by a flight that started befor
   CHECK(*c.peek("k")->value == "new");
 }
 
-TEST_CASE("get after invalidate does not join the load that started before it",
-          "[cache][c7]") {
+TEST_CASE("get after invalidate does not join the load that started before it", "[cache][c7]") {
   manual_clock::reset();
   scache c(opts());
   gate release_old;
@@ -580,20 +580,20 @@ TEST_CASE("hits on distinct keys run while every shard is being written", "[cach
   // same keys, readers still get a value every time (their own or the new one).
   manual_clock::reset();
   icache c(opts(1h));
-  for (int i = 0; i < 64; ++i) c.put("k" + std::to_string(i), i);
+  for (int i = 0; i < 64; ++i) c.put("key-" + std::to_string(i), i);
   std::atomic<bool> stop{false};
   std::atomic<long> reads{0};
   std::atomic<long> wrong{0};
   std::jthread writer([&] {
     int round = 0;
     while (!stop) {
-      for (int i = 0; i < 64; ++i) c.put("k" + std::to_string(i), i + 1000 * (++round % 2));
+      for (int i = 0; i < 64; ++i) c.put("key-" + std::to_string(i), i + 1000 * (++round % 2));
     }
   });
   std::jthread reader([&] {
     for (int n = 0; n < 20000; ++n) {
       const int i = n % 64;
-      const int v = c.get("k" + std::to_string(i), [] { return -1; });
+      const int v = c.get("key-" + std::to_string(i), [] { return -1; });
       if (v != i && v != i + 1000) wrong.fetch_add(1);
       reads.fetch_add(1);
     }

@@ -40,8 +40,9 @@ struct origin_error : std::runtime_error {
   origin_error() : std::runtime_error("origin down") {}
 };
 
-fire_task<std::string> co_read(scache& c, std::string key,
-                               std::function<void(std::stop_token, sf::completion<std::string>)> load) {
+fire_task<std::string> co_read(
+    scache& c, std::string key,
+    std::function<void(std::stop_token, sf::completion<std::string>)> load) {
   co_return co_await c.co_get(key, load);
 }
 
@@ -52,7 +53,8 @@ TEST_CASE("async_get answers a hit on the calling thread before it returns", "[c
   scache c(opts());
   c.put("k", "v");
   callback_log<std::string> log;
-  c.async_get("k", [] { return std::string("never"); }, log.on_done());
+  c.async_get(
+      "k", [] { return std::string("never"); }, log.on_done());
   REQUIRE(log.is_done());
   CHECK(log.value == "v");
   CHECK(log.thread == std::this_thread::get_id());
@@ -88,7 +90,8 @@ TEST_CASE("async_get delivers not_found_error, cached failures and stale-if-erro
   o.stale_if_error = 1h;
   scache c(o);
   callback_log<std::string> missing;
-  c.async_get("nf", [] { return sf::load_result<std::string>::not_found(); }, missing.on_done());
+  c.async_get(
+      "nf", [] { return sf::load_result<std::string>::not_found(); }, missing.on_done());
   REQUIRE(missing.is_done());
   CHECK(missing.threw<sf::not_found_error>());
 
@@ -115,7 +118,8 @@ TEST_CASE("async_get on a closed cache delivers closed_error at once", "[cache][
   scache c(opts());
   c.close();
   callback_log<std::string> log;
-  c.async_get("k", [] { return std::string("x"); }, log.on_done());
+  c.async_get(
+      "k", [] { return std::string("x"); }, log.on_done());
   REQUIRE(log.is_done());
   CHECK(log.threw<sf::closed_error>());
 }
@@ -197,8 +201,7 @@ TEST_CASE("an async caller's completion may still run after the cache is destroy
   CHECK(b.value == "v2");
 }
 
-TEST_CASE("an async loader's synchronous throw fails the load for every caller",
-          "[cache][async]") {
+TEST_CASE("an async loader's synchronous throw fails the load for every caller", "[cache][async]") {
   manual_clock::reset();
   scache c(opts());
   auto thrower = [](std::stop_token, sf::completion<std::string>) { throw origin_error(); };

@@ -2,9 +2,11 @@
 // of cold ones against max_entries), a random mix of get / get_entry /
 // get_fresh / async_get / peek / put / invalidate / clear, loaders that return
 // values, throw, report not-found or yield for a while, callers that give up
-// on their own stop token, and a ticker thread moving a manual clock through
-// every window (fresh, stale-while-revalidate, stale-if-error, error_ttl,
-// not_found_ttl, XFetch); then close(). An oracle checks:
+// on their own stop token, through every window (fresh,
+// stale-while-revalidate, stale-if-error, error_ttl, not_found_ttl, XFetch);
+// then close(). Time is a manual clock that every operation moves by 25 us,
+// so the windows are crossed at the same rate of operations however slowly
+// the machine runs them. An oracle checks:
 //
 //  * never older than a write: the "origin" of a key is a counter bumped by
 //    writers, who then invalidate the key (or put the new value) and publish
@@ -72,10 +74,10 @@ struct origin_error : std::runtime_error {
 long counter_of(const std::string& v) { return std::stol(v); }
 
 struct world {
-  std::array<std::atomic<long>, n_keys> origin{};    // bumped by writers, read by loaders
-  std::array<std::atomic<long>, n_keys> floor{};     // origin value whose write has completed
-  std::array<std::atomic<int>, n_keys> running{};    // loaders of the key running now
-  std::array<std::atomic<int>, n_keys> writing{};    // serialises writers of one key
+  std::array<std::atomic<long>, n_keys> origin{};  // bumped by writers, read by loaders
+  std::array<std::atomic<long>, n_keys> floor{};   // origin value whose write has completed
+  std::array<std::atomic<int>, n_keys> running{};  // loaders of the key running now
+  std::array<std::atomic<int>, n_keys> writing{};  // serialises writers of one key
   std::atomic<long> overlaps{0};
   std::atomic<long> stale_reads{0};
   std::atomic<long> loader_calls{0};
@@ -91,8 +93,8 @@ void run_soak(const char* name, sf::cache_options o, std::uint64_t seed) {
   std::printf("%s: SINGLEFLIGHT_SOAK_SEED=%llu\n", name, static_cast<unsigned long long>(seed));
   manual_clock::reset();
   world w;
-  auto c = std::make_unique<sf::cache<std::string, std::string, sf::default_hash,
-                                      std::equal_to<>, manual_clock>>(o);
+  auto c = std::make_unique<
+      sf::cache<std::string, std::string, sf::default_hash, std::equal_to<>, manual_clock>>(o);
 
   // A loader for hot key k: reads the origin counter, and misbehaves at random.
   auto make_loader = [&w](int k, unsigned mode) {
@@ -100,7 +102,7 @@ void run_soak(const char* name, sf::cache_options o, std::uint64_t seed) {
       w.loader_calls.fetch_add(1);
       if (w.running[k].fetch_add(1) != 0) w.overlaps.fetch_add(1);
       const long seen = w.origin[k].load();
-      for (unsigned i = 0; i < (mode & 7U) * 50 && !st.stop_requested(); ++i) {
+      for (unsigned i = 0; i < (mode & 7U) * 10 && !st.stop_requested(); ++i) {
         std::this_thread::yield();
       }
       w.running[k].fetch_sub(1);
@@ -125,7 +127,8 @@ void run_soak(const char* name, sf::cache_options o, std::uint64_t seed) {
         const long floor = w.floor[k].load();
         try {
           if (op < 50) {
-            const sf::cached<std::string> e = c->get_entry(key, make_loader(k, mode), leave.get_token());
+            const sf::cached<std::string> e =
+                c->get_entry(key, make_loader(k, mode), leave.get_token());
             w.counted_calls.fetch_add(1);
             if (e.value && counter_of(*e.value) < floor) w.stale_reads.fetch_add(1);
           } else if (op < 60) {
@@ -134,13 +137,14 @@ void run_soak(const char* name, sf::cache_options o, std::uint64_t seed) {
             if (counter_of(v) < floor) w.stale_reads.fetch_add(1);
           } else if (op < 68) {
             std::atomic<bool> done{false};
-            c->async_get(key, make_loader(k, mode), [&](sf::outcome<std::string>) { done = true; },
-                         leave.get_token());
+            c->async_get(
+                key, make_loader(k, mode), [&](sf::outcome<std::string>) { done = true; },
+                leave.get_token());
             sftest::must([&] { return done.load(); }, "async_get delivered");
             w.counted_calls.fetch_add(1);
           } else if (op < 75) {
             (void)c->peek(key);
-          } else if (op < 85) {
+          } else if (op < 93) {
             // A cold key: exercises eviction under max_entries.
             (void)c->get("cold-" + std::to_string(t) + "-" + std::to_string(cold++ % 500), [&w] {
               w.loader_calls.fetch_add(1);
@@ -152,7 +156,7 @@ void run_soak(const char* name, sf::cache_options o, std::uint64_t seed) {
             int expected = 0;
             if (w.writing[k].compare_exchange_strong(expected, 1)) {
               const long next = w.origin[k].fetch_add(1) + 1;
-              if (op < 92) {
+              if (op < 96) {
                 c->invalidate(key);
               } else {
                 c->put(key, std::to_string(next));
@@ -174,36 +178,30 @@ void run_soak(const char* name, sf::cache_options o, std::uint64_t seed) {
         }
         if (c->size() > max_entries) w.size_violations.fetch_add(1);
         w.ops.fetch_add(1);
+        manual_clock::advance(25us);
       }
     });
   }
-  // The ticker: time moves through every window (100 us per step).
-  std::jthread ticker([&] {
-    while (!w.stop.load()) {
-      manual_clock::advance(100us);
-      std::this_thread::yield();
-    }
-  });
-
   const auto until = std::chrono::steady_clock::now() +
                      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                          std::chrono::duration<double>(env_seconds()));
-  while (std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(10ms);  // the run's length, not synchronisation
+  while (std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(10ms);  // the run's length, not synchronisation
   w.stop = true;
   for (auto& t : workers) t.join();
-  ticker.join();
   c->close();
 
   const sf::cache_stats s = c->stats();
-  std::printf("%s: %ld ops, %ld counted calls, %llu loads, %llu hits, %llu stale, %llu misses, "
-              "%llu refreshes (%llu early), %llu evictions, %llu rejected publishes\n",
-              name, w.ops.load(), w.counted_calls.load(), static_cast<unsigned long long>(s.loads),
-              static_cast<unsigned long long>(s.hits), static_cast<unsigned long long>(s.stale_hits),
-              static_cast<unsigned long long>(s.misses),
-              static_cast<unsigned long long>(s.background_refreshes + s.early_refreshes),
-              static_cast<unsigned long long>(s.early_refreshes),
-              static_cast<unsigned long long>(s.evictions),
-              static_cast<unsigned long long>(s.rejected_publishes));
+  std::printf(
+      "%s: %ld ops, %ld counted calls, %llu loads, %llu hits, %llu stale, %llu misses, "
+      "%llu refreshes (%llu early), %llu evictions, %llu rejected publishes\n",
+      name, w.ops.load(), w.counted_calls.load(), static_cast<unsigned long long>(s.loads),
+      static_cast<unsigned long long>(s.hits), static_cast<unsigned long long>(s.stale_hits),
+      static_cast<unsigned long long>(s.misses),
+      static_cast<unsigned long long>(s.background_refreshes + s.early_refreshes),
+      static_cast<unsigned long long>(s.early_refreshes),
+      static_cast<unsigned long long>(s.evictions),
+      static_cast<unsigned long long>(s.rejected_publishes));
   CHECK(w.overlaps == 0);
   CHECK(w.stale_reads == 0);
   CHECK(w.size_violations == 0);
@@ -220,12 +218,13 @@ void run_soak(const char* name, sf::cache_options o, std::uint64_t seed) {
 
 sf::cache_options base() {
   sf::cache_options o;
-  o.ttl = 20ms;
+  // In operations (25 us each): fresh for ~40, stale for ~20 more.
+  o.ttl = 1ms;
   o.jitter = 0.2;
-  o.stale_while_revalidate = 10ms;
-  o.stale_if_error = 30ms;
-  o.error_ttl = 3ms;
-  o.not_found_ttl = 5ms;
+  o.stale_while_revalidate = 500us;
+  o.stale_if_error = 1500us;
+  o.error_ttl = 150us;
+  o.not_found_ttl = 250us;
   o.early_refresh_beta = 1.0;
   o.max_entries = max_entries;
   return o;

@@ -105,9 +105,10 @@ TEST_CASE("within stale_while_revalidate readers get the old value at once and o
   CHECK(c.stats().loads == 1);
 }
 
-TEST_CASE("past ttl + stale_while_revalidate the value is dead even while a refresh hangs "
-          "(caffeine#175, #373, #282)",
-          "[cache][c2]") {
+TEST_CASE(
+    "past ttl + stale_while_revalidate the value is dead even while a refresh hangs "
+    "(caffeine#175, #373, #282)",
+    "[cache][c2]") {
   manual_clock::reset();
   scache c(swr());
   c.put("k", "v1");
@@ -226,8 +227,7 @@ TEST_CASE("a background refresh is not cancelled by the stop of the reader that 
   must([&] { return *c.peek("k")->value == "v2"; }, "refresh published");
 }
 
-TEST_CASE("background refreshes run on a thread of the cache, never on the reader",
-          "[cache][c4]") {
+TEST_CASE("background refreshes run on a thread of the cache, never on the reader", "[cache][c4]") {
   manual_clock::reset();
   scache c(swr());
   c.put("k", "v1");
@@ -333,8 +333,7 @@ TEST_CASE("a load failing within stale_if_error returns the old value, not the e
   CHECK(s.load_failures == 2);
 }
 
-TEST_CASE("without error_ttl a failure throttles loads for default_error_throttle",
-          "[cache][c5]") {
+TEST_CASE("without error_ttl a failure throttles loads for default_error_throttle", "[cache][c5]") {
   manual_clock::reset();
   sf::cache_options o;
   o.ttl = 1s;
@@ -381,8 +380,7 @@ TEST_CASE("a failed background refresh holds off the next one for error_ttl", "[
        "a refresh after error_ttl");
 }
 
-TEST_CASE("past ttl + stale_if_error a failing load throws: the old value is dead",
-          "[cache][c5]") {
+TEST_CASE("past ttl + stale_if_error a failing load throws: the old value is dead", "[cache][c5]") {
   manual_clock::reset();
   sf::cache_options o;
   o.ttl = 1s;
@@ -408,10 +406,13 @@ TEST_CASE("a cancelled reader gets cancelled_error, not the stale value", "[cach
   std::stop_source leave;
   result<std::string> r;
   std::jthread t = spawn(r, [&] {
-    return c.get("k", [&] {
-      release.wait("origin released");
-      return value("v2");
-    }, leave.get_token());
+    return c.get(
+        "k",
+        [&] {
+          release.wait("origin released");
+          return value("v2");
+        },
+        leave.get_token());
   });
   must([&] { return c.flight_stats().flights == 1; }, "load running");
   leave.request_stop();
@@ -443,8 +444,7 @@ TEST_CASE("the refresh mark is cleared when the loader throws synchronously (Fus
   CHECK(c.stats().background_refreshes == 2);
 }
 
-TEST_CASE("the refresh mark is cleared when the executor drops the refresh task",
-          "[cache][c8]") {
+TEST_CASE("the refresh mark is cleared when the executor drops the refresh task", "[cache][c8]") {
   manual_clock::reset();
   sf::cache_options o = swr();
   o.flight.executor = [](sf::task) {};  // destroys every task without running it
@@ -515,7 +515,7 @@ TEST_CASE("jitter spreads the expiries of keys written together over [0.9, 1.1] 
   o.stale_while_revalidate = 1h;  // so that peek tells fresh from stale
   scache c(o);
   constexpr int n = 1000;
-  for (int i = 0; i < n; ++i) c.put("k" + std::to_string(i), "v");
+  for (int i = 0; i < n; ++i) c.put("key-" + std::to_string(i), "v");
   std::vector<int> expired_in(30, 0);  // 1 s (1% of ttl) windows from 0.85 ttl
   manual_clock::advance(85s);
   int before = 0;
@@ -523,7 +523,7 @@ TEST_CASE("jitter spreads the expiries of keys written together over [0.9, 1.1] 
     manual_clock::advance(1s);
     int stale = 0;
     for (int i = 0; i < n; ++i) {
-      if (c.peek("k" + std::to_string(i))->state == sf::freshness::stale) ++stale;
+      if (c.peek("key-" + std::to_string(i))->state == sf::freshness::stale) ++stale;
     }
     expired_in[w] = stale - before;
     before = stale;
@@ -542,12 +542,12 @@ TEST_CASE("without jitter keys written together expire together", "[cache][jitte
   o.ttl = 100s;
   o.jitter = 0;
   scache c(o);
-  for (int i = 0; i < 100; ++i) c.put("k" + std::to_string(i), "v");
+  for (int i = 0; i < 100; ++i) c.put("key-" + std::to_string(i), "v");
   manual_clock::advance(100s - 1ns);
   CHECK(c.size() == 100);
   int fresh = 0;
-  for (int i = 0; i < 100; ++i) fresh += c.peek("k" + std::to_string(i)) ? 1 : 0;
+  for (int i = 0; i < 100; ++i) fresh += c.peek("key-" + std::to_string(i)) ? 1 : 0;
   CHECK(fresh == 100);
   manual_clock::advance(1ns);
-  for (int i = 0; i < 100; ++i) CHECK(!c.peek("k" + std::to_string(i)));
+  for (int i = 0; i < 100; ++i) CHECK(!c.peek("key-" + std::to_string(i)));
 }

@@ -194,20 +194,20 @@ class not_found_error : public error {
 // Summed over shards and stripes without stopping them: a snapshot taken
 // while calls run may be mid-way, one taken when they are over adds up.
 struct cache_stats {
-  std::uint64_t hits = 0;           // answered fresh from the cache
-  std::uint64_t stale_hits = 0;     // answered stale (SWR, or stale-if-error while throttled)
-  std::uint64_t misses = 0;         // waited on a load
-  std::uint64_t loads = 0;          // loader invocations (origin calls)
-  std::uint64_t load_failures = 0;  // loads that threw (not counting stopped flights)
-  std::uint64_t early_refreshes = 0;       // background refreshes started by XFetch
+  std::uint64_t hits = 0;             // answered fresh from the cache
+  std::uint64_t stale_hits = 0;       // answered stale (SWR, or stale-if-error while throttled)
+  std::uint64_t misses = 0;           // waited on a load
+  std::uint64_t loads = 0;            // loader invocations (origin calls)
+  std::uint64_t load_failures = 0;    // loads that threw (not counting stopped flights)
+  std::uint64_t early_refreshes = 0;  // background refreshes started by XFetch
   std::uint64_t background_refreshes = 0;  // background refreshes started in the SWR window
   std::uint64_t negative_hits = 0;         // answered with a cached not-found or failure
   std::uint64_t evictions = 0;             // entries removed to respect max_entries
   std::uint64_t rejected_publishes = 0;    // finished loads that started before a put /
                                            // invalidate / clear of their key: not stored
-  std::uint64_t stale_on_error = 0;  // answers with freshness::stale_on_error (also in
-                                     // stale_hits or misses)
-  std::uint64_t size = 0;            // entries now (same as cache::size())
+  std::uint64_t stale_on_error = 0;        // answers with freshness::stale_on_error (also in
+                                           // stale_hits or misses)
+  std::uint64_t size = 0;                  // entries now (same as cache::size())
 };
 
 namespace detail {
@@ -239,9 +239,9 @@ struct loader_traits {
   static constexpr bool returns_result =
       std::same_as<std::remove_cvref_t<sync_result>, load_result<T>>;
   static constexpr bool valid =
-      is_async || ((takes_token || plain) &&
-                   (returns_result || (!std::is_void_v<sync_result> &&
-                                       std::convertible_to<sync_result, T>)));
+      is_async ||
+      ((takes_token || plain) &&
+       (returns_result || (!std::is_void_v<sync_result> && std::convertible_to<sync_result, T>)));
 };
 
 // What one load hands to every caller of its flight.
@@ -374,8 +374,9 @@ class cache {
   template <class K, class L>
   T get_fresh(const K& key, L&& loader, std::stop_token caller = {}) {
     check_loader<L>();
-    cached<T> e = with_key(
-        key, [&](const auto& k) { return get_impl(k, std::forward<L>(loader), std::move(caller), true); });
+    cached<T> e = with_key(key, [&](const auto& k) {
+      return get_impl(k, std::forward<L>(loader), std::move(caller), true);
+    });
     if (!e.value) throw not_found_error();
     return std::move(*e.value);
   }
@@ -400,8 +401,7 @@ class cache {
   // will not publish. Throws what Hash, KeyEqual, copies of Key and T and
   // allocation throw (the cache then unchanged). Thread-safe.
   template <class K, class V>
-  requires std::constructible_from<T, V&&>
-  std::uint64_t put(const K& key, V&& value) {
+  requires std::constructible_from<T, V&&> std::uint64_t put(const K& key, V&& value) {
     auto box = std::make_shared<const T>(std::forward<V>(value));  // user code: no lock
     return with_key(key, [&](const auto& k) { return core_->put(k, hash_of(k), std::move(box)); });
   }
@@ -474,8 +474,8 @@ class cache {
                   "singleflight::cache::async_get: on_done must be invocable with "
                   "singleflight::outcome<T>");
     with_key(key, [&](const auto& k) {
-      start_async(k, std::forward<L>(loader), std::decay_t<Callback>(std::forward<Callback>(on_done)),
-                  std::move(caller));
+      start_async(k, std::forward<L>(loader),
+                  std::decay_t<Callback>(std::forward<Callback>(on_done)), std::move(caller));
       return 0;
     });
   }
@@ -509,10 +509,10 @@ class cache {
   // Probes that hash and compare like Key are used as they are; anything
   // else is converted to Key once, before any lock.
   template <class K>
-  static constexpr bool direct_probe =
-      std::same_as<std::remove_cvref_t<K>, Key> ||
-      (std::same_as<Hash, default_hash> && std::same_as<KeyEqual, std::equal_to<>> &&
-       detail::string_like<K> && detail::string_like<Key>);
+  static constexpr bool direct_probe = std::same_as<std::remove_cvref_t<K>, Key> ||
+                                       (std::same_as<Hash, default_hash> &&
+                                        std::same_as<KeyEqual, std::equal_to<>> &&
+                                        detail::string_like<K> && detail::string_like<Key>);
 
   template <class K, class F>
   static decltype(auto) with_key(const K& key, F&& f) {
@@ -562,15 +562,28 @@ class cache {
   // ---- what a lookup decides --------------------------------------------------
 
   enum class verdict : std::uint8_t {
-    fresh, fresh_refresh, stale, stale_refresh, stale_on_error, not_found, failed, load
+    fresh,
+    fresh_refresh,
+    stale,
+    stale_refresh,
+    stale_on_error,
+    not_found,
+    failed,
+    load
   };
+
+  // A small trivially copyable T is copied inside the read section (a
+  // memcpy: no user code); any other T is pinned and copied after it.
+  static constexpr bool copy_inside = std::is_trivially_copyable_v<T> && sizeof(T) <= 64;
+  struct no_copy {};
+  using copied_t = std::conditional_t<copy_inside, std::optional<T>, no_copy>;
 
   struct decision {
     enum class act : std::uint8_t { serve, not_found, failed, load, load_fresh };
     act what = act::load;
     freshness state = freshness::fresh;
     std::shared_ptr<const T> pin;  // serve: the value, copied after the section
-    std::optional<T> copy;         // serve, small trivially copyable T: copied inside
+    copied_t copy;                 // serve, small trivially copyable T: copied inside
     std::exception_ptr error;      // failed
     duration age{};
     std::uint64_t version = 0;
@@ -581,7 +594,13 @@ class cache {
 
     cached<T> entry() && {
       cached<T> e;
-      if (what == act::serve) e.value.emplace(copy ? std::move(*copy) : T(*pin));
+      if (what == act::serve) {
+        if constexpr (copy_inside) {
+          e.value.emplace(*copy);
+        } else {
+          e.value.emplace(*pin);
+        }
+      }
       e.state = state;
       e.age = std::chrono::duration_cast<std::chrono::nanoseconds>(age);
       e.version = version;
@@ -634,7 +653,8 @@ class cache {
         if (!raw_value) raw_value = std::make_unique<group<Key, T, Hash, KeyEqual>>();
         return *raw_value;
       } else {
-        if (!raw_result) raw_result = std::make_unique<group<Key, load_result<T>, Hash, KeyEqual>>();
+        if (!raw_result)
+          raw_result = std::make_unique<group<Key, load_result<T>, Hash, KeyEqual>>();
         return *raw_result;
       }
     }
@@ -699,9 +719,6 @@ class cache {
       }
       return verdict::load;
     }
-
-    static constexpr bool copy_inside =
-        std::is_trivially_copyable_v<T> && sizeof(T) <= 64;
 
     static void serve(decision& d, const node_t& n, freshness st, time_point now) {
       d.what = decision::act::serve;
@@ -915,8 +932,7 @@ class cache {
       n->kind = detail::held::nothing;
     }
 
-    static void erase_if_unused(shard_t& s, node_t* n,
-                                garbage_t& g) noexcept {
+    static void erase_if_unused(shard_t& s, node_t* n, garbage_t& g) noexcept {
       if (n->kind == detail::held::nothing && n->pins == 0) {
         s.unlink(n);
         g.add(n);
@@ -959,8 +975,7 @@ class cache {
       }
     }
 
-    void set_windows(shard_t& s, node_t* n, time_point now,
-                     duration d) noexcept {
+    void set_windows(shard_t& s, node_t* n, time_point now, duration d) noexcept {
       n->written = now;
       n->fresh_until = detail::sat_add(now, detail::jittered(d, jitter, s.rng.next()));
       n->stale_until = detail::sat_add(n->fresh_until, swr);
@@ -1102,7 +1117,8 @@ class cache {
       registration(const registration&) = delete;
       registration& operator=(const registration&) = delete;
       ~registration() {
-        if (c_ != nullptr) c_->finish_load(n_, v_, nullptr, false, std::nullopt, t0_, nullptr, true);
+        if (c_ != nullptr)
+          c_->finish_load(n_, v_, nullptr, false, std::nullopt, t0_, nullptr, true);
       }
       loaded_t publish(std::shared_ptr<const T> box, bool found,
                        std::optional<std::chrono::nanoseconds> entry_ttl) {
@@ -1363,7 +1379,8 @@ class cache {
             return;
           }
           if constexpr (std::same_as<X, T>) {
-            d.set_value(r.publish(std::make_shared<const T>(std::move(o).value()), true, std::nullopt));
+            d.set_value(
+                r.publish(std::make_shared<const T>(std::move(o).value()), true, std::nullopt));
           } else {
             load_result<T> res = std::move(o).value();
             const bool found = res.loaded.has_value();
@@ -1393,8 +1410,8 @@ class cache {
         c->run_async(key, m, std::move(loader), std::move(st), done, foreground);
       };
     } else {
-      return [c, key, m, foreground, loader = Ld(std::forward<L>(loader))](
-                 std::stop_token st) mutable -> loaded_t {
+      return [c, key, m, foreground,
+              loader = Ld(std::forward<L>(loader))](std::stop_token st) mutable -> loaded_t {
         return c->run_sync(key, m, loader, st, foreground);
       };
     }
@@ -1425,7 +1442,8 @@ class cache {
     decision d = c->lookup(key, m);
     switch (d.what) {
       case decision::act::serve:
-        if (d.refresh != nullptr) start_refresh(key, m, std::forward<L>(loader), d.refresh, d.refresh_id);
+        if (d.refresh != nullptr)
+          start_refresh(key, m, std::forward<L>(loader), d.refresh, d.refresh_id);
         return std::move(d).entry();
       case decision::act::not_found:
         return std::move(d).entry();
@@ -1495,9 +1513,8 @@ class cache {
         using Ld = std::decay_t<L>;
         auto hand_off = [this, k = key_of(key), m, ld = Ld(std::forward<L>(loader))](
                             std::stop_token st, completion<loaded_t> d) mutable {
-          threads_.post(std::make_unique<refresh_job<Ld>>(core_.get(), std::move(k), m,
-                                                          std::move(ld), std::move(st),
-                                                          std::move(d)));
+          threads_.post(std::make_unique<refresh_job<Ld>>(
+              core_.get(), std::move(k), m, std::move(ld), std::move(st), std::move(d)));
         };
         group_.async_do(key, std::move(hand_off), std::move(done));
       }
@@ -1510,7 +1527,11 @@ class cache {
   struct refresh_job final : detail::refresh_threads::job {
     refresh_job(core* c_in, Key k, std::uint64_t m_in, Ld ld, std::stop_token st_in,
                 completion<loaded_t> d)
-        : c(c_in), key(std::move(k)), m(m_in), loader(std::move(ld)), st(std::move(st_in)),
+        : c(c_in),
+          key(std::move(k)),
+          m(m_in),
+          loader(std::move(ld)),
+          st(std::move(st_in)),
           done(std::move(d)) {}
     void run() noexcept override {
       try {
@@ -1552,7 +1573,8 @@ class cache {
     decision d = c->lookup(key, m);
     switch (d.what) {
       case decision::act::serve: {
-        if (d.refresh != nullptr) start_refresh(key, m, std::forward<L>(loader), d.refresh, d.refresh_id);
+        if (d.refresh != nullptr)
+          start_refresh(key, m, std::forward<L>(loader), d.refresh, d.refresh_id);
         std::optional<outcome<T>> o;
         try {
           cached<T> e = std::move(d).entry();
@@ -1575,7 +1597,8 @@ class cache {
     }
     node_t* pinned = d.pinned;
     try {
-      auto on_done = [owner = core_, pinned, cb = std::move(cb)](outcome<loaded_t> o) mutable noexcept {
+      auto on_done = [owner = core_, pinned,
+                      cb = std::move(cb)](outcome<loaded_t> o) mutable noexcept {
         std::optional<outcome<T>> out;
         try {
           if (o.has_value()) {
@@ -1630,10 +1653,13 @@ class cache {
       bool await_ready() const noexcept { return false; }
       bool await_suspend(std::coroutine_handle<> h) {
         handle_ = h;
-        c_->async_get(*key_, *loader_, [this](outcome<T> o) noexcept {
-          result_.emplace(std::move(o));
-          if (phase_.exchange(ready, std::memory_order_acq_rel) == suspended) handle_.resume();
-        }, std::move(caller_));
+        c_->async_get(
+            *key_, *loader_,
+            [this](outcome<T> o) noexcept {
+              result_.emplace(std::move(o));
+              if (phase_.exchange(ready, std::memory_order_acq_rel) == suspended) handle_.resume();
+            },
+            std::move(caller_));
         // Memory ordering: acq_rel on both exchanges, so the outcome written
         // before one side's exchange is visible to whoever resumes.
         return phase_.exchange(suspended, std::memory_order_acq_rel) != ready;
@@ -1682,3 +1708,5 @@ class cache {
 };
 
 }  // namespace singleflight
+
+#undef SINGLEFLIGHT_FORCED_UNWIND

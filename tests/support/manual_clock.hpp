@@ -19,8 +19,12 @@ struct manual_clock {
 
   // acquire/release: a test that advances the clock and then lets another
   // thread run sees that thread read the new time.
-  static time_point now() noexcept { return time_point(duration(ticks.load(std::memory_order_acquire))); }
-  static void advance(duration d) noexcept { ticks.fetch_add(d.count(), std::memory_order_acq_rel); }
+  static time_point now() noexcept {
+    return time_point(duration(ticks.load(std::memory_order_acquire)));
+  }
+  static void advance(duration d) noexcept {
+    ticks.fetch_add(d.count(), std::memory_order_acq_rel);
+  }
   // reset(): back to a fixed start (one hour after the epoch, so that no
   // window arithmetic in a test starts at zero).
   static void reset() noexcept {

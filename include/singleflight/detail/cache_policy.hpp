@@ -45,8 +45,8 @@ namespace singleflight::detail {
 
 // The fields a policy needs in a node.
 struct policy_hook {
-  policy_hook* prev = nullptr;  // towards the head (newer)
-  policy_hook* next = nullptr;  // towards the tail (older)
+  policy_hook* prev = nullptr;    // towards the head (newer)
+  policy_hook* next = nullptr;    // towards the tail (older)
   std::uint64_t fingerprint = 0;  // the key's mixed hash (for the ghost queue)
   std::uint8_t queue = 0;         // s3fifo::none / small / main
   std::atomic<std::uint8_t> freq{0};

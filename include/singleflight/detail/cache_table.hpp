@@ -79,10 +79,10 @@ struct cache_node : policy_hook {
   std::atomic<std::uint64_t> refresh_id{0};
 
   // Mutex only.
-  std::uint32_t pins = 0;          // holders of this node's address
-  std::uint32_t loading = 0;       // loads registered and not yet finished
-  std::uint32_t fresh_waiters = 0; // get_fresh callers waiting on this key
-  std::uint64_t load_version = 0;  // the version the last registered load saw
+  std::uint32_t pins = 0;           // holders of this node's address
+  std::uint32_t loading = 0;        // loads registered and not yet finished
+  std::uint32_t fresh_waiters = 0;  // get_fresh callers waiting on this key
+  std::uint64_t load_version = 0;   // the version the last registered load saw
 };
 
 // A shard. Aligned so that two shards' mutexes never share a cache line.
@@ -91,8 +91,8 @@ struct alignas(64) cache_shard {
   std::mutex mu;
   std::unique_ptr<Node*[]> buckets;  // power-of-two count; grows, never shrinks
   std::size_t mask = 0;
-  std::size_t nodes = 0;             // linked nodes
-  s3fifo policy;                     // nodes that hold an entry
+  std::size_t nodes = 0;                // linked nodes
+  s3fifo policy;                        // nodes that hold an entry
   std::atomic<std::size_t> entries{0};  // = policy.size(), readable without the mutex
   // The last version handed out here. Written under the mutex; read by hits
   // (the version a call saw when it found no record), hence atomic. Relaxed:
@@ -104,8 +104,8 @@ struct alignas(64) cache_shard {
     versions.store(v, std::memory_order_relaxed);
     return v;
   }
-  std::uint64_t refreshes = 0;       // the last refresh id handed out here
-  splitmix rng;                      // jitter
+  std::uint64_t refreshes = 0;  // the last refresh id handed out here
+  splitmix rng;                 // jitter
 
   // Writer-side counters (mutex).
   std::uint64_t loads = 0;
