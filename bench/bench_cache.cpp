@@ -10,6 +10,7 @@
 //                    origin per expiry, after warm-up, for
 //                      lib_swr      cache with stale_while_revalidate
 //                      lib_xfetch   cache with early_refresh_beta = 1 (no SWR)
+//                      lib_both     both (what the README recommends)
 //                      naive        cache-aside: map + mutex, load on miss
 //                      group_only   a map + mutex in front of a group (misses coalesce)
 //   cache_failing    16 keys, 8 readers, the origin failing for 10 s (ttl 1 s,
@@ -192,7 +193,7 @@ struct group_only {
 using stampede_cache =
     sf::cache<std::string, std::uint64_t, sf::default_hash, std::equal_to<>, scaled_clock>;
 
-enum class stampede_impl { lib_swr, lib_xfetch, naive, group_only };
+enum class stampede_impl { lib_swr, lib_xfetch, lib_both, naive, group_only };
 
 void bm_stampede(benchmark::State& state, stampede_impl impl, int threads) {
   for (auto _ : state) {
@@ -201,18 +202,19 @@ void bm_stampede(benchmark::State& state, stampede_impl impl, int threads) {
     std::unique_ptr<stampede_cache> c;
     naive_cache_aside naive;
     group_only grp;
-    if (impl == stampede_impl::lib_swr || impl == stampede_impl::lib_xfetch) {
+    if (impl != stampede_impl::naive && impl != stampede_impl::group_only) {
       sf::cache_options o;
       o.ttl = stampede_ttl;
       o.jitter = 0;
-      if (impl == stampede_impl::lib_swr) o.stale_while_revalidate = stampede_ttl;
-      if (impl == stampede_impl::lib_xfetch) o.early_refresh_beta = 1.0;
+      if (impl != stampede_impl::lib_xfetch) o.stale_while_revalidate = stampede_ttl;
+      if (impl != stampede_impl::lib_swr) o.early_refresh_beta = 1.0;
       c = std::make_unique<stampede_cache>(o);
     }
     auto read = [&](bool& waited) -> std::uint64_t {
       switch (impl) {
         case stampede_impl::lib_swr:
-        case stampede_impl::lib_xfetch: {
+        case stampede_impl::lib_xfetch:
+        case stampede_impl::lib_both: {
           const sf::cached<std::uint64_t> e = c->get_entry(key, [&] { return origin_value(log); });
           waited = e.taken_as != sf::role::none;
           return *e.value;
@@ -560,6 +562,8 @@ const char* name_of(stampede_impl i) {
       return "lib_swr";
     case stampede_impl::lib_xfetch:
       return "lib_xfetch";
+    case stampede_impl::lib_both:
+      return "lib_both";
     case stampede_impl::naive:
       return "naive";
     case stampede_impl::group_only:
@@ -584,8 +588,9 @@ const char* name_of(hit_impl i) {
 
 [[maybe_unused]] const bool registered = [] {
   for (const int threads : {1, 8, 64}) {
-    for (const auto impl : {stampede_impl::lib_swr, stampede_impl::lib_xfetch, stampede_impl::naive,
-                            stampede_impl::group_only}) {
+    for (const auto impl :
+         {stampede_impl::lib_swr, stampede_impl::lib_xfetch, stampede_impl::lib_both,
+          stampede_impl::naive, stampede_impl::group_only}) {
       const std::string n =
           "cache_stampede/threads:" + std::to_string(threads) + "/impl:" + name_of(impl);
       benchmark::RegisterBenchmark(

@@ -188,11 +188,11 @@ def cache_block(data):
     for t in (1, 8, 64):
         sc = f"cache_stampede/threads:{t}"
         vals = {i: (get(sc, i, "origin_calls_per_expiry"), get(sc, i, "waited_per_expiry"))
-                for i in ("lib_swr", "lib_xfetch", "naive", "group_only")}
+                for i in ("lib_swr", "lib_xfetch", "lib_both", "naive", "group_only")}
         if all(v[0] is None for v in vals.values()):
             continue
         base = "; ".join(f"{i} {fmt(vals[i][0], 2)} / {fmt(vals[i][1], 1)}" for i in ("naive", "group_only"))
-        for i in ("lib_swr", "lib_xfetch"):
+        for i in ("lib_swr", "lib_xfetch", "lib_both"):
             c, w = vals[i]
             add(f"stampede at expiry, {t} readers ({i[4:]})", "origin calls / waiting readers per expiry",
                 f"{fmt(c, 2)} / {fmt(w, 1)}", base, f"{fmt(c, 2)} calls, {fmt(w, 1)} waits")

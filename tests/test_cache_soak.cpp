@@ -102,7 +102,7 @@ void run_soak(const char* name, sf::cache_options o, std::uint64_t seed) {
       w.loader_calls.fetch_add(1);
       if (w.running[k].fetch_add(1) != 0) w.overlaps.fetch_add(1);
       const long seen = w.origin[k].load();
-      for (unsigned i = 0; i < (mode & 7U) * 10 && !st.stop_requested(); ++i) {
+      for (unsigned i = 0; i < (mode & 3U) * 4 && !st.stop_requested(); ++i) {
         std::this_thread::yield();
       }
       w.running[k].fetch_sub(1);
