@@ -23,10 +23,10 @@
 //                    thread): lib vs std::shared_mutex + std::unordered_map
 //                    returning a copy (shared_mutex), and the same plus an
 //                    expiry check against steady_clock (shared_mutex_ttl: what
-//                    a hand-rolled TTL cache pays); lib_free_clock is the cache
-//                    on a clock whose now() is one atomic load (its own cost,
-//                    without steady_clock's); T = std::uint64_t and a 100-byte
-//                    std::string.
+//                    a hand-rolled TTL cache pays); lib_coarse_clock is the
+//                    cache on singleflight::coarse_clock, lib_free_clock on a
+//                    clock whose now() is one atomic load (its own cost, without
+//                    any clock's); T = std::uint64_t and a 100-byte std::string.
 //   cache_hit_ratio  Zipf 0.9 over 100,000 keys plus one-hit scans, capacity
 //                    1,000 (1%): hit ratio of the cache (S3-FIFO) vs LRU.
 //
@@ -55,6 +55,7 @@
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wshadow"
 #include "singleflight/cache.hpp"
+#include "singleflight/coarse_clock.hpp"
 #pragma GCC diagnostic pop
 
 namespace sf = singleflight;
@@ -411,7 +412,7 @@ struct rw_map_ttl {
   }
 };
 
-enum class hit_impl { lib, lib_free_clock, shared_mutex, shared_mutex_ttl };
+enum class hit_impl { lib, lib_coarse_clock, lib_free_clock, shared_mutex, shared_mutex_ttl };
 
 template <class T>
 void bm_hit(benchmark::State& state, hit_impl impl) {
@@ -419,8 +420,11 @@ void bm_hit(benchmark::State& state, hit_impl impl) {
   // The same cache on a clock that costs one atomic load: the hit path
   // without the price of reading steady_clock.
   using fcache = sf::cache<std::string, T, sf::default_hash, std::equal_to<>, manual_clock>;
+  // ...and on singleflight::coarse_clock (CLOCK_MONOTONIC_COARSE).
+  using ccache = sf::cache<std::string, T, sf::default_hash, std::equal_to<>, sf::coarse_clock>;
   static std::unique_ptr<hcache> c;
   static std::unique_ptr<fcache> fc;
+  static std::unique_ptr<ccache> cc;
   static std::unique_ptr<rw_map<T>> rw;
   static std::unique_ptr<rw_map_ttl<T>> rwt;
   constexpr int per_thread = 1024;
@@ -429,6 +433,7 @@ void bm_hit(benchmark::State& state, hit_impl impl) {
     o.ttl = 1h;
     c = std::make_unique<hcache>(o);
     fc = std::make_unique<fcache>(o);
+    cc = std::make_unique<ccache>(o);
     rw = std::make_unique<rw_map<T>>();
     rwt = std::make_unique<rw_map_ttl<T>>();
     for (int t = 0; t < state.threads(); ++t) {
@@ -436,6 +441,7 @@ void bm_hit(benchmark::State& state, hit_impl impl) {
         const std::string k = make_key(i % 97, i, t);
         c->put(k, make_value<T>(i));
         fc->put(k, make_value<T>(i));
+        cc->put(k, make_value<T>(i));
         rw->map.emplace(k, make_value<T>(i));
         rwt->map.emplace(k, std::pair{make_value<T>(i), std::chrono::steady_clock::now() + 1h});
       }
@@ -453,6 +459,9 @@ void bm_hit(benchmark::State& state, hit_impl impl) {
       case hit_impl::lib_free_clock:
         benchmark::DoNotOptimize(fc->get(keys[i], never));
         break;
+      case hit_impl::lib_coarse_clock:
+        benchmark::DoNotOptimize(cc->get(keys[i], never));
+        break;
       case hit_impl::shared_mutex:
         benchmark::DoNotOptimize(rw->get(keys[i]));
         break;
@@ -464,9 +473,12 @@ void bm_hit(benchmark::State& state, hit_impl impl) {
   }
   state.SetItemsProcessed(state.iterations());
   if (state.thread_index() == 0) {
-    if (c->stats().loads != 0 || fc->stats().loads != 0) state.SkipWithError("a hit loaded");
+    if (c->stats().loads != 0 || fc->stats().loads != 0 || cc->stats().loads != 0) {
+      state.SkipWithError("a hit loaded");
+    }
     c.reset();
     fc.reset();
+    cc.reset();
     rw.reset();
     rwt.reset();
   }
@@ -578,6 +590,8 @@ const char* name_of(hit_impl i) {
       return "lib";
     case hit_impl::lib_free_clock:
       return "lib_free_clock";
+    case hit_impl::lib_coarse_clock:
+      return "lib_coarse_clock";
     case hit_impl::shared_mutex:
       return "shared_mutex";
     case hit_impl::shared_mutex_ttl:
@@ -614,8 +628,8 @@ const char* name_of(hit_impl i) {
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
   }
-  for (const auto impl : {hit_impl::lib, hit_impl::lib_free_clock, hit_impl::shared_mutex,
-                          hit_impl::shared_mutex_ttl}) {
+  for (const auto impl : {hit_impl::lib, hit_impl::lib_coarse_clock, hit_impl::lib_free_clock,
+                          hit_impl::shared_mutex, hit_impl::shared_mutex_ttl}) {
     const std::string u = std::string("cache_hit/value:u64/impl:") + name_of(impl);
     benchmark::RegisterBenchmark(u.c_str(),
                                  [impl](benchmark::State& s) { bm_hit<std::uint64_t>(s, impl); })

@@ -4,6 +4,7 @@
 // per point, named after the failure it pins. Time is a manual clock; every
 // interleaving is forced with gates and observable state; every wait is bounded.
 #include <singleflight/cache.hpp>
+#include <singleflight/coarse_clock.hpp>
 
 #include <atomic>
 #include <cstddef>
@@ -641,4 +642,22 @@ TEST_CASE("string_view and const char* keys reach the same entry", "[cache]") {
   CHECK(c.get(std::string_view("tenant-1|user-2"), [] { return std::string("x"); }) == "v");
   CHECK(c.get("tenant-1|user-2", [] { return std::string("x"); }) == "v");
   CHECK(c.stats().loads == 0);
+}
+
+TEST_CASE("coarse_clock lags the steady clock by at most its resolution", "[cache]") {
+  const auto res = sf::coarse_clock::resolution();
+  CHECK(res > std::chrono::nanoseconds::zero());
+  CHECK(res <= 10ms);
+  auto last = sf::coarse_clock::now();
+  for (int i = 0; i < 1000; ++i) {
+    const auto c = sf::coarse_clock::now().time_since_epoch();
+    const auto s = std::chrono::steady_clock::now().time_since_epoch();
+    CHECK(c <= s);  // the same epoch (CLOCK_MONOTONIC), read at the last tick
+    CHECK(s - c <= res + 5ms);
+    CHECK(sf::coarse_clock::now() >= last);
+    last = sf::coarse_clock::now();
+  }
+  sf::cache<std::string, int, sf::default_hash, std::equal_to<>, sf::coarse_clock> c(opts(1h));
+  CHECK(c.get("k", [] { return 7; }) == 7);
+  CHECK(c.get("k", [] { return 8; }) == 7);
 }

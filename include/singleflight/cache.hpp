@@ -345,9 +345,10 @@ class cache {
   // of Key and T or allocation throw. Thread-safe.
   template <class K, class L>
   T get(const K& key, L&& loader, std::stop_token caller = {}) {
-    cached<T> e = get_entry(key, std::forward<L>(loader), std::move(caller));
-    if (!e.value) throw not_found_error();
-    return std::move(*e.value);
+    check_loader<L>();
+    return with_key(key, [&](const auto& k) {
+      return get_value(k, std::forward<L>(loader), std::move(caller));
+    });
   }
 
   // get_entry(key, loader, caller)
@@ -777,15 +778,14 @@ class cache {
     // lookup(key, m): the hit path. Decides what a get does; pins what the
     // decision refers to.
     template <class P>
-    decision lookup(const P& key, std::uint64_t m) {
+    decision lookup(const P& key, std::uint64_t m, time_point now, bool fired) {
       const std::size_t si = table.shard_index(m);
       detail::read_gate& gate = table.gate();
       const std::size_t stripe = gate.my_stripe();
       detail::stripe_counters& sc = table.stripe(stripe);
-      const time_point now = Clock::now();
       decision d;
-      bool early = false;
-      if (gate.try_enter(si, stripe)) {
+      bool early = fired;
+      if (!fired && gate.try_enter(si, stripe)) {
         section s(gate, si, stripe);
         node_t* n = table.at(si).find(key, m, eq);
         if (n == nullptr) {
@@ -798,6 +798,40 @@ class cache {
         early = v == verdict::fresh_refresh;
       }
       return lookup_locked(key, m, si, now, early, sc);
+    }
+
+    // fresh_hit(key, m, now, ...): the hit path proper, for the common case
+    // of a fresh value that starts no refresh: one read section, then the
+    // value is copied out (inside it for a small trivially copyable T, after
+    // it from the pinned box otherwise). Returns false, having changed
+    // nothing, for anything else; `fired` then says whether XFetch's draw
+    // fired (the caller's lookup must not draw again).
+    template <class P>
+    bool fresh_hit(const P& key, std::uint64_t m, time_point now, copied_t& copy,
+                   std::shared_ptr<const T>& pin, duration& age, std::uint64_t& version,
+                   bool& fired) {
+      const std::size_t si = table.shard_index(m);
+      detail::read_gate& gate = table.gate();
+      const std::size_t stripe = gate.my_stripe();
+      if (!gate.try_enter(si, stripe)) return false;
+      section s(gate, si, stripe);
+      node_t* n = table.at(si).find(key, m, eq);
+      if (n == nullptr || n->kind != detail::held::value || !(now < n->fresh_until)) return false;
+      if (beta > 0.0 && n->refresh_id.load(std::memory_order_relaxed) == 0 &&
+          now >= n->throttle_until && draws(*n, now, table.stripe(stripe))) {
+        fired = true;
+        return false;
+      }
+      if constexpr (copy_inside) {
+        copy.emplace(*n->value);  // a memcpy: no user code
+      } else {
+        pin = n->value;  // one reference count: T's copy runs after the section
+      }
+      age = now > n->written ? now - n->written : duration::zero();
+      version = n->version;
+      n->touch();
+      s.hit = 1;
+      return true;
     }
 
     bool draws(const node_t& n, time_point now, detail::stripe_counters& sc) const {
@@ -1432,6 +1466,56 @@ class cache {
     if (closed_.load(std::memory_order_relaxed)) throw closed_error();
     const std::uint64_t m = hash_of(key);
     core* c = core_.get();
+    const time_point now = Clock::now();
+    bool fired = false;
+    if (!fresh) {
+      copied_t copy;
+      std::shared_ptr<const T> pin;
+      duration age{};
+      std::uint64_t version = 0;
+      if (c->fresh_hit(key, m, now, copy, pin, age, version, fired)) {
+        cached<T> e;
+        if constexpr (copy_inside) {
+          e.value.emplace(*copy);
+        } else {
+          e.value.emplace(*pin);  // this caller's copy: no lock, no section
+        }
+        e.age = std::chrono::duration_cast<std::chrono::nanoseconds>(age);
+        e.version = version;
+        return e;
+      }
+    }
+    return get_slow(key, std::forward<L>(loader), std::move(caller), fresh, m, now, fired);
+  }
+
+  // get_value: get's own path, which returns the value itself on a fresh hit.
+  template <class P, class L>
+  T get_value(const P& key, L&& loader, std::stop_token caller) {
+    if (closed_.load(std::memory_order_relaxed)) throw closed_error();
+    const std::uint64_t m = hash_of(key);
+    core* c = core_.get();
+    const time_point now = Clock::now();
+    bool fired = false;
+    copied_t copy;
+    std::shared_ptr<const T> pin;
+    duration age{};
+    std::uint64_t version = 0;
+    if (c->fresh_hit(key, m, now, copy, pin, age, version, fired)) {
+      if constexpr (copy_inside) {
+        return *copy;
+      } else {
+        return *pin;  // this caller's copy: no lock, no section
+      }
+    }
+    cached<T> e = get_slow(key, std::forward<L>(loader), std::move(caller), false, m, now, fired);
+    if (!e.value) throw not_found_error();
+    return std::move(*e.value);
+  }
+
+  template <class P, class L>
+  cached<T> get_slow(const P& key, L&& loader, std::stop_token caller, bool fresh, std::uint64_t m,
+                     time_point now, bool fired) {
+    core* c = core_.get();
     if (fresh) {
       auto& sc = c->table.stripe(c->table.gate().my_stripe());
       sc.add(sc.misses);
@@ -1439,7 +1523,7 @@ class cache {
       const auto leave = make_scope_exit([c, n] { c->fresh_leave(n); });
       return load_blocking(key, m, std::forward<L>(loader), nullptr, std::move(caller), true, 0);
     }
-    decision d = c->lookup(key, m);
+    decision d = c->lookup(key, m, now, fired);
     switch (d.what) {
       case decision::act::serve:
         if (d.refresh != nullptr)
@@ -1570,7 +1654,7 @@ class cache {
     }
     const std::uint64_t m = hash_of(key);
     core* c = core_.get();
-    decision d = c->lookup(key, m);
+    decision d = c->lookup(key, m, Clock::now(), false);
     switch (d.what) {
       case decision::act::serve: {
         if (d.refresh != nullptr)

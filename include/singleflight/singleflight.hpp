@@ -12,6 +12,7 @@
 #pragma once
 
 #include "cache.hpp"            // IWYU pragma: export
+#include "coarse_clock.hpp"     // IWYU pragma: export
 #include "completion.hpp"       // IWYU pragma: export
 #include "errors.hpp"           // IWYU pragma: export
 #include "executor.hpp"         // IWYU pragma: export
