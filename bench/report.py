@@ -233,6 +233,15 @@ def cache_block(data):
             f"{fmt(ratio(lib1, lib2), 2)}x one thread's throughput (coarse_clock "
             f"{fmt(ratio(coarse1, coarse2), 2)}x, no clock {fmt(ratio(free1, free2), 2)}x; "
             f"shared_mutex {fmt(ratio(rw1, rw2), 2)}x)")
+        # CPU per call per thread: what 2 threads cost each other (line transfers, waits),
+        # independent of whether the machine had two idle cores for the wall-time row.
+        cpu = {(i, t): get(f"cache_hit/value:{v}/threads:{t}", i, "cpu_ns") for i in ("lib", "shared_mutex")
+               for t in (1, 2)}
+        add(f"hit path, CPU per call and thread, 2 threads vs 1, T = {v}", "CPU ns/call",
+            f"{fmt(cpu[('lib', 1)], 1)} -> {fmt(cpu[('lib', 2)], 1)}",
+            f"shared_mutex {fmt(cpu[('shared_mutex', 1)], 1)} -> {fmt(cpu[('shared_mutex', 2)], 1)}",
+            f"lib {fmt(ratio(cpu[('lib', 2)], cpu[('lib', 1)]), 2)}x, shared_mutex "
+            f"{fmt(ratio(cpu[('shared_mutex', 2)], cpu[('shared_mutex', 1)]), 2)}x")
     sc = "cache_hit_ratio"
     if (sc, "lib") in data:
         lib = data[(sc, "lib")].get("hit_ratio_pct")
