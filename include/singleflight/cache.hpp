@@ -577,7 +577,7 @@ class cache {
           loader(std::move(ld)),
           st(std::move(st_in)),
           done(std::move(d)) {}
-    void run() noexcept override {
+    void run() override {  // throws only a forced unwind (the thread then ends)
       try {
         if (st.stop_requested()) throw cancelled_error();
         if constexpr (detail::loader_traits<Ld, T>::is_async) {
@@ -585,7 +585,9 @@ class cache {
         } else {
           done.set_value(c->run_sync(key, m, loader, st, false));
         }
-      } catch (...) {
+      }
+      SINGLEFLIGHT_RETHROW_FORCED_UNWIND
+      catch (...) {
         if (done) done.set_exception(std::current_exception());
       }
     }

@@ -28,11 +28,6 @@
 #include <type_traits>
 #include <utility>
 
-#if defined(__GLIBCXX__) && __has_include(<cxxabi.h>)
-#include <cxxabi.h>
-#define SINGLEFLIGHT_FORCED_UNWIND 1
-#endif
-
 #include "../cache_options.hpp"
 #include "../completion.hpp"
 #include "../errors.hpp"
@@ -41,6 +36,7 @@
 #include "../stats.hpp"
 #include "cache_clock.hpp"
 #include "cache_table.hpp"
+#include "unwind.hpp"
 
 namespace singleflight::detail {
 
@@ -894,11 +890,10 @@ class cache_core {
       } else {
         box = std::make_shared<const T>(call(loader, st));
       }
-#ifdef SINGLEFLIGHT_FORCED_UNWIND
-    } catch (abi::__forced_unwind&) {
-      throw;  // thread cancellation: the registration's destructor cleans up
-#endif
-    } catch (...) {
+    }
+    // A forced unwind (the loader ended this thread): the registration cleans up.
+    SINGLEFLIGHT_RETHROW_FORCED_UNWIND
+    catch (...) {
       r.fail(std::current_exception(), st.stop_requested());
       throw;
     }
@@ -957,5 +952,3 @@ class cache_core {
 };
 
 }  // namespace singleflight::detail
-
-#undef SINGLEFLIGHT_FORCED_UNWIND

@@ -28,14 +28,15 @@ namespace singleflight::detail {
 
 class refresh_threads {
  public:
-  // A unit of work. run() must not throw; a job destroyed without running
-  // (close with jobs queued, post() failing) must clean up in its destructor.
+  // A unit of work. run() throws nothing but a forced unwind (pthread_exit in
+  // a loader), which ends its thread; a job destroyed without running (close
+  // with jobs queued, post() failing, that unwind) cleans up in its destructor.
   struct job {
     job() = default;
     job(const job&) = delete;
     job& operator=(const job&) = delete;
     virtual ~job() = default;
-    virtual void run() noexcept = 0;
+    virtual void run() = 0;
   };
 
   refresh_threads() = default;
