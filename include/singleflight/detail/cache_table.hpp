@@ -294,10 +294,14 @@ class cache_table {
     if (max_entries != 0) n = std::min(n, std::max<std::size_t>(1, max_entries / 64));
     return n;
   }
+  // Stripes: four per hardware thread (8..64), so that threads running at
+  // the same time rarely share one even as threads come and go (a thread
+  // keeps the stripe of its ordinal for life).
   static std::size_t stripe_count() noexcept {
-    const std::size_t hw = std::clamp<std::size_t>(std::thread::hardware_concurrency(), 2, 64);
+    const std::size_t want =
+        std::clamp<std::size_t>(4 * std::size_t{std::thread::hardware_concurrency()}, 8, 64);
     std::size_t s = 1;
-    while (s < hw) s <<= 1U;
+    while (s < want) s <<= 1U;
     return s;
   }
   static unsigned bits_for(std::size_t n) noexcept {  // floor(log2(n))
