@@ -2,7 +2,7 @@
 """Merge Google Benchmark JSON (bench_group) and the Go peer's JSON into one
 side-by-side markdown table (stdout) and a machine-readable results.json.
 
-usage: report.py CPP_JSON [GO_JSON] [--async ASYNC_JSON] [--out results.json]
+usage: report.py CPP_JSON [GO_JSON] [--async ASYNC_JSON] [--cache CACHE_JSON] [--out results.json]
 
 Benchmark names are "<scenario>/impl:<impl>" plus Google Benchmark suffixes;
 the median aggregate of the repetitions is used. Ratios are library (lib)
@@ -12,6 +12,10 @@ A ratio < 1 means the library is cheaper/faster on that metric.
 --async adds the "Async" block from bench_async's JSON (callback and
 coroutine waiters vs blocking do_ callers and vs hand-rolled floors), with
 ratios async_do / do_, co_do / do_, co_do / handles, async_do / functions.
+
+--cache adds the "Cache" block from bench_cache's JSON: one row per goal of
+issue 10 (stampede at expiry, origin failing, jitter spread, hit path, hit
+ratio), each with its baselines and the ratio or count the goal is about.
 """
 import argparse
 import json
@@ -168,11 +172,94 @@ def async_block(data):
     return lines, rows
 
 
+def cache_block(data):
+    """The "Cache" table (markdown lines) and its rows for results.json."""
+    def get(sc, impl, key):
+        return data.get((sc, impl), {}).get(key)
+
+    def agg_ns(sc, impl):
+        ips = get(sc, impl, "items_per_second")
+        return 1e9 / ips if ips else None
+
+    lines = ["| goal | metric | lib | baselines | ratio / count |", "|---|---|---:|---|---:|"]
+    rows = []
+
+    def add(goal, metric, lib, base, verdict):
+        lines.append(f"| {goal} | {metric} | {lib} | {base} | {verdict} |")
+        rows.append({"goal": goal, "metric": metric, "lib": lib, "baselines": base, "verdict": verdict})
+
+    for t in (1, 8, 64):
+        sc = f"cache_stampede/threads:{t}"
+        vals = {i: (get(sc, i, "origin_calls_per_expiry"), get(sc, i, "waited_per_expiry"))
+                for i in ("lib_swr", "lib_xfetch", "lib_both", "naive", "group_only")}
+        if all(v[0] is None for v in vals.values()):
+            continue
+        base = "; ".join(f"{i} {fmt(vals[i][0], 2)} / {fmt(vals[i][1], 1)}" for i in ("naive", "group_only"))
+        for i in ("lib_swr", "lib_xfetch", "lib_both"):
+            c, w = vals[i]
+            add(f"stampede at expiry, {t} readers ({i[4:]})", "origin calls / waiting readers per expiry",
+                f"{fmt(c, 2)} / {fmt(w, 1)}", base, f"{fmt(c, 2)} calls, {fmt(w, 1)} waits")
+    sc = "cache_failing"
+    if (sc, "lib") in data:
+        lib = data[(sc, "lib")]
+        nv = data.get((sc, "naive"), {})
+        add("origin failing 10 s (error_ttl 1 s, stale_if_error)", "origin calls per key (max) / errors surfaced",
+            f"{fmt(lib.get('origin_calls_per_key_max'), 0)} / {fmt(lib.get('errors_surfaced'), 0)}",
+            f"naive {fmt(nv.get('origin_calls_per_key_max'), 0)} / {fmt(nv.get('errors_surfaced'), 0)}",
+            f"{fmt(lib.get('origin_calls_per_key_max'), 0)} calls, {fmt(lib.get('errors_surfaced'), 0)} errors")
+    sc = "cache_jitter"
+    if (sc, "lib") in data:
+        lib = data[(sc, "lib")]
+        nj = data.get((sc, "no_jitter"), {})
+        add("1,000 keys written at once, jitter 0.1", "largest 1%-of-ttl window / outside [0.9, 1.1] ttl (%)",
+            f"{fmt(lib.get('max_window_pct'), 1)} / {fmt(lib.get('outside_pct'), 1)}",
+            f"no jitter {fmt(nj.get('max_window_pct'), 1)} / {fmt(nj.get('outside_pct'), 1)}",
+            f"{fmt(lib.get('max_window_pct'), 1)}% max")
+    for v in ("u64", "str100"):
+        sc1 = f"cache_hit/value:{v}/threads:1"
+        sc2 = f"cache_hit/value:{v}/threads:2"
+        lib1, rw1, rwt1 = agg_ns(sc1, "lib"), agg_ns(sc1, "shared_mutex"), agg_ns(sc1, "shared_mutex_ttl")
+        free1 = agg_ns(sc1, "lib_free_clock")
+        lib2, rw2, free2 = agg_ns(sc2, "lib"), agg_ns(sc2, "shared_mutex"), agg_ns(sc2, "lib_free_clock")
+        if lib1 is None:
+            continue
+        add(f"hit path, 1 thread, T = {v}", "ns/call",
+            fmt(lib1, 1), f"shared_mutex {fmt(rw1, 1)}; + steady_clock expiry check {fmt(rwt1, 1)}",
+            f"{fmt(ratio(lib1, rw1), 2)}x shared_mutex, {fmt(ratio(lib1, rwt1), 2)}x with expiry check")
+        coarse1, coarse2 = agg_ns(sc1, "lib_coarse_clock"), agg_ns(sc2, "lib_coarse_clock")
+        add(f"hit path on coarse_clock, 1 thread, T = {v}", "ns/call",
+            fmt(coarse1, 1), f"shared_mutex {fmt(rw1, 1)}", f"{fmt(ratio(coarse1, rw1), 2)}x shared_mutex")
+        add(f"hit path without any clock read, 1 thread, T = {v}", "ns/call",
+            fmt(free1, 1), f"shared_mutex {fmt(rw1, 1)}", f"{fmt(ratio(free1, rw1), 2)}x shared_mutex")
+        add(f"hit path, 2 threads, distinct keys, T = {v}", "ns/call (aggregate)",
+            fmt(lib2, 1), f"shared_mutex {fmt(rw2, 1)}; lib without clock {fmt(free2, 1)}",
+            f"{fmt(ratio(lib1, lib2), 2)}x one thread's throughput (coarse_clock "
+            f"{fmt(ratio(coarse1, coarse2), 2)}x, no clock {fmt(ratio(free1, free2), 2)}x; "
+            f"shared_mutex {fmt(ratio(rw1, rw2), 2)}x)")
+        # CPU per call per thread: what 2 threads cost each other (line transfers, waits),
+        # independent of whether the machine had two idle cores for the wall-time row.
+        cpu = {(i, t): get(f"cache_hit/value:{v}/threads:{t}", i, "cpu_ns") for i in ("lib", "shared_mutex")
+               for t in (1, 2)}
+        add(f"hit path, CPU per call and thread, 2 threads vs 1, T = {v}", "CPU ns/call",
+            f"{fmt(cpu[('lib', 1)], 1)} -> {fmt(cpu[('lib', 2)], 1)}",
+            f"shared_mutex {fmt(cpu[('shared_mutex', 1)], 1)} -> {fmt(cpu[('shared_mutex', 2)], 1)}",
+            f"lib {fmt(ratio(cpu[('lib', 2)], cpu[('lib', 1)]), 2)}x, shared_mutex "
+            f"{fmt(ratio(cpu[('shared_mutex', 2)], cpu[('shared_mutex', 1)]), 2)}x")
+    sc = "cache_hit_ratio"
+    if (sc, "lib") in data:
+        lib = data[(sc, "lib")].get("hit_ratio_pct")
+        lr = data.get((sc, "lru"), {}).get("hit_ratio_pct")
+        add("hit ratio, Zipf 0.9 + one-hit scans, capacity 1%", "hit ratio (%)", fmt(lib, 1),
+            f"LRU {fmt(lr, 1)}", f"+{fmt(lib - lr, 1)} points" if lib is not None and lr is not None else "—")
+    return lines, rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("cpp")
     ap.add_argument("go", nargs="?")
     ap.add_argument("--async", dest="async_json", default=None)
+    ap.add_argument("--cache", dest="cache_json", default=None)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -245,6 +332,13 @@ def main():
         print("\n## Async (bench_async: callback and coroutine waiters; "
               "handles / functions = hand-rolled floors)\n")
         print("\n".join(alines))
+    cache_ctx, cache_rows, cache_data = {}, [], {}
+    if args.cache_json:
+        cache_ctx, cache_data, cerr = parse_cpp(args.cache_json)
+        errors += cerr
+        clines, cache_rows = cache_block(cache_data)
+        print("\n## Cache (bench_cache: one row per goal of issue 10, baselines in the same binary)\n")
+        print("\n".join(clines))
     if errors:
         print("\n**Errors:**")
         for e in errors:
@@ -258,6 +352,11 @@ def main():
             doc["async_rows"] = async_rows
             doc["async_raw"] = [{"scenario": s, "impl": i, "metrics": m}
                                 for (s, i), m in sorted(async_data.items())]
+        if args.cache_json:
+            doc["cache_context"] = cache_ctx
+            doc["cache_rows"] = cache_rows
+            doc["cache_raw"] = [{"scenario": s, "impl": i, "metrics": m}
+                                for (s, i), m in sorted(cache_data.items())]
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=1, sort_keys=True)
     return 1 if errors else 0

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # bench/run.sh: build the C++ benchmarks (Release), run them and the Go peer, and
 # print one side-by-side markdown table plus the "Async" block (bench_async:
-# callback and coroutine waiters); writes bench/results.json (and
-# bench/chart.png when gnuplot is installed).
+# callback and coroutine waiters) and the "Cache" block (bench_cache: the goals
+# of singleflight::cache); writes bench/results.json (and bench/chart.png when
+# gnuplot is installed).
 #
-#   bench/run.sh                 # everything (about 4-5 minutes on 2 cores)
+#   bench/run.sh                 # everything (about 6-7 minutes on 2 cores)
 #   FILTER='leader' bench/run.sh # only matching C++ benchmarks / Go scenarios
 #   REPS=1 bench/run.sh          # quicker, noisier
 #   BUILD_DIR=/tmp/b bench/run.sh  # build somewhere else than build/bench
@@ -23,12 +24,15 @@ build=${BUILD_DIR:-$root/build/bench}
 echo "== building (cmake --preset bench -B $build)" >&2
 bin=$build/bench/bench_group
 abin=$build/bench/bench_async
-if ! { cmake --preset bench -B "$build" >"$out/cmake.log" 2>&1 && cmake --build "$build" --target bench_group bench_async >>"$out/cmake.log" 2>&1; }; then
+cbin=$build/bench/bench_cache
+if ! { cmake --preset bench -B "$build" >"$out/cmake.log" 2>&1 && cmake --build "$build" --target bench_group bench_async bench_cache >>"$out/cmake.log" 2>&1; }; then
   echo "   cmake build failed (see $out/cmake.log); building by hand with g++ -O2" >&2
   bin=$out/bench_group
   abin=$out/bench_async
+  cbin=$out/bench_cache
   g++ -O2 -DNDEBUG -std=c++20 -I include bench/bench_group.cpp -o "$bin" -lbenchmark -pthread
   g++ -O2 -DNDEBUG -std=c++20 -I include bench/bench_async.cpp -o "$abin" -lbenchmark -pthread
+  g++ -O2 -DNDEBUG -std=c++20 -I include bench/bench_cache.cpp -o "$cbin" -lbenchmark -pthread
 fi
 
 echo "== running C++ ($bin, $reps repetitions)" >&2
@@ -45,6 +49,14 @@ aargs=(--benchmark_format=json --benchmark_out="$out/async.json" --benchmark_out
 "$abin" "${aargs[@]}" >/dev/null 2>"$out/async.stderr" || { cat "$out/async.stderr" >&2; exit 1; }
 async_args=()
 [[ -s $out/async.json ]] && async_args=(--async "$out/async.json")
+
+echo "== running cache ($cbin, $reps repetitions)" >&2
+rm -f "$out/cache.json"
+cargs=(--benchmark_format=json --benchmark_out="$out/cache.json" --benchmark_out_format=json
+       --benchmark_repetitions="$reps" --benchmark_report_aggregates_only=true)
+[[ -n $filter ]] && cargs+=(--benchmark_filter="$filter")
+"$cbin" "${cargs[@]}" >/dev/null 2>"$out/cache.stderr" || { cat "$out/cache.stderr" >&2; exit 1; }
+[[ -s $out/cache.json ]] && async_args+=(--cache "$out/cache.json")
 
 go_json=""
 if command -v go >/dev/null && [[ -d /usr/share/gocode/src/golang.org/x/sync/singleflight ]]; then

@@ -6,10 +6,13 @@
 //
 // singleflight coalesces concurrent identical calls within one process: the
 // callers that ask for the same key at the same time share one execution of
-// the work and each receive its outcome. See group.hpp for the contract.
+// the work and each receive its outcome. See group.hpp for the contract, and
+// cache.hpp for the read-through cache built on it.
 // singleflight/asio.hpp (not included here) adapts group::async_do to Asio.
 #pragma once
 
+#include "cache.hpp"            // IWYU pragma: export
+#include "coarse_clock.hpp"     // IWYU pragma: export
 #include "completion.hpp"       // IWYU pragma: export
 #include "errors.hpp"           // IWYU pragma: export
 #include "executor.hpp"         // IWYU pragma: export

@@ -1,0 +1,123 @@
+// 06-cache: the seed's profile service behind singleflight::cache.
+//
+// Profiles are keyed tenant|user|locale (everything that changes the answer)
+// and cost a 200 ms origin call. 8 request threads read 20 profiles for 4 s:
+//   * at start 64 requests arrive at once: one origin call per profile;
+//   * ttl 1 s with jitter 0.1: the profiles do not all expire together;
+//   * stale_while_revalidate 0.5 s: after ttl a reader gets the old profile at
+//     once and one background refresh runs;
+//   * from 1.8 s to 3.3 s the origin is down: stale_if_error (1 min) answers
+//     with the last profile instead of the error, and error_ttl (0.5 s) keeps
+//     the failing origin from being asked more than about twice a second per
+//     profile.
+// Prints origin calls, hits and stale serves, and exits non-zero if a request
+// got an error, the start was not coalesced, or no stale serve happened.
+#include <singleflight/cache.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace std::chrono_literals;
+using steady = std::chrono::steady_clock;
+
+namespace {
+
+int run() {
+  singleflight::cache<std::string, std::string> profiles({
+      .ttl = 1s,
+      .jitter = 0.1,
+      .stale_while_revalidate = 500ms,
+      .stale_if_error = 1min,
+      .error_ttl = 500ms,
+  });
+
+  const auto start = steady::now();
+  auto since_start = [&] { return steady::now() - start; };
+  std::atomic<int> origin_calls{0};
+  std::atomic<int> origin_failures{0};
+  auto origin = [&](const std::string& key) {
+    return [&, key](const std::stop_token&) {
+      origin_calls.fetch_add(1);
+      std::this_thread::sleep_for(200ms);  // the slow origin
+      const auto t = since_start();
+      if (t > 1800ms && t < 3300ms) {
+        origin_failures.fetch_add(1);
+        throw std::runtime_error("profile service unavailable");
+      }
+      return "profile of " + key;
+    };
+  };
+
+  std::vector<std::string> keys;
+  keys.reserve(20);
+  for (int i = 0; i < 20; ++i) {
+    keys.push_back("tenant-" + std::to_string(i % 3) + "|user-" + std::to_string(100 + i) + "|" +
+                   (i % 2 != 0 ? "en-GB" : "de-DE"));
+  }
+
+  std::atomic<int> requests{0};
+  std::atomic<int> errors{0};
+  std::atomic<int> waited{0};
+  std::atomic<int> burst_loads{0};  // origin calls made for the start burst
+  std::vector<std::jthread> threads;
+  threads.reserve(8);
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      std::minstd_rand rng(static_cast<unsigned>(t) + 1);
+      for (int n = 0; since_start() < 4s; ++n) {
+        // The first 8 requests per thread are the start burst (all 20 keys, 64 requests).
+        const std::string& key = keys[n < 8 ? (t * 8 + n) % keys.size() : rng() % keys.size()];
+        try {
+          const auto e = profiles.get_entry(key, origin(key));
+          if (*e.value != "profile of " + key) errors.fetch_add(1);
+          if (e.taken_as != singleflight::role::none) waited.fetch_add(1);
+          if (n < 8 && e.taken_as == singleflight::role::leader) burst_loads.fetch_add(1);
+        } catch (const std::exception& ex) {
+          std::printf("request error: %s\n", ex.what());
+          errors.fetch_add(1);
+        }
+        requests.fetch_add(1);
+        if (n >= 8) std::this_thread::sleep_for(10ms);  // the next request on this handler
+      }
+    });
+  }
+  threads.clear();
+  profiles.close();
+
+  const singleflight::cache_stats s = profiles.stats();
+  std::printf("requests:              %d\n", requests.load());
+  std::printf(
+      "origin calls:          %d (%d for the 64-request start burst on %zu profiles; "
+      "%d failed)\n",
+      origin_calls.load(), burst_loads.load(), keys.size(), origin_failures.load());
+  std::printf("hits:                  %llu\n", static_cast<unsigned long long>(s.hits));
+  std::printf("stale serves:          %llu (%llu while the origin was down)\n",
+              static_cast<unsigned long long>(s.stale_hits),
+              static_cast<unsigned long long>(s.stale_on_error));
+  std::printf("waited on the origin:  %d requests\n", waited.load());
+  std::printf("background refreshes:  %llu\n",
+              static_cast<unsigned long long>(s.background_refreshes));
+  std::printf("errors seen by users:  %d\n", errors.load());
+
+  const bool ok = errors == 0 && burst_loads == static_cast<int>(keys.size()) && s.stale_hits > 0 &&
+                  s.stale_on_error > 0 && s.background_refreshes > 0;
+  if (!ok) std::printf("FAILED: a claim above does not hold\n");
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main() {
+  try {
+    return run();
+  } catch (const std::exception& e) {
+    std::printf("FAILED: %s\n", e.what());
+    return 1;
+  }
+}

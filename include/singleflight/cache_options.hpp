@@ -1,0 +1,148 @@
+// singleflight/cache_options.hpp
+//
+// The vocabulary of singleflight::cache (include <singleflight/cache.hpp>):
+// `cache_options` (its construction-time settings), `freshness` and
+// `cached<T>` (one answer), `load_result<T>` (what a loader may return
+// instead of a T), `not_found_error` and `cache_stats`. Plain types: no
+// state, no lock.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <utility>
+
+#include "errors.hpp"
+#include "options.hpp"
+#include "stats.hpp"
+
+namespace singleflight {
+
+// freshness
+//
+// How a cache's answer relates to its windows.
+enum class freshness {
+  fresh,           // within ttl, or just loaded
+  stale,           // past ttl, within stale_while_revalidate (a refresh is under way)
+  stale_on_error,  // past its windows for normal use, served because a load failed
+                   // within stale_if_error (no exception reached the caller)
+};
+
+// cache_options
+//
+// Construction-time settings of a cache. The cache constructor throws
+// std::invalid_argument when ttl <= 0, a duration is negative, jitter is not
+// in [0, 1) or early_refresh_beta < 0.
+struct cache_options {
+  // Fresh window of each write, > 0.
+  std::chrono::nanoseconds ttl{std::chrono::seconds(30)};
+  // Each write's ttl is scaled by a factor uniform in [1 - jitter, 1 + jitter],
+  // so keys written together do not expire together. 0 = off.
+  double jitter = 0.1;
+  // After the fresh window: serve the old value at once (freshness::stale)
+  // and start one background refresh. 0 = off.
+  std::chrono::nanoseconds stale_while_revalidate{0};
+  // After the fresh window: when a load fails, serve the old value
+  // (freshness::stale_on_error) instead of the exception. 0 = off.
+  std::chrono::nanoseconds stale_if_error{0};
+  // Negative caching of failures: a failed load with no usable old value is
+  // stored, and callers within error_ttl receive the same exception object
+  // without a load. A failure with a usable old value throttles loads of its
+  // key for error_ttl (default_error_throttle when 0). 0 = never stored.
+  std::chrono::nanoseconds error_ttl{0};
+  // Negative caching of "no such key" (load_result::not_found). 0 = never stored.
+  std::chrono::nanoseconds not_found_ttl{0};
+  // XFetch: a fresh read refreshes early, in the background, when
+  // now - delta * beta * ln(u) >= expiry (u uniform in (0, 1], delta the
+  // last load's duration). 1 is the usual value; 0 = off.
+  double early_refresh_beta = 0;
+  // Bound on entries (values, cached not-founds and cached failures); size()
+  // never exceeds it. Eviction: S3-FIFO per shard. 0 = unbounded.
+  std::size_t max_entries = 0;
+  // The inner group's options: ownership, timeout (bounds every load, the
+  // background refreshes included), max_in_flight, executor (where
+  // background refreshes run; the cache's own threads when empty).
+  options flight{};
+
+  // How long a failure throttles the loads of a key that still has a usable
+  // value, when error_ttl is 0.
+  static constexpr std::chrono::nanoseconds default_error_throttle{std::chrono::seconds(1)};
+};
+
+// cached<T>
+//
+// One answer of get_entry() or peek(): the value and where it came from.
+template <class T>
+struct cached {
+  // The value; empty when the answer is a cached "no such key"
+  // (load_result::not_found), which get() reports as not_found_error.
+  std::optional<T> value;
+  freshness state = freshness::fresh;
+  // Time since the value was stored (0 for a value this call loaded).
+  std::chrono::nanoseconds age{0};
+  // leader / follower: this call waited on a load and started / joined it;
+  // none: it was answered from the cache.
+  role taken_as = role::none;
+  // The key's version when the value was stored (put / invalidate bump it).
+  std::uint64_t version = 0;
+
+  bool found() const noexcept { return value.has_value(); }
+};
+
+// load_result<T>
+//
+// What a loader may return instead of a T, to set a per-entry ttl or to say
+// "no such key":
+//   return singleflight::load_result<T>::value(v, 5min);   // this entry's ttl
+//   return singleflight::load_result<T>::not_found();      // cached for not_found_ttl
+// A ttl given here replaces cache_options::ttl (for a value) or
+// not_found_ttl (for not_found) for this write; jitter still applies.
+template <class T>
+struct load_result {
+  std::optional<T> loaded;                      // empty: not found
+  std::optional<std::chrono::nanoseconds> ttl;  // empty: the cache's
+
+  static load_result value(T v, std::optional<std::chrono::nanoseconds> ttl = std::nullopt) {
+    return load_result{std::optional<T>(std::move(v)), ttl};
+  }
+  static load_result not_found(std::optional<std::chrono::nanoseconds> ttl = std::nullopt) {
+    return load_result{std::nullopt, ttl};
+  }
+};
+
+// not_found_error
+//
+// Thrown by get() (and delivered by async_get / co_get) when the loader
+// reported load_result::not_found, now or within not_found_ttl.
+class not_found_error : public error {
+ public:
+  not_found_error() : error(literal_tag{}, "singleflight: no such key (load_result::not_found)") {}
+  using error::error;
+};
+
+// cache_stats
+//
+// Counters since construction. Every get / get_entry / async_get / co_get
+// call that returns or throws after its lookup counts as exactly one of hits,
+// stale_hits, negative_hits or misses (get_fresh counts as a miss).
+// Summed over shards and stripes without stopping them: a snapshot taken
+// while calls run may be mid-way, one taken when they are over adds up.
+struct cache_stats {
+  std::uint64_t hits = 0;             // answered fresh from the cache
+  std::uint64_t stale_hits = 0;       // answered stale (SWR, or stale-if-error while throttled)
+  std::uint64_t misses = 0;           // waited on a load
+  std::uint64_t loads = 0;            // loader invocations (origin calls)
+  std::uint64_t load_failures = 0;    // loads that threw (not counting stopped flights)
+  std::uint64_t early_refreshes = 0;  // background refreshes started by XFetch
+  std::uint64_t background_refreshes = 0;  // background refreshes started in the SWR window
+  std::uint64_t negative_hits = 0;         // answered with a cached not-found or failure
+  std::uint64_t evictions = 0;             // entries removed to respect max_entries
+  std::uint64_t rejected_publishes = 0;    // finished loads that started before a put /
+                                           // invalidate / clear of their key: not stored
+  std::uint64_t stale_on_error = 0;        // answers with freshness::stale_on_error (also in
+                                           // stale_hits or misses)
+  std::uint64_t size = 0;                  // entries now (same as cache::size())
+};
+
+}  // namespace singleflight

@@ -1,0 +1,327 @@
+// singleflight/detail/cache_table.hpp -- internal; do not include directly.
+//
+// The sharded entry table of singleflight::cache: what it stores per key
+// (cache_node), the shards (a mutex, a chained hash table, the eviction
+// policy and the writer-side counters each), the per-stripe reader counters,
+// and the read_gate that lets hits read a shard without its mutex.
+//
+// Locking (one shard at a time, never two):
+//   * shard::mu guards everything in the shard. A writer (anything that
+//     changes what a reader may look at: links, outcomes, times, versions)
+//     also locks the shard's readers out (shard_lock::write()).
+//   * A hit reads inside a read section (read_gate::try_enter): the bucket
+//     chain, the node's key, outcome and times, and the value's shared_ptr
+//     (copied, which only increments its reference count). Readers write only
+//     atomics: the node's `freq` and `refresh_id` hint, and their stripe's
+//     counters.
+//   * Fields marked "mutex" are never read by a reader and change under the
+//     mutex alone.
+// Nothing in this file runs user code under the mutex except KeyEqual (in
+// find) and allocation (a new bucket array). Keys, values and exceptions are
+// destroyed after the mutex is released (see garbage and the `old_*` locals
+// in cache.hpp).
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "cache_clock.hpp"
+#include "cache_policy.hpp"
+#include "read_gate.hpp"
+
+namespace singleflight::detail {
+
+// What a node holds.
+enum class held : std::uint8_t {
+  nothing,    // no entry: a record kept only for a load, a refresh or a waiter
+  value,      // a value (possibly stale, possibly with a failure throttling loads)
+  not_found,  // the loader said "no such key" (load_result::not_found)
+  error,      // a cached failure (error_ttl), with no usable value
+};
+
+// One key's record. Lives from the first load, put or refresh of its key
+// until it holds nothing and nobody holds its address (pins == 0).
+template <class Key, class T, class Clock>
+struct cache_node : policy_hook {
+  using time_point = typename Clock::time_point;
+  using duration = typename Clock::duration;
+
+  template <class K>
+  cache_node(const K& k, std::uint64_t mixed) : key(k) {
+    fingerprint = mixed;
+  }
+
+  cache_node* chain = nullptr;  // next in the bucket (or in a garbage list)
+  const Key key;
+
+  // Read by hits; written with the readers locked out.
+  held kind = held::nothing;
+  std::shared_ptr<const T> value;  // kind == value
+  std::exception_ptr error;        // kind == error, or the failure behind throttle_until
+  std::uint64_t version = 0;       // the key's version: bumped by put / invalidate / clear
+  time_point written{};            // when the value (or not_found) was stored
+  time_point fresh_until{};        // written + jittered ttl
+  time_point stale_until{};        // fresh_until + stale_while_revalidate
+  time_point error_until{};        // fresh_until + stale_if_error
+  time_point throttle_until{};     // no load before this (after a failure)
+  duration cost{};                 // the last load's duration (XFetch's delta)
+
+  // A hint for hits ("a refresh is already under way"), set and cleared
+  // under the mutex. Relaxed: a hit that reads a stale hint either skips a
+  // refresh another one is doing, or takes the mutex and checks again.
+  std::atomic<std::uint64_t> refresh_id{0};
+
+  // Mutex only.
+  std::uint32_t pins = 0;           // holders of this node's address
+  std::uint32_t loading = 0;        // loads registered and not yet finished
+  std::uint32_t fresh_waiters = 0;  // get_fresh callers waiting on this key
+  std::uint64_t load_version = 0;   // the version the last registered load saw
+};
+
+// A shard. Aligned so that two shards' mutexes never share a cache line.
+template <class Node>
+struct alignas(64) cache_shard {
+  std::mutex mu;
+  std::unique_ptr<Node*[]> buckets;  // power-of-two count; grows, never shrinks
+  std::size_t mask = 0;
+  std::size_t nodes = 0;                // linked nodes
+  s3fifo policy;                        // nodes that hold an entry
+  std::atomic<std::size_t> entries{0};  // = policy.size(), readable without the mutex
+  // The last version handed out here. Written under the mutex; read by hits
+  // (the version a call saw when it found no record), hence atomic. Relaxed:
+  // a call ordered after an invalidation by its own synchronisation sees it
+  // (read-read coherence), and none is needed otherwise.
+  std::atomic<std::uint64_t> versions{0};
+  std::uint64_t next_version() noexcept {
+    const std::uint64_t v = versions.load(std::memory_order_relaxed) + 1;
+    versions.store(v, std::memory_order_relaxed);
+    return v;
+  }
+  std::uint64_t refreshes = 0;  // the last refresh id handed out here
+  splitmix rng;                 // jitter
+
+  // Writer-side counters (mutex).
+  std::uint64_t loads = 0;
+  std::uint64_t load_failures = 0;
+  std::uint64_t early_refreshes = 0;
+  std::uint64_t background_refreshes = 0;
+  std::uint64_t evictions = 0;
+  std::uint64_t rejected_publishes = 0;
+
+  // find(key, mixed, eq): the node for `key`, or nullptr. Runs KeyEqual.
+  // With the mutex held, or inside a read section.
+  template <class K, class Eq>
+  Node* find(const K& key, std::uint64_t mixed, const Eq& eq) const {
+    if (buckets == nullptr) return nullptr;
+    for (Node* n = buckets[mixed & mask]; n != nullptr; n = n->chain) {
+      if (n->fingerprint == mixed && eq(n->key, key)) return n;
+    }
+    return nullptr;
+  }
+
+  // reserve_one(): makes room for one more node (may allocate a bigger bucket
+  // array and throw std::bad_alloc, changing nothing). Writer.
+  void reserve_one() {
+    if (nodes + 1 <= mask + 1 && buckets != nullptr) return;
+    const std::size_t count = buckets == nullptr ? 8 : 2 * (mask + 1);
+    std::unique_ptr<Node*[]> grown(new Node*[count]());
+    for (std::size_t i = 0; buckets != nullptr && i <= mask; ++i) {
+      for (Node* n = buckets[i]; n != nullptr;) {
+        Node* next = n->chain;
+        n->chain = grown[n->fingerprint & (count - 1)];
+        grown[n->fingerprint & (count - 1)] = n;
+        n = next;
+      }
+    }
+    buckets = std::move(grown);
+    mask = count - 1;
+  }
+
+  // link(n): after reserve_one(). Writer.
+  void link(Node* n) noexcept {
+    Node*& head = buckets[n->fingerprint & mask];
+    n->chain = head;
+    head = n;
+    ++nodes;
+  }
+
+  // unlink(n): n must be linked. Writer.
+  void unlink(Node* n) noexcept {
+    for (Node** p = &buckets[n->fingerprint & mask]; *p != nullptr; p = &(*p)->chain) {
+      if (*p == n) {
+        *p = n->chain;
+        n->chain = nullptr;
+        --nodes;
+        return;
+      }
+    }
+  }
+};
+
+// Counters a hit updates: one set per stripe, so that threads on different
+// stripes never write the same line. Relaxed: they are statistics, summed by
+// stats(); the read section orders nothing through them.
+struct alignas(64) stripe_counters {
+  std::atomic<std::uint64_t> hits{0};
+  std::atomic<std::uint64_t> stale_hits{0};
+  std::atomic<std::uint64_t> negative_hits{0};
+  std::atomic<std::uint64_t> misses{0};
+  std::atomic<std::uint64_t> stale_on_error{0};
+  std::atomic<std::uint64_t> rng{0};  // XFetch draws (racy by design: a repeat is harmless)
+
+  void add(std::atomic<std::uint64_t>& c) noexcept { c.fetch_add(1, std::memory_order_relaxed); }
+  std::uint64_t draw() noexcept {
+    const std::uint64_t s = rng.load(std::memory_order_relaxed) + 0x9e3779b97f4a7c15ULL;
+    rng.store(s, std::memory_order_relaxed);
+    return mix64(s);
+  }
+};
+
+// Nodes unlinked under a shard's mutex, deleted (keys, values and exceptions
+// destroyed) when this object dies: declare it before the lock.
+template <class Node>
+struct garbage {
+  Node* head = nullptr;
+  garbage() = default;
+  garbage(const garbage&) = delete;
+  garbage& operator=(const garbage&) = delete;
+  ~garbage() {
+    while (head != nullptr) {
+      Node* n = head;
+      head = n->chain;
+      delete n;
+    }
+  }
+  void add(Node* n) noexcept {
+    n->chain = head;
+    head = n;
+  }
+};
+
+// The table: shards, the gate and the stripes.
+template <class Key, class T, class Clock>
+class cache_table {
+ public:
+  using node = cache_node<Key, T, Clock>;
+  using shard = cache_shard<node>;
+
+  // cache_table(max_entries): max_entries == 0 is unbounded. Shards: about
+  // four per hardware thread (8..256); a bounded table has at most one shard
+  // per 64 entries, and the capacities of its shards add up to max_entries.
+  explicit cache_table(std::size_t max_entries)
+      : shard_bits_(bits_for(shard_count(max_entries))),
+        shards_(make_shards(std::size_t{1} << shard_bits_, max_entries)),
+        gate_(std::size_t{1} << shard_bits_, stripe_count()),
+        stripes_(new stripe_counters[gate_.stripes()]) {
+    for (std::size_t i = 0; i < shard_total(); ++i) {
+      shards_[i].rng.state = mix64(reinterpret_cast<std::uintptr_t>(this) + i);
+    }
+  }
+
+  cache_table(const cache_table&) = delete;
+  cache_table& operator=(const cache_table&) = delete;
+
+  ~cache_table() {
+    for (std::size_t i = 0; i < shard_total(); ++i) {
+      shard& s = shards_[i];
+      for (std::size_t b = 0; s.buckets != nullptr && b <= s.mask; ++b) {
+        for (node* n = s.buckets[b]; n != nullptr;) {
+          node* next = n->chain;
+          delete n;
+          n = next;
+        }
+      }
+    }
+  }
+
+  std::size_t shard_total() const noexcept { return std::size_t{1} << shard_bits_; }
+  std::size_t shard_index(std::uint64_t mixed) const noexcept {
+    return shard_bits_ == 0 ? 0 : static_cast<std::size_t>(mixed >> (64U - shard_bits_));
+  }
+  shard& at(std::size_t i) noexcept { return shards_[i]; }
+  const shard& at(std::size_t i) const noexcept { return shards_[i]; }
+  read_gate& gate() noexcept { return gate_; }
+  stripe_counters& stripe(std::size_t s) noexcept { return stripes_[s]; }
+  const stripe_counters& stripe(std::size_t s) const noexcept { return stripes_[s]; }
+  std::size_t stripe_total() const noexcept { return gate_.stripes(); }
+
+  // shard_lock: holds a shard's mutex; write() also locks the readers out
+  // (once), until the lock is released. unlock() / lock() let a caller step
+  // out (to run user code) and back in.
+  class shard_lock {
+   public:
+    shard_lock(cache_table& t, std::size_t i) : t_(t), i_(i) { lock(); }
+    shard_lock(const shard_lock&) = delete;
+    shard_lock& operator=(const shard_lock&) = delete;
+    ~shard_lock() {
+      if (held_) unlock();
+    }
+    void lock() {
+      t_.shards_[i_].mu.lock();
+      held_ = true;
+    }
+    void unlock() noexcept {
+      if (out_) t_.gate_.let_in(i_);
+      out_ = false;
+      held_ = false;
+      t_.shards_[i_].mu.unlock();
+    }
+    void write() noexcept {
+      if (!out_) {
+        t_.gate_.lock_out(i_);
+        out_ = true;
+      }
+    }
+
+   private:
+    cache_table& t_;
+    std::size_t i_;
+    bool held_ = false;
+    bool out_ = false;
+  };
+
+ private:
+  static std::size_t shard_count(std::size_t max_entries) noexcept {
+    const std::size_t hw = std::max(1U, std::thread::hardware_concurrency());
+    std::size_t n = std::clamp<std::size_t>(4 * hw, 8, 256);
+    if (max_entries != 0) n = std::min(n, std::max<std::size_t>(1, max_entries / 64));
+    return n;
+  }
+  // Stripes: four per hardware thread (8..64), so that threads running at
+  // the same time rarely share one even as threads come and go (a thread
+  // keeps the stripe of its ordinal for life).
+  static std::size_t stripe_count() noexcept {
+    const std::size_t want =
+        std::clamp<std::size_t>(4 * std::size_t{std::thread::hardware_concurrency()}, 8, 64);
+    std::size_t s = 1;
+    while (s < want) s <<= 1U;
+    return s;
+  }
+  static unsigned bits_for(std::size_t n) noexcept {  // floor(log2(n))
+    unsigned b = 0;
+    while ((std::size_t{2} << b) <= n) ++b;
+    return b;
+  }
+  static std::unique_ptr<shard[]> make_shards(std::size_t count, std::size_t max_entries) {
+    std::unique_ptr<shard[]> shards(new shard[count]);
+    for (std::size_t i = 0; i < count; ++i) {
+      shards[i].policy.configure(
+          max_entries == 0 ? 0 : max_entries / count + (i < max_entries % count ? 1 : 0));
+    }
+    return shards;
+  }
+
+  unsigned shard_bits_;
+  std::unique_ptr<shard[]> shards_;
+  read_gate gate_;
+  std::unique_ptr<stripe_counters[]> stripes_;
+};
+
+}  // namespace singleflight::detail

@@ -1,0 +1,553 @@
+// singleflight::cache: the three windows (fresh, stale-while-revalidate,
+// stale-if-error) and the hard wall after them, XFetch early refresh,
+// background refreshes owned by the cache, the identity-checked refresh mark
+// and TTL jitter (issue 10, semantics 2, 3, 4, 5, 8). Time is a manual clock;
+// interleavings are forced with gates; every wait is bounded.
+#include <singleflight/cache.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <stdexcept>
+#include <stop_token>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/catch.hpp"
+#include "support/coro.hpp"
+#include "support/manual_clock.hpp"
+#include "support/sync.hpp"
+
+namespace sf = singleflight;
+using sftest::gate;
+using sftest::manual_clock;
+using sftest::must;
+using sftest::result;
+using sftest::spawn;
+using namespace std::chrono_literals;
+
+namespace {
+
+using scache = sf::cache<std::string, std::string, sf::default_hash, std::equal_to<>, manual_clock>;
+
+sf::cache_options swr(std::chrono::nanoseconds ttl = 1s, std::chrono::nanoseconds window = 1s) {
+  sf::cache_options o;
+  o.ttl = ttl;
+  o.jitter = 0;
+  o.stale_while_revalidate = window;
+  return o;
+}
+
+struct origin_error : std::runtime_error {
+  origin_error() : std::runtime_error("origin down") {}
+};
+
+std::string value(const char* v) { return v; }
+
+// A hash that throws on its second call after `calls` is reset to 0: the cache
+// hashes the key (first call), then the refresh's async_do hashes it again.
+struct flaky_hash {
+  static inline std::atomic<int> calls{-1000};
+  std::size_t operator()(const std::string& k) const {
+    if (calls.fetch_add(1) == 1) throw std::runtime_error("hash");
+    return std::hash<std::string>{}(k);
+  }
+};
+
+// A refresh loader the test holds on a gate; records how it ran.
+struct held_origin {
+  gate release;
+  std::atomic<int> calls{0};
+  std::atomic<bool> stopped{false};
+  std::atomic<bool> done{false};
+  std::atomic<std::thread::id> thread{};
+  std::string answer = "v2";
+  auto fn() {
+    return [this](std::stop_token st) {
+      calls.fetch_add(1);
+      thread = std::this_thread::get_id();
+      release.wait("refresh origin released");
+      stopped = st.stop_requested();
+      done = true;
+      return answer;
+    };
+  }
+};
+
+}  // namespace
+
+// ---- 2. stale-while-revalidate and the hard wall -------------------------------
+
+TEST_CASE("within stale_while_revalidate readers get the old value at once and one refresh starts",
+          "[cache][c2]") {
+  manual_clock::reset();
+  scache c(swr());
+  c.put("k", "v1");
+  manual_clock::advance(1500ms);
+  held_origin origin;
+  for (int i = 0; i < 20; ++i) {
+    const sf::cached<std::string> e = c.get_entry("k", origin.fn());  // on the test thread
+    CHECK(*e.value == "v1");
+    CHECK(e.state == sf::freshness::stale);
+    CHECK(e.age == 1500ms);
+  }
+  must([&] { return origin.calls.load() == 1; }, "refresh started");
+  CHECK(c.stats().background_refreshes == 1);
+  CHECK(c.stats().stale_hits == 20);
+  origin.release.open();
+  must([&] { return c.peek("k") && *c.peek("k")->value == "v2"; }, "refresh published");
+  CHECK(c.peek("k")->state == sf::freshness::fresh);
+  CHECK(origin.calls == 1);
+  CHECK(c.stats().loads == 1);
+}
+
+TEST_CASE(
+    "past ttl + stale_while_revalidate the value is dead even while a refresh hangs "
+    "(caffeine#175, #373, #282)",
+    "[cache][c2]") {
+  manual_clock::reset();
+  scache c(swr());
+  c.put("k", "v1");
+  manual_clock::advance(1500ms);
+  held_origin origin;
+  CHECK(c.get("k", origin.fn()) == "v1");  // stale: starts the refresh, which hangs
+  must([&] { return origin.calls.load() == 1; }, "refresh hanging");
+  manual_clock::advance(500ms);  // ttl + swr reached
+  CHECK(!c.peek("k"));
+  std::stop_source leave;
+  result<std::string> r;
+  std::jthread t = spawn(r, [&] { return c.get("k", origin.fn(), leave.get_token()); });
+  // The reader waits on the load (it joined the hanging refresh: it is the load).
+  must([&] { return c.flight_stats().joins == 1; }, "reader joined the refresh");
+  CHECK(!r.done);
+  leave.request_stop();
+  sftest::finish(t, r, "reader left");
+  CHECK(r.threw<sf::cancelled_error>());  // never "v1"
+  origin.release.open();
+  must([&] { return origin.done.load(); }, "refresh finished");
+  CHECK(!origin.stopped);  // the reader leaving did not cancel the cache's refresh
+}
+
+TEST_CASE("a reader past the wall is bounded by flight.timeout while a refresh hangs",
+          "[cache][c2]") {
+  manual_clock::reset();
+  sf::cache_options o = swr();
+  o.flight.timeout = 50ms;
+  scache c(o);
+  c.put("k", "v1");
+  manual_clock::advance(1500ms);
+  std::atomic<bool> hung{false};
+  auto hang = [&](std::stop_token st) {
+    hung = true;
+    while (!st.stop_requested()) std::this_thread::yield();
+    return value("late");
+  };
+  CHECK(c.get("k", hang) == "v1");
+  must([&] { return hung.load(); }, "refresh hanging");
+  manual_clock::advance(1s);
+  result<std::string> r;
+  std::jthread t = spawn(r, [&] { return c.get("k", hang); });
+  sftest::finish(t, r, "reader bounded by the deadline");
+  CHECK(r.threw<sf::timeout_error>());
+}
+
+// ---- 3. XFetch ------------------------------------------------------------------------
+
+TEST_CASE("XFetch refreshes early and the reader gets the current value at once", "[cache][c3]") {
+  manual_clock::reset();
+  sf::cache_options o;
+  o.ttl = 10s;
+  o.jitter = 0;
+  o.early_refresh_beta = 1.0;
+  scache c(o);
+  // The first load takes 1 s of clock time: delta = 1 s.
+  CHECK(c.get("k", [] {
+    manual_clock::advance(1s);
+    return value("v1");
+  }) == "v1");
+  held_origin origin;
+  manual_clock::advance(9900ms);  // 100 ms before expiry: P(fire) = e^-0.1 per read
+  int reads = 0;
+  while (c.stats().early_refreshes == 0 && reads < 1000) {
+    const sf::cached<std::string> e = c.get_entry("k", origin.fn());
+    CHECK(*e.value == "v1");
+    CHECK(e.state == sf::freshness::fresh);
+    ++reads;
+  }
+  CHECK(c.stats().early_refreshes == 1);
+  must([&] { return origin.calls.load() == 1; }, "early refresh running");
+  for (int i = 0; i < 100; ++i) CHECK(c.get("k", origin.fn()) == "v1");  // absorbed
+  CHECK(c.stats().early_refreshes == 1);
+  origin.release.open();
+  must([&] { return *c.peek("k")->value == "v2"; }, "early refresh published");
+  CHECK(origin.calls == 1);
+  CHECK(c.stats().misses == 1);  // only the very first load waited
+}
+
+TEST_CASE("XFetch never fires far from expiry, nor with beta 0", "[cache][c3]") {
+  manual_clock::reset();
+  for (const double beta : {0.0, 1.0}) {
+    sf::cache_options o;
+    o.ttl = 1h;
+    o.jitter = 0;
+    o.early_refresh_beta = beta;
+    scache c(o);
+    CHECK(c.get("k", [] {
+      manual_clock::advance(1s);
+      return value("v1");
+    }) == "v1");
+    // beta 1, delta 1 s: more than 36.8 s before expiry no draw can fire.
+    manual_clock::advance(beta > 0 ? 59min - 40s : 59min + 59s);
+    for (int i = 0; i < 10000; ++i) (void)c.get("k", [] { return value("never"); });
+    CHECK(c.stats().early_refreshes == 0);
+    CHECK(c.stats().loads == 1);
+  }
+}
+
+// ---- 4. refreshes belong to the cache -----------------------------------------------
+
+TEST_CASE("a background refresh is not cancelled by the stop of the reader that triggered it",
+          "[cache][c4]") {
+  manual_clock::reset();
+  scache c(swr());
+  c.put("k", "v1");
+  manual_clock::advance(1500ms);
+  held_origin origin;
+  std::stop_source reader;
+  CHECK(c.get("k", origin.fn(), reader.get_token()) == "v1");
+  must([&] { return origin.calls.load() == 1; }, "refresh running");
+  reader.request_stop();
+  origin.release.open();
+  must([&] { return origin.done.load(); }, "refresh finished");
+  CHECK(!origin.stopped);
+  must([&] { return *c.peek("k")->value == "v2"; }, "refresh published");
+}
+
+TEST_CASE("background refreshes run on a thread of the cache, never on the reader", "[cache][c4]") {
+  manual_clock::reset();
+  scache c(swr());
+  c.put("k", "v1");
+  manual_clock::advance(1500ms);
+  held_origin origin;
+  origin.release.open();
+  CHECK(c.get("k", origin.fn()) == "v1");
+  must([&] { return origin.done.load(); }, "refresh finished");
+  CHECK(origin.thread.load() != std::this_thread::get_id());
+}
+
+TEST_CASE("background refreshes run on flight.executor when it is set", "[cache][c4]") {
+  manual_clock::reset();
+  sftest::manual_executor ex;
+  sf::cache_options o = swr();
+  o.flight.executor = ex.executor();
+  scache c(o);
+  c.put("k", "v1");
+  manual_clock::advance(1500ms);
+  std::atomic<int> calls{0};
+  CHECK(c.get("k", [&] {
+    calls.fetch_add(1);
+    return value("v2");
+  }) == "v1");
+  CHECK(calls == 0);  // queued, not run by the reader
+  sf::task refresh = ex.take("refresh queued on the executor");
+  refresh();
+  CHECK(calls == 1);
+  CHECK(*c.peek("k")->value == "v2");
+}
+
+TEST_CASE("close waits for a running background refresh and joins its thread", "[cache][c4]") {
+  manual_clock::reset();
+  std::atomic<bool> returned{false};
+  std::atomic<bool> running{false};
+  {
+    scache c(swr());
+    c.put("k", "v1");
+    manual_clock::advance(1500ms);
+    CHECK(c.get("k", [&](std::stop_token st) {
+      running = true;
+      while (!st.stop_requested()) std::this_thread::yield();  // until close() stops it
+      returned = true;
+      return value("v2");
+    }) == "v1");
+    must([&] { return running.load(); }, "refresh running");
+    c.close();
+    CHECK(returned);
+  }
+}
+
+TEST_CASE("a background refresh is bounded by flight.timeout", "[cache][c4]") {
+  manual_clock::reset();
+  sf::cache_options o = swr();
+  o.flight.timeout = 50ms;
+  scache c(o);
+  c.put("k", "v1");
+  manual_clock::advance(1500ms);
+  std::atomic<bool> saw_stop{false};
+  CHECK(c.get("k", [&](std::stop_token st) {
+    while (!st.stop_requested()) std::this_thread::yield();
+    saw_stop = true;
+    return value("late");
+  }) == "v1");
+  must([&] { return saw_stop.load(); }, "refresh stopped by its deadline");
+  must([&] { return c.flight_stats().timeouts == 1; }, "deadline counted");
+}
+
+// ---- 5. stale-if-error ---------------------------------------------------------------
+
+TEST_CASE("a load failing within stale_if_error returns the old value, not the exception",
+          "[cache][c5]") {
+  manual_clock::reset();
+  sf::cache_options o;
+  o.ttl = 1s;
+  o.jitter = 0;
+  o.stale_if_error = 10s;
+  o.error_ttl = 2s;
+  scache c(o);
+  c.put("k", "v1");
+  manual_clock::advance(3s);
+  std::atomic<int> calls{0};
+  auto failing = [&]() -> std::string {
+    calls.fetch_add(1);
+    throw origin_error();
+  };
+  sf::cached<std::string> e = c.get_entry("k", failing);
+  CHECK(*e.value == "v1");
+  CHECK(e.state == sf::freshness::stale_on_error);
+  CHECK(e.taken_as == sf::role::leader);
+  CHECK(calls == 1);
+  // Throttled: no load for error_ttl; readers keep the old value.
+  manual_clock::advance(1900ms);
+  e = c.get_entry("k", failing);
+  CHECK(e.state == sf::freshness::stale_on_error);
+  CHECK(e.taken_as == sf::role::none);
+  CHECK(calls == 1);
+  manual_clock::advance(100ms);  // error_ttl over: one more attempt
+  CHECK(c.get("k", failing) == "v1");
+  CHECK(calls == 2);
+  const sf::cache_stats s = c.stats();
+  CHECK(s.stale_on_error == 3);
+  CHECK(s.load_failures == 2);
+}
+
+TEST_CASE("without error_ttl a failure throttles loads for default_error_throttle", "[cache][c5]") {
+  manual_clock::reset();
+  sf::cache_options o;
+  o.ttl = 1s;
+  o.jitter = 0;
+  o.stale_if_error = 1h;
+  scache c(o);
+  c.put("k", "v1");
+  manual_clock::advance(2s);
+  std::atomic<int> calls{0};
+  auto failing = [&]() -> std::string {
+    calls.fetch_add(1);
+    throw origin_error();
+  };
+  for (int i = 0; i < 10; ++i) CHECK(c.get("k", failing) == "v1");
+  CHECK(calls == 1);
+  manual_clock::advance(sf::cache_options::default_error_throttle);
+  CHECK(c.get("k", failing) == "v1");
+  CHECK(calls == 2);
+}
+
+TEST_CASE("a failed background refresh holds off the next one for error_ttl", "[cache][c5]") {
+  manual_clock::reset();
+  sf::cache_options o = swr(1s, 1h);
+  o.error_ttl = 2s;
+  scache c(o);
+  c.put("k", "v1");
+  manual_clock::advance(1500ms);
+  std::atomic<int> calls{0};
+  auto throwing = [&]() -> std::string {
+    calls.fetch_add(1);
+    throw origin_error();
+  };
+  CHECK(c.get("k", throwing) == "v1");
+  must([&] { return c.stats().load_failures == 1; }, "refresh failed");
+  // Until error_ttl has passed, stale reads start no refresh: the failing
+  // origin is not asked again on every read.
+  for (int i = 0; i < 50; ++i) {
+    manual_clock::advance(39ms);
+    CHECK(c.get("k", throwing) == "v1");
+  }
+  CHECK(calls == 1);
+  manual_clock::advance(50ms);
+  must([&] { return c.get("k", throwing) == "v1" && calls.load() == 2; },
+       "a refresh after error_ttl");
+}
+
+TEST_CASE("past ttl + stale_if_error a failing load throws: the old value is dead", "[cache][c5]") {
+  manual_clock::reset();
+  sf::cache_options o;
+  o.ttl = 1s;
+  o.jitter = 0;
+  o.stale_if_error = 1s;
+  scache c(o);
+  c.put("k", "v1");
+  manual_clock::advance(2s);
+  CHECK_THROWS_AS(c.get("k", []() -> std::string { throw origin_error(); }), origin_error);
+}
+
+TEST_CASE("a cancelled reader gets cancelled_error, not the stale value", "[cache][c5]") {
+  manual_clock::reset();
+  sf::cache_options o;
+  o.ttl = 1s;
+  o.jitter = 0;
+  o.stale_if_error = 1h;
+  o.flight.executor = sf::thread_executor{};
+  scache c(o);
+  c.put("k", "v1");
+  manual_clock::advance(2s);
+  gate release;
+  std::stop_source leave;
+  result<std::string> r;
+  std::jthread t = spawn(r, [&] {
+    return c.get(
+        "k",
+        [&] {
+          release.wait("origin released");
+          return value("v2");
+        },
+        leave.get_token());
+  });
+  must([&] { return c.flight_stats().flights == 1; }, "load running");
+  leave.request_stop();
+  sftest::finish(t, r, "reader left");
+  CHECK(r.threw<sf::cancelled_error>());
+  release.open();
+}
+
+// ---- 8. the refresh mark ----------------------------------------------------------------
+
+TEST_CASE("the refresh mark is cleared when the loader throws synchronously (FusionCache#647)",
+          "[cache][c8]") {
+  manual_clock::reset();
+  scache c(swr(1s, 1h));
+  c.put("k", "v1");
+  manual_clock::advance(1500ms);
+  std::atomic<int> calls{0};
+  auto throwing = [&]() -> std::string {
+    calls.fetch_add(1);
+    throw origin_error();
+  };
+  CHECK(c.get("k", throwing) == "v1");
+  must([&] { return c.stats().load_failures == 1; }, "refresh failed");
+  manual_clock::advance(sf::cache_options::default_error_throttle);  // past the throttle
+  // Stale reads go on; once the first refresh has fully ended, one of them
+  // starts the next (a mark left behind would block refreshes for good).
+  must([&] { return c.get("k", throwing) == "v1" && calls.load() == 2; },
+       "a second refresh started");
+  CHECK(c.stats().background_refreshes == 2);
+}
+
+TEST_CASE("the refresh mark is cleared when the executor drops the refresh task", "[cache][c8]") {
+  manual_clock::reset();
+  sf::cache_options o = swr();
+  o.flight.executor = [](sf::task) {};  // destroys every task without running it
+  scache c(o);
+  c.put("k", "v1");
+  manual_clock::advance(1500ms);
+  CHECK(c.get("k", [] { return value("v2"); }) == "v1");
+  CHECK(c.get("k", [] { return value("v2"); }) == "v1");
+  CHECK(c.stats().background_refreshes == 2);  // the first one's mark did not stick
+}
+
+TEST_CASE("the refresh mark is cleared when starting the refresh throws", "[cache][c8]") {
+  manual_clock::reset();
+  sf::cache<std::string, std::string, flaky_hash, std::equal_to<>, manual_clock> c(swr());
+  c.put(std::string("k"), "v1");
+  manual_clock::advance(1500ms);
+  flaky_hash::calls = 0;
+  std::atomic<int> calls{0};
+  auto load = [&] {
+    calls.fetch_add(1);
+    return value("v2");
+  };
+  CHECK(c.get(std::string("k"), load) == "v1");  // the refresh could not start
+  CHECK(calls == 0);
+  CHECK(c.get(std::string("k"), load) == "v1");  // ...and its mark did not stick
+  must([&] { return calls.load() == 1; }, "refresh started on the next read");
+}
+
+TEST_CASE("a finished refresh does not clear a newer refresh's mark (caffeine#711)",
+          "[cache][c8]") {
+  // R1 joins a load A started. When that load settles, A's callback runs first
+  // (arrival order): it puts a new value (which resets the mark) and reads it
+  // stale, starting R2 as a new flight. Then R1's completion runs: it must not
+  // clear R2's mark, or the next stale read starts a third refresh.
+  manual_clock::reset();
+  scache c(swr(1s, 1h));
+  sftest::completion_box<std::string> box;
+  sftest::callback_log<std::string> a_log;
+  a_log.probe = [&] {
+    c.put("k", "v2");
+    manual_clock::advance(1500ms);
+    CHECK(c.get("k", box.fn()) == "v2");  // stale: R2 starts (a new flight)
+  };
+  c.async_get("k", box.fn(), a_log.on_done());  // A: a miss, its load parks
+  auto [st1, load_a] = box.take("A's load started");
+  c.put("k", "v1");
+  manual_clock::advance(1500ms);
+  CHECK(c.get("k", box.fn()) == "v1");  // stale: R1 starts and joins A's load
+  CHECK(c.stats().background_refreshes == 1);
+  load_a.set_value("from-A");  // settles: A's callback (starts R2), then R1's
+  a_log.wait("A delivered");
+  CHECK(c.stats().background_refreshes == 2);
+  auto [st2, load_r2] = box.take("R2's load started");
+  CHECK(c.get("k", box.fn()) == "v2");  // R2 still running: no third refresh
+  CHECK(c.stats().background_refreshes == 2);
+  load_r2.set_value("v3");
+  must([&] { return *c.peek("k")->value == "v3"; }, "R2 published");
+}
+
+// ---- jitter -------------------------------------------------------------------------------
+
+TEST_CASE("jitter spreads the expiries of keys written together over [0.9, 1.1] ttl",
+          "[cache][jitter]") {
+  manual_clock::reset();
+  sf::cache_options o;
+  o.ttl = 100s;
+  o.jitter = 0.1;
+  o.stale_while_revalidate = 1h;  // so that peek tells fresh from stale
+  scache c(o);
+  constexpr int n = 1000;
+  for (int i = 0; i < n; ++i) c.put("key-" + std::to_string(i), "v");
+  std::vector<int> expired_in(30, 0);  // 1 s (1% of ttl) windows from 0.85 ttl
+  manual_clock::advance(85s);
+  int before = 0;
+  for (int w = 0; w < 30; ++w) {
+    manual_clock::advance(1s);
+    int stale = 0;
+    for (int i = 0; i < n; ++i) {
+      if (c.peek("key-" + std::to_string(i))->state == sf::freshness::stale) ++stale;
+    }
+    expired_in[w] = stale - before;
+    before = stale;
+  }
+  CHECK(before == n);
+  for (int w = 0; w < 30; ++w) {
+    // Windows (85+w, 86+w] s: all expiries in [90 s, 110 s].
+    if (w < 4 || w >= 25) CHECK(expired_in[w] == 0);
+    CHECK(expired_in[w] <= n * 8 / 100);
+  }
+}
+
+TEST_CASE("without jitter keys written together expire together", "[cache][jitter]") {
+  manual_clock::reset();
+  sf::cache_options o;
+  o.ttl = 100s;
+  o.jitter = 0;
+  scache c(o);
+  for (int i = 0; i < 100; ++i) c.put("key-" + std::to_string(i), "v");
+  manual_clock::advance(100s - 1ns);
+  CHECK(c.size() == 100);
+  int fresh = 0;
+  for (int i = 0; i < 100; ++i) fresh += c.peek("key-" + std::to_string(i)) ? 1 : 0;
+  CHECK(fresh == 100);
+  manual_clock::advance(1ns);
+  for (int i = 0; i < 100; ++i) CHECK(!c.peek("key-" + std::to_string(i)));
+}
