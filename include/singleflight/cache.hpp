@@ -586,8 +586,8 @@ class cache {
           done.set_value(c->run_sync(key, m, loader, st, false));
         }
       }
-      SINGLEFLIGHT_RETHROW_FORCED_UNWIND
       catch (...) {
+        SINGLEFLIGHT_RETHROW_FOREIGN();
         if (done) done.set_exception(std::current_exception());
       }
     }

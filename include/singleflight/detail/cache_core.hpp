@@ -892,8 +892,8 @@ class cache_core {
       }
     }
     // A forced unwind (the loader ended this thread): the registration cleans up.
-    SINGLEFLIGHT_RETHROW_FORCED_UNWIND
     catch (...) {
+      SINGLEFLIGHT_RETHROW_FOREIGN();
       r.fail(std::current_exception(), st.stop_requested());
       throw;
     }
