@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <exception>
 #include <new>
+#include <set>
 #include <stdexcept>
 #include <stop_token>
 #include <string>
@@ -660,4 +661,40 @@ TEST_CASE("coarse_clock lags the steady clock by at most its resolution", "[cach
   sf::cache<std::string, int, sf::default_hash, std::equal_to<>, sf::coarse_clock> c(opts(1h));
   CHECK(c.get("k", [] { return 7; }) == 7);
   CHECK(c.get("k", [] { return 8; }) == 7);
+}
+
+TEST_CASE("metrics::cache_metrics exports every cache_stats field once, under its own name",
+          "[cache][metrics]") {
+  sf::cache_stats s;
+  std::uint64_t v = 100;
+  for (std::uint64_t* f : {&s.hits, &s.stale_hits, &s.misses, &s.loads, &s.load_failures,
+                           &s.early_refreshes, &s.background_refreshes, &s.negative_hits,
+                           &s.evictions, &s.rejected_publishes, &s.stale_on_error, &s.size}) {
+    *f = ++v;
+  }
+  static_assert(sizeof(sf::cache_stats) == 12 * sizeof(std::uint64_t),
+                "a new cache_stats field needs a line in metrics::cache_metrics");
+  std::set<std::string_view> names;
+  std::set<double> values;
+  for (const auto& d : sf::metrics::cache_metrics) {
+    CHECK(d.name.rfind("singleflight_cache_", 0) == 0);
+    const bool total = d.name.size() > 6 && d.name.substr(d.name.size() - 6) == "_total";
+    CHECK(total ==
+          (d.kind == sf::metrics::kind::counter));  // counters, and only they, end in _total
+    names.insert(d.name);
+    values.insert(d.read(s));
+  }
+  CHECK(names.size() == sf::metrics::cache_metrics.size());
+  CHECK(values.size() == 12);  // every field read, none twice
+  CHECK(*values.begin() == 101);
+  CHECK(*values.rbegin() == 112);
+  sf::cache<std::string, int> c;
+  (void)c.get("k", [] { return 1; });
+  (void)c.get("k", [] { return 2; });
+  const auto live = c.stats();
+  for (const auto& d : sf::metrics::cache_metrics) {
+    if (d.name == "singleflight_cache_hits_total") CHECK(d.read(live) == 1);
+    if (d.name == "singleflight_cache_misses_total") CHECK(d.read(live) == 1);
+    if (d.name == "singleflight_cache_entries") CHECK(d.read(live) == 1);
+  }
 }

@@ -42,6 +42,7 @@ struct fixed_source {
     s.failures = 13;
     s.cancellations = 17;
     s.timeouts = 19;
+    s.wait_timeouts = 31;
     s.overloaded = 23;
     s.in_flight = 29;
   }
@@ -87,6 +88,8 @@ void require_matches(const std::vector<prometheus::MetricFamily>& fams, const st
   CHECK(value(fams, "singleflight_cancellations_total", group) ==
         static_cast<double>(s.cancellations));
   CHECK(value(fams, "singleflight_timeouts_total", group) == static_cast<double>(s.timeouts));
+  CHECK(value(fams, "singleflight_wait_timeouts_total", group) ==
+        static_cast<double>(s.wait_timeouts));
   CHECK(value(fams, "singleflight_overloaded_total", group) == static_cast<double>(s.overloaded));
   CHECK(value(fams, "singleflight_in_flight", group) == static_cast<double>(s.in_flight));
 }
@@ -114,6 +117,7 @@ TEST_CASE("every stats field is exported under its conventional name, type and g
       {"singleflight_failures_total", prometheus::MetricType::Counter, 13},
       {"singleflight_cancellations_total", prometheus::MetricType::Counter, 17},
       {"singleflight_timeouts_total", prometheus::MetricType::Counter, 19},
+      {"singleflight_wait_timeouts_total", prometheus::MetricType::Counter, 31},
       {"singleflight_overloaded_total", prometheus::MetricType::Counter, 23},
       {"singleflight_in_flight", prometheus::MetricType::Gauge, 29},
   };

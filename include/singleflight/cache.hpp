@@ -585,8 +585,7 @@ class cache {
         } else {
           done.set_value(c->run_sync(key, m, loader, st, false));
         }
-      }
-      catch (...) {
+      } catch (...) {
         SINGLEFLIGHT_RETHROW_FOREIGN();
         if (done) done.set_exception(std::current_exception());
       }

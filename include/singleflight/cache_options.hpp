@@ -3,8 +3,8 @@
 // The vocabulary of singleflight::cache (include <singleflight/cache.hpp>):
 // `cache_options` (its construction-time settings), `freshness` and
 // `cached<T>` (one answer), `load_result<T>` (what a loader may return
-// instead of a T), `not_found_error` and `cache_stats`. Plain types: no
-// state, no lock.
+// instead of a T), `not_found_error`, `cache_stats` and its metrics table
+// `metrics::cache_metrics`. Plain types: no state, no lock.
 #pragma once
 
 #include <chrono>
@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "errors.hpp"
+#include "metrics.hpp"
 #include "options.hpp"
 #include "stats.hpp"
 
@@ -146,3 +147,41 @@ struct cache_stats {
 };
 
 }  // namespace singleflight
+
+namespace singleflight::metrics {
+
+// cache_metrics: a cache's `stats()` (cache_stats) as named metrics, for any
+// exporter that reads metrics::descriptor tables (metrics.hpp), e.g.
+//   collector.add_source({{"cache", "profiles"}}, singleflight::metrics::cache_metrics,
+//                        [&] { return profiles.stats(); });
+// and the inner group's counters under group_metrics through flight_stats().
+// The hit ratio is rate(hits + stale_hits) / rate(hits + stale_hits + misses).
+inline constexpr std::array cache_metrics{
+    counter<&cache_stats::hits>("singleflight_cache_hits_total",
+                                "Lookups answered fresh from the cache"),
+    counter<&cache_stats::stale_hits>("singleflight_cache_stale_hits_total",
+                                      "Lookups answered stale (revalidating, or a failing origin)"),
+    counter<&cache_stats::misses>("singleflight_cache_misses_total",
+                                  "Lookups that waited on a load"),
+    counter<&cache_stats::loads>("singleflight_cache_loads_total",
+                                 "Loader invocations (origin calls)"),
+    counter<&cache_stats::load_failures>("singleflight_cache_load_failures_total",
+                                         "Loads that threw"),
+    counter<&cache_stats::early_refreshes>("singleflight_cache_early_refreshes_total",
+                                           "Background refreshes started early (XFetch)"),
+    counter<&cache_stats::background_refreshes>(
+        "singleflight_cache_background_refreshes_total",
+        "Background refreshes started in the stale-while-revalidate window"),
+    counter<&cache_stats::negative_hits>("singleflight_cache_negative_hits_total",
+                                         "Lookups answered with a cached not-found or failure"),
+    counter<&cache_stats::evictions>("singleflight_cache_evictions_total",
+                                     "Entries removed to respect max_entries"),
+    counter<&cache_stats::rejected_publishes>(
+        "singleflight_cache_rejected_publishes_total",
+        "Finished loads not stored: they started before a put, invalidate or clear"),
+    counter<&cache_stats::stale_on_error>("singleflight_cache_stale_on_error_total",
+                                          "Answers served stale because a load failed"),
+    gauge<&cache_stats::size>("singleflight_cache_entries", "Entries held now"),
+};
+
+}  // namespace singleflight::metrics
