@@ -91,32 +91,39 @@ int worker(const std::string& uri, const std::string& prefix, bool use_fleet, in
     return "profile for " + key;
   };
 
-  singleflight::fleet_options o;
-  o.redis_uri = uri;
-  o.key_prefix = prefix;  // this run's own: nothing is stored under it yet
-  o.value_ttl = value_ttl;
-  o.lease_ttl = 2s;
+  // --- snippet: cache-over-fleet-options ---
+  singleflight::fleet_options fo;
+  fo.redis_uri = uri;
+  fo.key_prefix = prefix;
+  fo.value_ttl = value_ttl;  // 3.1 s: at least the cache's longest window, 1.1 s + 2 s
+  // --- end snippet ---
+  fo.lease_ttl = 2s;
   // Generous (the default is 50 ms): this demo also runs on busy, sanitized CI machines, where
   // a slower round trip would count as Redis failing and make a process load for itself.
-  o.redis_timeout = 1s;
-  singleflight::fleet<std::string, std::string> fleet(o);
+  fo.redis_timeout = 1s;
+  // --- snippet: cache-over-fleet ---
+  singleflight::fleet<std::string, std::string> fleet(fo);
 
-  // Declared after the fleet: destroyed first, it joins its refreshes (which call the fleet).
+  // Declared after the fleet: destroyed first, it joins its refreshes, which call the fleet.
   singleflight::cache<std::string, std::string> cache({
-      .ttl = cache_ttl,
-      .jitter = cache_jitter,
-      .stale_while_revalidate = stale_window,
+      .ttl = cache_ttl,                        // 1 s: how often this process asks Redis
+      .jitter = cache_jitter,                  // ±10 %
+      .stale_while_revalidate = stale_window,  // 2 s: the old value at once, one refresh
   });
 
-  // The cache's loader: the fleet (or, without the fleet layer, the origin itself). It gets
-  // the cache flight's token and hands it to the fleet as its caller's token. The cache keeps
-  // a copy for a background refresh: the key is captured by value.
-  const auto loader = [&](const std::string& key) {
-    return [&fleet, &origin, use_fleet, key](std::stop_token st) -> std::string {
-      if (!use_fleet) return origin(key);
-      return fleet.get(
-          key, [&origin, &key] { return origin(key); }, std::move(st));
+  // The cache's loader asks the fleet; the fleet's loader is the origin. The cache hands its
+  // flight's token to the fleet (as the caller's token there) and keeps a copy of the loader
+  // for a background refresh: the key is held by value.
+  const auto through_fleet = [&fleet, &origin](const std::string& key) {
+    return [&fleet, &origin, key](std::stop_token st) {
+      const auto from_origin = [&] { return origin(key); };
+      return fleet.get(key, from_origin, std::move(st));
     };
+  };
+  // --- end snippet ---
+  // Without the fleet layer: the cache's loader is the origin, each process loads for itself.
+  const auto origin_only = [&origin](const std::string& key) {
+    return [&origin, key] { return origin(key); };
   };
   const auto key_of = [](int k) { return "tenant-7|user-" + std::to_string(k) + "|en-GB"; };
 
@@ -127,7 +134,8 @@ int worker(const std::string& uri, const std::string& prefix, bool use_fleet, in
       for (int t = 0; t < threads; ++t) {
         readers.emplace_back([&, t] {
           const std::string key = key_of(t % keys);
-          const auto e = cache.get_entry(key, loader(key));
+          const auto e = use_fleet ? cache.get_entry(key, through_fleet(key))
+                                   : cache.get_entry(key, origin_only(key));
           // none: answered from the cache (fresh, or stale while a refresh runs).
           if (e.taken_as != singleflight::role::none) waited.fetch_add(1);
         });
