@@ -412,8 +412,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::printf("\n%s\n",
-              ok ? "with the fleet: one origin call per key per expiry in Redis, none while the "
-                   "value lives there; no reader waited after the cold start"
+              ok ? "with the fleet: one origin call per key per expiry in Redis, none while "
+                   "the value lives there;\nafter the cold start no reader waited on a load"
                  : "FAILED: the counts are not the expected ones");
   return ok ? 0 : 1;
 }
