@@ -27,7 +27,8 @@
 // directory, a pidfile) and stops it by pid at the end: one command on a machine with
 // redis-server installed. Exits 77 (ctest: skipped) when there is none, 1 if a count is not
 // the expected one: N per round without the fleet; with it 1 per key per Redis expiry and 0
-// while the Redis value lives; no reader waiting after the cold start.
+// while the Redis value lives; no reader waiting after the cold start (or if a round could not
+// be run inside its window: a machine too slow for this schedule).
 #include <singleflight/cache.hpp>
 #include <singleflight/fleet.hpp>
 
