@@ -1,22 +1,35 @@
-// 07-fleet: one origin call per key across a fleet of processes.
+// 07-fleet: one origin call per key across a fleet of processes, each reading through a
+// singleflight::cache whose loader is the fleet's get.
 //
 //   07-fleet [--redis tcp://host:port] [--processes N] [--threads T] [--keys K] [--expiries E]
 //
 // Starts N worker processes (fork/exec of this program). Each has T threads asking for K hot
-// keys at once (thread t for key t % K), E times over (each time the keys have just expired:
-// a cold key for everyone at once), through a local group in front of `fleet.get`, and the origin
-// takes 200 ms. It runs twice: without the fleet layer (each process coalesces only its own
-// threads) and with it, and prints the origin calls per key per expiry across the fleet, which
-// every loader reports on a pipe the parent reads.
+// keys at once (thread t for key t % K) through two layers:
+//
+//   cache (in-process: ttl 1 s ±10%, stale-while-revalidate 2 s)
+//     └─ loader: fleet.get (Redis: value_ttl 3.1 s, lease, fencing, pub/sub)
+//          └─ loader: the origin (200 ms)
+//
+// The cache answers most reads from memory and, once its copy is stale, hands the reader the
+// old value at once while one background refresh per process asks the fleet; the fleet turns
+// the refreshes of all processes into one origin call per key when the value in Redis has
+// expired, and into a Redis hit (no origin call) while it lives. value_ttl is at least the
+// cache's longest window (ttl·(1 + jitter) + stale_while_revalidate): see README, "Fleet".
+//
+// The parent runs rounds on a schedule: a cold start, then E times a round where the caches
+// are stale but the Redis value lives, and a round where the caches are stale and the Redis
+// value has expired. It runs everything twice: without the fleet layer (the cache's loader is
+// the origin: each process loads for itself) and with it, and prints the origin calls per
+// key of each round across the fleet, which every origin call reports on a pipe the parent
+// reads, and the readers that waited on a load (after the cold start: none).
 //
 // Without --redis it starts its own redis-server on a free loopback port (a temporary
 // directory, a pidfile) and stops it by pid at the end: one command on a machine with
-// redis-server installed. Exits 77 (ctest: skipped) when there is none, 1 if the fleet did
-// not make exactly one origin call per key per expiry.
-//
-// (The issue asks for a singleflight::cache in front of fleet.get; until that type lands, a
-// group stands in for it: what the cache adds, hits between expiries, does not change what
-// this example counts.)
+// redis-server installed. Exits 77 (ctest: skipped) when there is none, 1 if a count is not
+// the expected one: N per round without the fleet; with it 1 per key per Redis expiry and 0
+// while the Redis value lives; no reader waiting after the cold start (or if a round could not
+// be run inside its window: a machine too slow for this schedule).
+#include <singleflight/cache.hpp>
 #include <singleflight/fleet.hpp>
 
 #include <arpa/inet.h>
@@ -30,10 +43,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <stop_token>
 #include <string>
 #include <thread>
 #include <vector>
@@ -41,6 +56,24 @@
 namespace {
 
 using namespace std::chrono_literals;
+using steady = std::chrono::steady_clock;
+
+// The two layers' windows. The cache's longest window (the latest a process refreshes a value
+// it took from Redis, if a reader comes) is ttl·(1 + jitter) + stale_while_revalidate; the
+// value lives in Redis at least that long (README, "Fleet": which ttl goes where).
+constexpr auto origin_time = 200ms;
+constexpr auto cache_ttl = 1000ms;
+constexpr double cache_jitter = 0.1;
+constexpr auto min_fresh = cache_ttl - cache_ttl / 10;  // ttl·(1 - jitter)
+constexpr auto max_fresh = cache_ttl + cache_ttl / 10;  // ttl·(1 + jitter)
+constexpr auto stale_window = 2000ms;
+constexpr auto value_ttl = 3100ms;
+static_assert(value_ttl >= max_fresh + stale_window,
+              "the Redis value must outlive the cache's longest window");
+// Slack of the schedule on each side of a window edge (process and pipe latency).
+constexpr auto margin = 200ms;
+
+enum class round_kind { cold, redis_alive, redis_expired };
 
 // --- the worker: one process of the fleet ---------------------------------------------------
 
@@ -53,38 +86,76 @@ std::string read_line(int fd) {
 
 int worker(const std::string& uri, const std::string& prefix, bool use_fleet, int threads,
            int keys) {
-  singleflight::fleet_options o;
-  o.redis_uri = uri;
-  o.key_prefix = prefix;  // this run's own: a second run finds nothing stored
-  o.lease_ttl = 2s;
-  // Generous (the default is 50 ms): this demo also runs on busy, sanitized CI machines, where
-  // a slower round trip would count as Redis failing and make a process load for itself.
-  o.redis_timeout = 1s;
-  singleflight::fleet<std::string, std::string> fleet(o);
-  singleflight::group<std::string, std::string> local;  // stands in for singleflight::cache
-
   const auto origin = [](const std::string& key) {
     (void)!::write(3, "O\n", 2);  // one line per origin call, on the parent's pipe
-    std::this_thread::sleep_for(200ms);
+    std::this_thread::sleep_for(origin_time);
     return "profile for " + key;
   };
-  for (std::string cmd; (cmd = read_line(0)).rfind("round ", 0) == 0;) {
-    const std::string round = cmd.substr(6);
+
+  // --- snippet: cache-over-fleet-options ---
+  singleflight::fleet_options fo;
+  fo.redis_uri = uri;
+  fo.key_prefix = prefix;
+  fo.value_ttl = value_ttl;  // 3.1 s: at least the cache's longest window, 1.1 s + 2 s
+  // --- end snippet ---
+  fo.lease_ttl = 2s;
+  // Generous (the default is 50 ms): this demo also runs on busy, sanitized CI machines, where
+  // a slower round trip would count as Redis failing and make a process load for itself.
+  fo.redis_timeout = 1s;
+  // --- snippet: cache-over-fleet ---
+  singleflight::fleet<std::string, std::string> fleet(fo);
+
+  // Declared after the fleet: destroyed first, it joins its refreshes, which call the fleet.
+  singleflight::cache<std::string, std::string> cache({
+      .ttl = cache_ttl,                        // 1 s: how often this process asks Redis
+      .jitter = cache_jitter,                  // ±10 %
+      .stale_while_revalidate = stale_window,  // 2 s: the old value at once, one refresh
+  });
+
+  // The cache's loader asks the fleet; the fleet's loader is the origin. The cache hands its
+  // flight's token to the fleet (as the caller's token there) and keeps a copy of the loader
+  // for a background refresh: the key is held by value.
+  const auto through_fleet = [&fleet, &origin](const std::string& key) {
+    return [&fleet, &origin, key](std::stop_token st) {
+      const auto from_origin = [&] { return origin(key); };
+      return fleet.get(key, from_origin, std::move(st));
+    };
+  };
+  // --- end snippet ---
+  // Without the fleet layer: the cache's loader is the origin, each process loads for itself.
+  const auto origin_only = [&origin](const std::string& key) {
+    return [&origin, key] { return origin(key); };
+  };
+  const auto key_of = [](int k) { return "tenant-7|user-" + std::to_string(k) + "|en-GB"; };
+
+  while (read_line(0).rfind("round ", 0) == 0) {
+    std::atomic<int> waited{0};
     {
-      std::vector<std::jthread> callers;
+      std::vector<std::jthread> readers;
       for (int t = 0; t < threads; ++t) {
-        callers.emplace_back([&, t] {
-          // The threads share the hot keys: thread t asks for key t % K.
-          const std::string key = "tenant-7|user-" + std::to_string(t % keys) + "|en-GB@" + round;
-          (void)local.do_(key, [&] {
-            if (!use_fleet) return origin(key);
-            return fleet.get(key, [&] { return origin(key); });
-          });
+        readers.emplace_back([&, t] {
+          const std::string key = key_of(t % keys);
+          const auto e = use_fleet ? cache.get_entry(key, through_fleet(key))
+                                   : cache.get_entry(key, origin_only(key));
+          // none: answered from the cache (fresh, or stale while a refresh runs).
+          if (e.taken_as != singleflight::role::none) waited.fetch_add(1);
         });
       }
     }
+    // A stale read started one background refresh per key: the round is over when each has
+    // stored its value (the entry is fresh again). Bounded: a refresh that never ends is a bug.
+    const auto until = steady::now() + 30s;
+    for (int k = 0; k < keys; ++k) {
+      for (;;) {
+        const auto e = cache.peek(key_of(k));
+        if (e && e->state == singleflight::freshness::fresh) break;
+        if (steady::now() > until) return 2;
+        std::this_thread::sleep_for(1ms);  // polling a demo's progress
+      }
+    }
     // Loads this process made without the fleet's lease (Redis failing, too slow): 0 normally.
-    const std::string done = "done " + std::to_string(fleet.stats().local_fallback) + "\n";
+    const std::string done = "done " + std::to_string(fleet.stats().local_fallback) + " " +
+                             std::to_string(waited.load()) + "\n";
     (void)!::write(1, done.data(), done.size());
   }
   return 0;
@@ -143,11 +214,18 @@ struct redis_server {
   }
 };
 
-// Runs N workers for E expiries; returns the origin calls of each expiry.
-// `fallbacks`: the most local loads (without the lease) any worker reported.
-std::vector<int> run_fleet(const std::string& self, const std::string& uri,
-                           const std::string& prefix, bool use_fleet, int n, int threads, int keys,
-                           int expiries, int& fallbacks) {
+struct round_result {
+  round_kind kind;
+  int origin_calls;  // across the fleet
+  int waited;        // readers that waited on a load, across the fleet
+};
+
+// Runs N workers through a cold start and E times (Redis value alive, Redis value expired).
+// `fallbacks`: the most local loads (without the lease) any worker reported. `late`: set when
+// a round could not be run inside its window (a very slow machine): its counts mean nothing.
+std::vector<round_result> run_fleet(const std::string& self, const std::string& uri,
+                                    const std::string& prefix, bool use_fleet, int n, int threads,
+                                    int keys, int expiries, int& fallbacks, bool& late) {
   int origin[2];
   if (::pipe2(origin, O_CLOEXEC) != 0) std::exit(1);
   struct child {
@@ -178,10 +256,34 @@ std::vector<int> run_fleet(const std::string& self, const std::string& uri,
   }
   ::close(origin[1]);
   (void)::fcntl(origin[0], F_SETFL, O_NONBLOCK);
-  std::vector<int> calls;
-  for (int e = 0; e < expiries; ++e) {
-    const std::string cmd = "round " + std::to_string(e) + "\n";
+
+  std::vector<round_result> rounds;
+  steady::time_point start;       // of the current round
+  steady::time_point last_start;  // of the previous one
+  steady::time_point last_done;
+  steady::time_point store_start;  // of the last round that stored a value in Redis
+  steady::time_point store_done;
+  for (int r = 0; r < 1 + 2 * expiries; ++r) {
+    const round_kind kind = r == 0       ? round_kind::cold
+                            : r % 2 == 1 ? round_kind::redis_alive
+                                         : round_kind::redis_expired;
+    // The schedule. Every cache entry was written during the previous round and is stale now
+    // (past ttl·(1 + jitter)) but not dead (before ttl·(1 - jitter) + stale window). The
+    // Redis value was stored during the last cold or expired round: it still lives in an
+    // alive round, and has expired (value_ttl after it was stored) in an expired round.
+    if (kind == round_kind::redis_alive)
+      std::this_thread::sleep_until(last_done + max_fresh + margin);
+    if (kind == round_kind::redis_expired) {
+      std::this_thread::sleep_until(std::max(store_done + value_ttl, last_done + max_fresh) +
+                                    margin);
+    }
+    start = steady::now();
+    if (kind != round_kind::cold && start + margin > last_start + min_fresh + stale_window) {
+      late = true;
+    }
+    const std::string cmd = "round " + std::to_string(r) + "\n";
     for (const child& c : children) (void)!::write(c.in, cmd.data(), cmd.size());
+    int waited = 0;
     for (const child& c : children) {
       pollfd p{c.out, POLLIN, 0};
       const std::string line = ::poll(&p, 1, 60000) == 1 ? read_line(c.out) : "";
@@ -189,22 +291,49 @@ std::vector<int> run_fleet(const std::string& self, const std::string& uri,
         std::fprintf(stderr, "07-fleet: a worker did not finish its round\n");
         std::exit(1);
       }
-      fallbacks = std::max(fallbacks, std::atoi(line.c_str() + 5));
+      char* rest = nullptr;
+      fallbacks = std::max(fallbacks, static_cast<int>(std::strtol(line.c_str() + 5, &rest, 10)));
+      waited += static_cast<int>(std::strtol(rest, nullptr, 10));
     }
-    // Every loader wrote its line before its worker answered "done".
+    const auto done = steady::now();
+    if (kind == round_kind::redis_alive && done + margin > store_start + value_ttl) late = true;
+    if (kind != round_kind::redis_alive) {
+      store_start = start;
+      store_done = done;
+    }
+    last_start = start;
+    last_done = done;
+    // Every origin call wrote its line before its worker answered "done".
     int n_calls = 0;
     char buf[256];
     for (ssize_t got; (got = ::read(origin[0], buf, sizeof buf)) > 0;)
       n_calls += static_cast<int>(got) / 2;
-    calls.push_back(n_calls);
+    rounds.push_back({kind, n_calls, waited});
   }
   for (const child& c : children) {
     ::close(c.in);  // end of input: the worker returns
-    ::waitpid(c.pid, nullptr, 0);
+    int status = 0;
+    ::waitpid(c.pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      std::fprintf(stderr, "07-fleet: a worker failed (status %d)\n", status);
+      std::exit(1);
+    }
     ::close(c.out);
   }
   ::close(origin[0]);
-  return calls;
+  return rounds;
+}
+
+const char* label(round_kind k) {
+  switch (k) {
+    case round_kind::cold:
+      return "cold start: both layers empty";
+    case round_kind::redis_alive:
+      return "caches stale, Redis value lives";
+    case round_kind::redis_expired:
+      return "caches stale, Redis value expired";
+  }
+  return "";
 }
 
 }  // namespace
@@ -218,7 +347,7 @@ int main(int argc, char** argv) {
   int n = 4;
   int threads = 8;
   int keys = 3;
-  int expiries = 3;
+  int expiries = 2;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--redis") uri = argv[i + 1];
@@ -226,6 +355,10 @@ int main(int argc, char** argv) {
     if (flag == "--threads") threads = std::atoi(argv[i + 1]);
     if (flag == "--keys") keys = std::atoi(argv[i + 1]);
     if (flag == "--expiries") expiries = std::atoi(argv[i + 1]);
+  }
+  if (n < 1 || keys < 1 || threads < keys || expiries < 0) {
+    std::fprintf(stderr, "07-fleet: need --processes >= 1, --keys >= 1, --threads >= --keys\n");
+    return 1;
   }
   redis_server own;
   if (uri.empty()) {
@@ -240,29 +373,48 @@ int main(int argc, char** argv) {
   const std::string prefix =
       "example-07:" + std::to_string(::getpid()) + ":" +
       std::to_string(std::chrono::system_clock::now().time_since_epoch().count());
-  std::printf("%d processes x %d threads, %d hot keys, %d expiries, 200 ms origin, Redis %s\n\n", n,
-              threads, keys, expiries, uri.c_str());
-  std::printf("%-30s %s\n", "", "origin calls per key, each expiry");
+  std::printf("%d processes x %d threads, %d hot keys, 200 ms origin, Redis %s\n", n, threads, keys,
+              uri.c_str());
+  std::printf("cache: ttl 1 s ±10%%, stale-while-revalidate 2 s; fleet: value_ttl 3.1 s\n\n");
+
+  int fallbacks = 0;
+  bool late = false;
+  std::vector<round_result> without =
+      run_fleet(self, uri, prefix, false, n, threads, keys, expiries, fallbacks, late);
+  fallbacks = 0;
+  std::vector<round_result> with =
+      run_fleet(self, uri, prefix, true, n, threads, keys, expiries, fallbacks, late);
+
+  std::printf("%-36s %s\n", "", "origin calls per key   readers that waited");
+  std::printf("%-36s %s\n", "round", "without fleet   with   without fleet   with");
   bool ok = true;
-  for (const bool use_fleet : {false, true}) {
-    int fallbacks = 0;
-    const auto calls =
-        run_fleet(self, uri, prefix, use_fleet, n, threads, keys, expiries, fallbacks);
-    std::printf("%-30s", use_fleet ? "with the fleet layer" : "without (per-process groups)");
-    for (const int c : calls) {
-      std::printf(" %5.1f", static_cast<double>(c) / keys);
-      if (use_fleet && c != keys) ok = false;
-    }
-    std::printf("\n");
-    if (use_fleet && fallbacks > 0) {
-      std::printf(
-          "(a worker loaded %d time(s) without the lease: Redis failed or was slower "
-          "than redis_timeout)\n",
-          fallbacks);
-    }
+  for (std::size_t r = 0; r < with.size(); ++r) {
+    const round_kind kind = with[r].kind;
+    std::printf("%-36s %13.1f %6.1f %15d %6d\n", label(kind),
+                static_cast<double>(without[r].origin_calls) / keys,
+                static_cast<double>(with[r].origin_calls) / keys, without[r].waited,
+                with[r].waited);
+    // Without the fleet every process loads each key once per round; with it the fleet loads
+    // a key once when Redis has no value, never while it has one.
+    const int want_with = kind == round_kind::redis_alive ? 0 : keys;
+    if (without[r].origin_calls != n * keys || with[r].origin_calls != want_with) ok = false;
+    // After the cold start nobody waits: a stale value is served while the refresh runs.
+    if (kind != round_kind::cold && (without[r].waited != 0 || with[r].waited != 0)) ok = false;
+  }
+  if (fallbacks > 0) {
+    std::printf(
+        "(a worker loaded %d time(s) without the lease: Redis failed or was slower "
+        "than redis_timeout)\n",
+        fallbacks);
   }
   own.stop();
-  std::printf("\n%s\n", ok ? "one origin call per key per expiry across the fleet"
-                           : "FAILED: the fleet made more than one origin call per key");
+  if (late) {
+    std::printf("\nFAILED: the machine was too slow to run the rounds inside their windows\n");
+    return 1;
+  }
+  std::printf("\n%s\n",
+              ok ? "with the fleet: one origin call per key per expiry in Redis, none while "
+                   "the value lives there;\nafter the cold start no reader waited on a load"
+                 : "FAILED: the counts are not the expected ones");
   return ok ? 0 : 1;
 }
