@@ -184,7 +184,7 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
     switch (t.outcome) {
       case kind::value:
         try {
-          if (t.sole) return outcome<T>(from_flight, info, std::in_place, std::move(*local));
+          if (local) return outcome<T>(from_flight, info, std::in_place, std::move(*local));
           return outcome<T>(from_flight, info, std::in_place, *t.f->value);  // our own copy
         } catch (...) {
           return outcome<T>(from_flight, info, status::failed, std::current_exception());
@@ -201,7 +201,10 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
   static T result_of(ticket& t, std::optional<T>& local) {
     switch (t.outcome) {
       case kind::value:
-        if (t.sole) return std::move(*local);
+        // `local` is engaged exactly when t.sole (lead_inline); testing the
+        // optional itself lets GCC see that its payload is initialized here
+        // (-O3 -Wmaybe-uninitialized otherwise, in the caller's code).
+        if (local) return std::move(*local);
         return *t.f->value;  // each caller's own copy, made outside the lock
       case kind::fn_error:
       case kind::dropped:
