@@ -9,6 +9,7 @@
 // The deadline is real time. It is long enough (kTimeout) that the scripted
 // joins always happen well before it, even under sanitizers; every "before the
 // deadline" step is a handful of lock round trips.
+#define SINGLEFLIGHT_TEST_HOOKS  // one schedule below parks a blocked newcomer
 #include <singleflight/singleflight.hpp>
 
 #include <atomic>
@@ -266,6 +267,18 @@ TEST_CASE(
   CHECK(g.in_flight() == 0);
 }
 
+// The blocked newcomer of the test below, parked where it looks again after
+// its first wait, until A has led (and left) the flight it must find there.
+namespace {
+std::atomic<std::thread::id> relook_thread{};
+std::atomic<bool> relook_may_go{false};
+void park_relooking_newcomer(sf::detail::hook_point p, const void*) {
+  if (p != sf::detail::hook_point::observer_relooking) return;
+  if (std::this_thread::get_id() != relook_thread.load()) return;
+  sftest::must([] { return relook_may_go.load(); }, "A led and left E2");
+}
+}  // namespace
+
 TEST_CASE("newcomer_wait_bound_counts_from_arrival_across_rounds_of_waiting", "[deadline][g1]") {
   // Guarantee 1: a newcomer that finds a stopped fn winding down waits for
   // it, "bounded by ... options.timeout, counted from its arrival". Here the
@@ -279,7 +292,10 @@ TEST_CASE("newcomer_wait_bound_counts_from_arrival_across_rounds_of_waiting", "[
   // bound re-armed when it attaches again (link_wait_deadline keeps the
   // first).
   // Schedule: a manual executor holds every task, so a stopped flight keeps
-  // its key until the test runs its task (which then skips fn). Time is what
+  // its key until the test runs its task (which then skips fn). E1's end
+  // wakes A and a blocked newcomer together; the newcomer is parked (test
+  // hook) where it looks again until A has led and left E2, else it could
+  // win the key and lead a flight of its own. Time is what
   // is measured: the newcomer arrives, half its bound passes (a wait for the
   // clock, which orders nothing), its second round begins, and it must give
   // up before any bound counted from the second round could end.
@@ -320,6 +336,8 @@ TEST_CASE("newcomer_wait_bound_counts_from_arrival_across_rounds_of_waiting", "[
   sx.request_stop();  // its only waiter leaves: E1 is stopped, its task still holds the key
   REQUIRE(x.threw<sf::cancelled_error>());
   REQUIRE(g.in_flight() == 1);
+  relook_may_go = false;
+  a.probe = [&] { relook_may_go = true; };           // A left E2: E2 is stopped and holds the key
   g.async_do("k", fn, a.on_done(), sa.get_token());  // waits for E1; notified first, leads E2
   REQUIRE_FALSE(a.is_done());
 
@@ -329,8 +347,13 @@ TEST_CASE("newcomer_wait_bound_counts_from_arrival_across_rounds_of_waiting", "[
   std::jthread tn;
   const bool blocked_newcomer = GENERATE(true, false);
   CAPTURE(blocked_newcomer);
+  struct unhook {
+    ~unhook() { sf::detail::test_hook.store(nullptr, std::memory_order_release); }
+  } unhook_at_exit;
   if (blocked_newcomer) {
+    sf::detail::test_hook.store(&park_relooking_newcomer, std::memory_order_release);
     tn = sftest::spawn(n, [&] {
+      relook_thread = std::this_thread::get_id();
       try {
         return g.do_("k", fn);
       } catch (...) {

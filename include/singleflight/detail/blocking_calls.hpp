@@ -262,6 +262,7 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
       const kind k = observe(lk, s, ref_t::share(f), caller, w, until);
       if (k == kind::timeout && bound != nullptr && *bound <= steady::now()) ++s.st.wait_timeouts;
       if (k != kind::pending) return rejected(k);
+      SINGLEFLIGHT_HOOK_UNLOCKED(lk, observer_relooking);
     }
   }
 

@@ -23,6 +23,7 @@ enum class hook_point {
   timer_due,           // the timer found the earliest deadline passed; it settles next
   close_marked,        // close() marked the group closed, settled, stopped and notified
   observer_returning,  // an async observer was claimed; it attaches again next
+  observer_relooking,  // a blocked caller's wait for a stopped fn ended; it looks again next
 };
 
 #if defined(SINGLEFLIGHT_TEST_HOOKS)
