@@ -590,3 +590,112 @@ TEST_CASE("without a tracer nothing is reported and flights are recycled as befo
   CHECK(rec->starts() == 1);
   CHECK(rec->settles() == 1);
 }
+
+namespace {
+
+// A stand-in for a tracing library (OpenTelemetry's API has the same shape:
+// a provider that starts spans, attributes, a status, an end time).
+struct span {
+  enum code { unset, ok, error };
+  std::string name;
+  std::map<std::string, std::string> attributes;
+  code status = unset;
+  steady::time_point start{}, end_time{};
+  bool ended = false;
+
+  void set_attribute(const std::string& k, const std::string& v) { attributes[k] = v; }
+  void set_attribute(const std::string& k, std::uint64_t v) { attributes[k] = std::to_string(v); }
+  void set_attribute(const std::string& k, bool v) { attributes[k] = v ? "true" : "false"; }
+  void set_status(code c) { status = c; }
+  void end(steady::time_point t) {
+    end_time = t;
+    ended = true;
+  }
+};
+
+struct tracer_provider {
+  std::mutex mu;
+  std::deque<span> spans;  // stable addresses
+  span* start_span(const std::string& name, steady::time_point t) {
+    std::lock_guard<std::mutex> lk(mu);
+    spans.push_back(span{name, {}, span::unset, t, {}, false});
+    return &spans.back();
+  }
+};
+
+// --- snippet: otel-tracer ---
+// One span per flight: started in on_start, ended in on_settle.
+class flight_spans final : public singleflight::flight_tracer {
+ public:
+  explicit flight_spans(tracer_provider& p) : provider_(p) {}
+
+  void* on_start(const singleflight::flight_event& e) noexcept override {
+    span* s = provider_.start_span("singleflight.flight", e.started);
+    if (const auto* key = e.key<std::string>()) s->set_attribute("singleflight.key", *key);
+    s->set_attribute("singleflight.flight", e.flight);
+    return s;  // handed back to on_settle
+  }
+
+  void on_settle(const singleflight::flight_settled& e, void* context) noexcept override {
+    auto* s = static_cast<span*>(context);
+    s->set_attribute("singleflight.joins", static_cast<std::uint64_t>(e.joins));
+    s->set_attribute("singleflight.fn_started", e.fn_started);
+    s->set_status(e.status == singleflight::status::value ? span::ok : span::error);
+    s->end(e.settled);  // the settle's own time, whenever this runs
+  }
+
+ private:
+  tracer_provider& provider_;
+};
+// --- end snippet ---
+
+}  // namespace
+
+TEST_CASE("the README's span-per-flight tracer records one ended span per flight",
+          "[tracer][docs]") {
+  tracer_provider provider;
+  // --- snippet: otel-tracer-use ---
+  singleflight::options o;
+  o.tracer = std::make_shared<flight_spans>(provider);
+  singleflight::group<std::string, int> profiles(o);
+  // --- end snippet ---
+  CHECK(profiles.do_("tenant-7|user-42", [] { return 1; }) == 1);
+  CHECK_THROWS_AS(profiles.do_("tenant-7|user-43", []() -> int { throw std::runtime_error("x"); }),
+                  std::runtime_error);
+  std::lock_guard<std::mutex> lk(provider.mu);
+  REQUIRE(provider.spans.size() == 2);
+  const span& a = provider.spans[0];
+  const span& b = provider.spans[1];
+  CHECK(a.attributes.at("singleflight.key") == "tenant-7|user-42");
+  CHECK(a.attributes.at("singleflight.fn_started") == "true");
+  CHECK(a.status == span::ok);
+  CHECK(a.ended);
+  CHECK(a.end_time >= a.start);
+  CHECK(b.attributes.at("singleflight.key") == "tenant-7|user-43");
+  CHECK(b.status == span::error);
+  CHECK(b.ended);
+}
+
+TEST_CASE("do_ for the key being started, from on_start, throws logic_error for an inline leader",
+          "[tracer]") {
+  auto rec = std::make_shared<recorder>();
+  group_t g{sftest::numbered(traced(rec))};
+  std::atomic<bool> threw_logic{false};
+  std::atomic<int> inner_fn_calls{0};
+  rec->at_start = [&](const sf::flight_event& e) {
+    if (*e.key<std::string>() != "k") return;
+    try {
+      (void)g.do_("k", [&] {
+        ++inner_fn_calls;
+        return 2;
+      });
+    } catch (const std::logic_error&) {
+      threw_logic = true;
+    }
+  };
+  CHECK(g.do_("k", [] { return 1; }) == 1);
+  CHECK(threw_logic);
+  CHECK(inner_fn_calls == 0);
+  CHECK(rec->settles() == 1);
+  CHECK(rec->breaches() == 0);
+}

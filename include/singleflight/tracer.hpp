@@ -135,7 +135,10 @@ struct flight_settled : flight_event {
 //
 // Where they run (user code, like fn and callbacks):
 //  * never under a lock of the group; they may re-enter it (do_, async_do,
-//    forget, in_flight, stats, close()); they must not destroy it;
+//    forget, in_flight, stats, close()); they must not destroy it, and
+//    on_start must not wait for the flight it reports (a blocking do_ for
+//    its key: that fn is called or handed off only after on_start returns;
+//    a leader running fn inline gets std::logic_error, as fn itself would);
 //  * on_start: on the thread that starts the flight, after the group has
 //    taken the entry and before fn is called (or handed to the executor);
 //  * on_settle: on the thread that settles the flight, once the lock is
