@@ -71,7 +71,9 @@ struct options {
   // library. Null (the default): nothing is reported, at the cost of one
   // branch per start and per settle. See tracer.hpp for where and when it
   // runs (never under a lock, never on the timer thread; noexcept).
-  std::shared_ptr<flight_tracer> tracer;
+  // (Initialised here so that designated initialisers may omit it under
+  // -Wmissing-field-initializers.)
+  std::shared_ptr<flight_tracer> tracer = nullptr;
 };
 
 }  // namespace singleflight
