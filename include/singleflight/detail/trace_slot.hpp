@@ -15,9 +15,10 @@
 // Locking: `tracer` and `ev` up to the settle fields are written under the
 // shard's lock by begin() (the flight is unique then: not shared with any
 // reporter) and the settle fields by settled(), under the same lock; after
-// that the slot is read-only until the flight is reused, which needs every
-// reference back (each report holds one). `context` is written by the start
-// reporter and read by the settle reporter, ordered by `state`.
+// that only the one settle reporter writes (`ev.error`, for its call) until
+// the flight is reused, which needs every reference back (each report holds
+// one). `context` is written by the start reporter and read by the settle
+// reporter, ordered by `state`.
 #pragma once
 
 #include <atomic>
