@@ -55,6 +55,9 @@
 //  * A step that settles flights requests stop on every one of them before it
 //    notifies any waiter, so a notified waiter that blocks on such a flight
 //    (a retry with a blocking do_, close()) finds its fn already asked to stop.
+//  * options.tracer (tracer.hpp) is user code under the same rules: its
+//    on_start and on_settle run outside every lock, may re-enter the group,
+//    and never run on the timer thread.
 //  * Callbacks and resumptions never run on the group's timer thread (one
 //    that blocked would hold back every other deadline): async waiters a
 //    deadline settles are handed to the group's delivery thread, as are those

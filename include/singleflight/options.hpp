@@ -6,8 +6,10 @@
 
 #include <chrono>
 #include <cstddef>
+#include <memory>
 
 #include "executor.hpp"
+#include "tracer.hpp"
 
 namespace singleflight {
 
@@ -63,6 +65,15 @@ struct options {
   // lock for the whole group). stats(), in_flight() and close() lock every
   // shard at once, in order, so they stay exact.
   std::size_t shards = 0;
+
+  // Reports each flight's start and settle (status, duration, joins, whether
+  // fn ran) to your flight_tracer: a span per flight, without a metrics
+  // library. Null (the default): nothing is reported, at the cost of one
+  // branch per start and per settle. See tracer.hpp for where and when it
+  // runs (never under a lock, never on the timer thread; noexcept).
+  // (Initialised here so that designated initialisers may omit it under
+  // -Wmissing-field-initializers.)
+  std::shared_ptr<flight_tracer> tracer = nullptr;
 };
 
 }  // namespace singleflight

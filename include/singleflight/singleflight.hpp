@@ -25,5 +25,6 @@
 #include "task.hpp"             // IWYU pragma: export
 #include "thread_executor.hpp"  // IWYU pragma: export
 #include "thread_pool.hpp"      // IWYU pragma: export
+#include "tracer.hpp"           // IWYU pragma: export
 #include "version.hpp"          // IWYU pragma: export
 #include "wait_bound.hpp"       // IWYU pragma: export

@@ -289,6 +289,7 @@ class async_calls : public blocking_calls<Key, T, Hash, KeyEqual> {
         }
         if (f->kind == kind::pending) {
           ++f->waiters;
+          ++f->joins;
           ++s.st.joins;
           if (first) this->enter_user(s);
           previous = std::exchange(n->f, ref_t::share(f));

@@ -82,7 +82,8 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
   // returns, waits in ~stop_callback for this to finish, and an on_done run
   // here that waited for that fn (a retry with a blocking do_ after
   // cancelled_error) would never let it. Blocked followers are only woken;
-  // async ones go to the group's delivery thread.
+  // async ones, and the settle's report to options.tracer, go to the
+  // group's delivery thread.
   struct leave_on_stop {
     blocking_calls* g;
     flight_t* f;
@@ -246,6 +247,7 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
       }
       if (f->kind == kind::pending && (!fresh || f->seq > arrival)) {
         ++f->waiters;
+        ++f->joins;
         ++s.st.joins;
         if (info != nullptr) *info = call_info{role::follower, number(*f)};
         w.reset(/*as_observer=*/false);
@@ -425,6 +427,7 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
       this->link_bound(s, w, /*as_observer=*/false);
     }
     ++s.st.fn_starts;
+    f->fn_started = true;
     // While fn runs: this thread runs f (self-deadlock check) and holds this
     // call's count (close() from inside fn does not wait for it).
     f->runner = std::this_thread::get_id();
@@ -443,6 +446,7 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
       base::notify(this, s, wake);
     });
     lk.unlock();
+    if (f->trace.tracer) f->trace.report_start(f->error);  // before fn; close() skips our count
     kind k;
     std::exception_ptr err;
     {

@@ -7,7 +7,8 @@
 //     blocked there would hold back every other deadline): it stops the
 //     settled flights' tokens (fn's stop callbacks run here, as on any
 //     thread that requests a stop), then wakes blocked waiters, then hands
-//     async waiters to the delivery thread.
+//     async waiters, and the settles to report to options.tracer, to the
+//     delivery thread.
 //   * The delivery thread (started the first time it is needed) runs those
 //     callbacks and resumptions, one batch after another; also those of an
 //     inline leader's stop (see blocking_calls.hpp). A callback that blocks
@@ -203,7 +204,7 @@ class deadlines : public notifier<Key, T, Hash, KeyEqual> {
         next = *s.bounds.head()->wait_deadline;
     }
     if (to_stop == nullptr && wake.empty()) return true;
-    wake_batch async;
+    wake_batch async;  // callbacks, resumptions and tracer reports: not on this thread
     wake.split([](const waiter& w) { return w.async; }, async);
     if (to_stop != nullptr) SINGLEFLIGHT_HOOK(stop_requesting);
     stop_all(to_stop);  // stop first (fn's stop callbacks run here), then notify

@@ -14,8 +14,11 @@
 // Each of task, completion and the thread running fn holds a user count of
 // the flight's shard until it is done (the drain count close() waits for).
 //
+// hand_off() also reports the flight's start to options::tracer, once the
+// lock is released and before fn can run.
+//
 // Locking: the flight's shard lock around every state change; none while fn,
-// the executor or the notification runs.
+// the executor, the tracer or the notification runs.
 #pragma once
 
 #include <exception>
@@ -99,12 +102,14 @@ class execution : public lifecycle<Key, T, Hash, KeyEqual> {
     loop_record* later = defer && !this->opts_.executor ? base::current_loop(s) : nullptr;
     if (!this->opts_.executor && later == nullptr) {
       lk.unlock();  // no executor: run the body right here, without packaging it
+      if (f->trace.tracer) f->trace.report_start(f->error);
       run_task(f, fn);
       lk.lock();
       return false;
     }
     f->submitting = true;
     lk.unlock();
+    if (f->trace.tracer) f->trace.report_start(f->error);  // before fn can run anywhere
     std::exception_ptr submit_error;
     bool handed_off = false;
     try {
@@ -161,6 +166,7 @@ class execution : public lifecycle<Key, T, Hash, KeyEqual> {
         this->exit_user(s);
       } else {
         ++s.st.fn_starts;
+        f->fn_started = true;
         f->runner = std::this_thread::get_id();
         s.frames.push(fr);
         if constexpr (async_fn<Fn, T>) {

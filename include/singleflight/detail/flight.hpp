@@ -24,6 +24,7 @@
 #include "../stop_token.hpp"
 #include "claim.hpp"
 #include "signal.hpp"
+#include "trace_slot.hpp"
 
 namespace singleflight::detail {
 
@@ -84,9 +85,11 @@ class flight_base {
   std::uint32_t shard = 0;  // index of the shard that holds it (fixed while in use)
   std::uint64_t seq = 0;    // the shard's flight counter at its start
   std::size_t waiters = 0;  // callers counting towards the ownership policy
+  std::size_t joins = 0;    // callers that joined it (for options::tracer)
   waiter_list list;         // waiters and observers, in arrival order
   outcome_kind kind = outcome_kind::pending;
   bool fn_done = false;              // fn returned, or will never run
+  bool fn_started = false;           // fn was called (counted in stats::fn_starts)
   bool submitting = false;           // the executor call is in progress
   bool dropped_in_submit = false;    // the task died inside the executor call
   bool starting = false;             // an async fn is being called (not yet returned)
@@ -101,13 +104,17 @@ class flight_base {
   std::chrono::steady_clock::time_point deadline{};
   flight_base* stop_next = nullptr;  // scratch: flights to stop once the lock is released
 
+  // options::tracer's state for this flight (see trace_slot.hpp for its
+  // own rules); `trace.tracer` is null when the group has no tracer.
+  trace_slot trace;
+
   // Readies a recycled flight for a new start. Only for a flight nobody else
   // references, under the shard's lock.
   void reuse(bool stoppable) {
     if (stoppable) stop = stop_source();  // a fresh state: a token handed out before may live on
-    waiters = 0;
+    waiters = joins = 0;
     kind = outcome_kind::pending;
-    fn_done = submitting = dropped_in_submit = starting = broken_in_start = false;
+    fn_done = fn_started = submitting = dropped_in_submit = starting = broken_in_start = false;
     runner = std::thread::id{};
   }
   // Readies a finished flight for the pool: drops its stop state (a token

@@ -41,6 +41,7 @@
 #include "flight.hpp"
 #include "frames.hpp"
 #include "observers.hpp"
+#include "outcomes.hpp"
 #include "ownership.hpp"
 #include "wake_batch.hpp"
 
@@ -258,6 +259,10 @@ class flight_table {
       s.deadlines.push(*f);
       gate_.linked(f->deadline);
     }
+    if (opts_.tracer) {
+      f->trace.begin(opts_.tracer, (f->seq - 1) * shard_count_ + s.index + 1, s.index, *f->key,
+                     clock::now());
+    }
     return f->seq;
   }
 
@@ -267,6 +272,10 @@ class flight_table {
   // stays, settled, so that no second fn for the key starts until it returns.
   void settle(shard& s, flight_base& f, kind k, wake_batch& wake) noexcept {
     f.kind = k;
+    if (f.trace.tracer) {  // report it once the lock is released
+      f.trace.settled(status_of(k), clock::now(), f.joins, f.fn_started);
+      wake.add_trace(f);
+    }
     s.deadlines.erase(f);
     if (k == kind::timeout) ++s.st.timeouts;
     if (k == kind::fn_error || k == kind::dropped) ++s.st.failures;
