@@ -50,9 +50,21 @@ A1="-DASYNC -DNASYNC=1"
 A2="-DASYNC -DNASYNC=2"
 FN_IN_NODE='assertion violated  !(fbusy[i])'               # deliver(): the node's fn still runs
 FN_MOVED='(fat==0)||(adel[(fat-1)]==0)'                   # executor: fn moved out of a freed node
-UNDELIVERED='||(adel[0]==1))||(((wlinked[0]'               # Watchdog: ANODE_OK (an async caller never delivered)
+UNDELIVERED='||(adel[0]==1))||'                          # Watchdog: ANODE_OK (an async caller never delivered)
 STUCK='||(cst[0]==5))||'                                   # Watchdog: CALLER_OK (a blocked caller never signalled)
 EARLY='(counted[i]||ainside[i])'                           # TOUCHA: a stop callback locks a destroyed group
+
+# Where user code runs (commit "Where user code runs: ..."): B = -DBLOCKING_CB, an async
+# waiter's on_done may block inside the group (a retry with a blocking do_, or close()).
+# The default rows model group.hpp now (stop first, then notify; the timer and an inline
+# leader's stop hand async waiters to the delivery thread; a callback that blocks first
+# runs the rest of its registered loop); the *.asis.* rows restore one part of the code
+# before that commit each and must fail: OLD_NOTIFY_ORDER (notify, then stop),
+# NO_DELIVERY_THREAD (the timer / leave_on_stop run callbacks), NO_DRAIN_OWN.
+B="-DBLOCKING_CB"
+BA="-DBLOCKING_CB -DBLOCKING_CB_AGAIN_ONLY"
+CB_STUCK='(cbph[0]==0)||(cbph[0]==1)'                     # Watchdog: CB_OK (an on_done blocked for good)
+TIMER_HELD='assertion violated (timer_stop||'             # Watchdog: TIMER_OK (a deadline that never fires)
 
 # Default mode (ctest model.spin): the most valuable configurations, < ~90 s on 2 idle cores.
 configs=(
@@ -77,6 +89,20 @@ configs=(
   "A.W.n2.a1.broken.no_rearm_stop_check|-DPOLICY=0 -DNCALLERS=2 $A1 $FO -DNO_REARM_STOP_CHECK||-m200000|fail|$UNDELIVERED"
   "A.W.n2.a1.asis.fn_in_node|-DPOLICY=0 -DNCALLERS=2 $A1||-m200000|fail|$FN_IN_NODE"
   "A.W.n3.a1.asis.stuck_batch|-DPOLICY=0 $A1 $FO||-m200000|fail|$STUCK"
+  # where user code runs: on_done may block (B)
+  "A.W.n2.a1.close.blocking_cb|-DPOLICY=0 -DNCALLERS=2 $A1 $FD -DCLOSE $B||-m200000|pass|"
+  "A.W.n2.a2.close.blocking_cb.asis.notify_first|-DPOLICY=0 -DNCALLERS=2 $A2 $FD -DCLOSE $B -DOLD_NOTIFY_ORDER||-m200000|fail|$CB_STUCK"
+  "A.L.n2.a2.blocking_cb|-DPOLICY=2 -DNCALLERS=2 $A2 $FD $B||-m200000|pass|"
+  "A.L.n2.a2.blocking_cb.asis.notify_first|-DPOLICY=2 -DNCALLERS=2 $A2 $FD $B -DOLD_NOTIFY_ORDER||-m200000|fail|$CB_STUCK"
+  "A.L.n2.a1.blocking_cb|-DPOLICY=2 -DNCALLERS=2 $A1 $FD $B||-m200000|pass|"
+  "A.L.n2.a1.blocking_cb.asis.stop_callback_notifies|-DPOLICY=2 -DNCALLERS=2 $A1 $FD $B -DNO_DELIVERY_THREAD||-m200000|fail|$CB_STUCK"
+  "A.W.n2.a1.deadline.blocking_cb|-DPOLICY=0 -DNCALLERS=2 $A1 $FD -DDEADLINE $B||-m200000|pass|"
+  "A.W.n2.a1.deadline.blocking_cb.asis.timer_notifies|-DPOLICY=0 -DNCALLERS=2 $A1 $FD -DDEADLINE $B -DNO_DELIVERY_THREAD||-m200000|fail|$TIMER_HELD"
+  "A.W.n2.a2.deadline.blocking_cb.asis.notify_first|-DPOLICY=0 -DNCALLERS=2 $A2 $FD -DDEADLINE $B -DOLD_NOTIFY_ORDER -DNO_DELIVERY_THREAD||-m200000|fail|$CB_STUCK"
+  # a batch without observers: an on_done that blocks holds back the waiters after it
+  # (README.md, "What it found", 5); -DSTRICT_BATCH asks for what README "Re-entrancy" says
+  "A.W.n3.a2.no_stops.blocking_cb|-DPOLICY=0 $A2 $FD $B -DNO_STOPS||-m200000|pass|"
+  "A.W.n3.a2.no_stops.blocking_cb.strict_batch|-DPOLICY=0 $A2 $FD $B -DNO_STOPS -DSTRICT_BATCH||-m200000|fail|$UNDELIVERED"
 )
 
 # Full mode (run.sh --full, or SINGLEFLIGHT_MODEL_FULL=1): everything.
@@ -86,16 +112,16 @@ if [[ "${SINGLEFLIGHT_MODEL_FULL:-0}" == 1 || "${1:-}" == --full ]]; then
     P=$(echo "WGL" | cut -c$((p + 1)))
     configs+=(
       "$P.n3.inline.forget|-DPOLICY=$p -DFORGET -DNO_FN_ERROR||-m200000|pass|"
-      "$P.n2.executor.submit_fail.forget|-DPOLICY=$p -DNCALLERS=2 -DEXECUTOR -DSUBMIT_FAIL -DFORGET $XS||-m200000|pass|"
+      "$P.n2.executor.submit_fail.forget|-DPOLICY=$p -DNCALLERS=2 -DEXECUTOR -DSUBMIT_FAIL -DFORGET $XS|-DCOLLAPSE|-m200000|pass|"
     )
   done
   configs+=(
     "G.n2.inline.deadline.forget.close|-DPOLICY=1 -DNCALLERS=2 -DDEADLINE -DFORGET -DCLOSE||-m200000|pass|"
     "L.n2.inline.deadline.forget.close|-DPOLICY=2 -DNCALLERS=2 -DDEADLINE -DFORGET -DCLOSE||-m200000|pass|"
-    "W.n3.inline.close|-DPOLICY=0 -DCLOSE -DNO_FN_ERROR||-m200000|pass|"
+    "W.n3.inline.close|-DPOLICY=0 -DCLOSE -DNO_FN_ERROR|-DCOLLAPSE|-m200000|pass|"
     "W.n2.executor.close|-DPOLICY=0 -DNCALLERS=2 -DEXECUTOR -DCLOSE -DNO_FN_ERROR $X||-m200000|pass|"
-    "W.n2.executor.deadline|-DPOLICY=0 -DNCALLERS=2 -DEXECUTOR -DDEADLINE $X||-m200000|pass|"
-    "W.n2.executor.submit_fail.close|-DPOLICY=0 -DNCALLERS=2 -DEXECUTOR -DSUBMIT_FAIL -DCLOSE -DNO_FN_ERROR $XS||-m200000|pass|"
+    "W.n2.executor.deadline|-DPOLICY=0 -DNCALLERS=2 -DEXECUTOR -DDEADLINE $X|-DCOLLAPSE|-m200000|pass|"
+    "W.n2.executor.submit_fail.close|-DPOLICY=0 -DNCALLERS=2 -DEXECUTOR -DSUBMIT_FAIL -DCLOSE -DNO_FN_ERROR $XS|-DCOLLAPSE|-m200000|pass|"
     "W.n3.broken.unconditional_cleanup|-DPOLICY=0 -DFORGET -DUNCONDITIONAL_CLEANUP -DNO_FN_ERROR||-m200000|fail|$NO_OVERLAP"
     # no cycles at all: every execution is finite, so the Watchdog's terminal-state check
     # is the whole liveness argument (non-progress search without progress labels)
@@ -118,6 +144,16 @@ if [[ "${SINGLEFLIGHT_MODEL_FULL:-0}" == 1 || "${1:-}" == --full ]]; then
     "A.W.n3.a2.asis.stuck_batch|-DPOLICY=0 $A2 $FO||-m200000|fail|$UNDELIVERED"
     "A.W.n2.a2.executor.asis.fn_in_node|-DPOLICY=0 -DNCALLERS=2 $A2 -DEXECUTOR $X||-m200000|fail|$FN_MOVED"
     "A.W.n2.a1.close.early_destroy|-DPOLICY=0 -DNCALLERS=2 $A1 $FO -DCLOSE -DASYNC_EARLY_DESTROY||-m200000|fail|$EARLY"
+    # where user code runs: on_done may block (B)
+    "A.W.n2.a2.close.blocking_cb|-DPOLICY=0 -DNCALLERS=2 $A2 $FD -DCLOSE $B||-m200000|pass|"
+    "A.W.n2.a2.deadline.blocking_cb|-DPOLICY=0 -DNCALLERS=2 $A2 $FD -DDEADLINE $B|-DCOLLAPSE|-m200000|pass|"
+    "A.W.n2.a2.deadline.blocking_cb.asis.timer_notifies|-DPOLICY=0 -DNCALLERS=2 $A2 $FD -DDEADLINE $B -DNO_DELIVERY_THREAD||-m200000|fail|$TIMER_HELD"
+    "A.L.n2.a1.executor.blocking_cb|-DPOLICY=2 -DNCALLERS=2 $A1 $FD -DEXECUTOR $X $B||-m200000|pass|"
+    "A.L.n2.a1.executor.blocking_cb.asis.notify_first|-DPOLICY=2 -DNCALLERS=2 $A1 $FD -DEXECUTOR $X $B -DOLD_NOTIFY_ORDER||-m200000|fail|$CB_STUCK"
+    "A.W.n2.a1.executor.submit_fail.no_stops.blocking_cb|-DPOLICY=0 -DNCALLERS=2 $A1 $FD -DEXECUTOR -DSUBMIT_FAIL $XS $B -DNO_STOPS||-m200000|pass|"
+    "A.W.n2.a1.executor.submit_fail.no_stops.blocking_cb.asis.notify_first|-DPOLICY=0 -DNCALLERS=2 $A1 $FD -DEXECUTOR -DSUBMIT_FAIL $XS $B -DNO_STOPS -DOLD_NOTIFY_ORDER||-m200000|fail|$CB_STUCK"
+    "A.W.n3.a2.no_fn_error.blocking_cb_again|-DPOLICY=0 $A2 $FD $BA -DNO_FN_ERROR|-DCOLLAPSE|-m200000|pass|"
+    "A.W.n3.a2.no_fn_error.blocking_cb_again.asis.no_drain_own|-DPOLICY=0 $A2 $FD $BA -DNO_FN_ERROR -DNO_DRAIN_OWN||-m200000|fail|$CB_STUCK"
   )
 fi
 

@@ -22,6 +22,19 @@
  *   ANode(i)              the async_do thread: start(), attach(first), lead_async()
  *   Agent(i)              go_again() -> attach() on the thread that notified it
  *   AToken(i)             its stop_token; request_stop() runs async_stopped()
+ *   Delivery              delivery_loop(): the group's delivery thread, which notifies
+ *                         the async waiters that timer_loop() and leave_on_stop hand it
+ *                         (queue_delivery); joined by close() after the timer
+ *
+ * The order of effects (group.hpp "Where user code runs"): a step that settles flights
+ * requests stop on every one of them before it notifies any waiter (close_until,
+ * timer_loop, call_with, async_stopped, leave_on_stop, lead_async); the timer and
+ * leave_on_stop run no callback (their async waiters go to Delivery); a notification
+ * loop with observers is registered with a user count of its own (notify, loop_record),
+ * and a callback of that loop that blocks inside the group first runs the rest of the
+ * loop and the flights it deferred (drain_own, run_loop). -DBLOCKING_CB lets on_done
+ * block (a retry with a blocking do_, or close()); -DOLD_NOTIFY_ORDER,
+ * -DNO_DELIVERY_THREAD and -DNO_DRAIN_OWN restore the code before that commit.
  *
  * Locks. Every group-mutex critical section is one atomic { } and touches the
  * group state only there. A waiter's own mutex w.m guards only `signaled` and
@@ -64,6 +77,29 @@
  *   ASYNC_EARLY_DESTROY  the owner may destroy the group once every async_do has made
  *                    its first locked step (not: has returned) -- the blocking callers'
  *                    rule; async_do's immediate-cancel race breaks it (README.md)
+ *   BLOCKING_CB      (with ASYNC) the on_done of a notified async waiter (delivered by
+ *                    a notification loop, by Delivery, or after going round again) may
+ *                    commit to block inside the group, standing for a retry with a
+ *                    blocking do_ for the same key or a close(): first until the fn of
+ *                    its own flight has returned, then, unless the group is closed, for
+ *                    the flight it then finds for the key (until it settles if pending,
+ *                    until its fn returns if winding down); see CB_WAIT
+ *   BLOCKING_CB_AGAIN_ONLY  (with BLOCKING_CB) only the on_done of a node delivered
+ *                    after going round again may block (a smaller state space for the
+ *                    three-caller rows about the notification loop's own work)
+ *   NO_STOPS         no caller's token ever fires (a smaller state space, for the rows
+ *                    that need three callers)
+ *   STRICT_BATCH     (with BLOCKING_CB) no waiter may stay claimed and unnotified behind
+ *                    an on_done that blocks, in any batch (what README "Re-entrancy" says:
+ *                    "first notifies the rest of that thread's batch"); group.hpp does
+ *                    that only for batches with observers, so this must fail (README.md)
+ * The code before "Where user code runs" (must fail with -DBLOCKING_CB):
+ *   OLD_NOTIFY_ORDER   every settling step notifies its waiters first and requests stop
+ *                      after (wake.signal_all(), then request_stop / stop_all)
+ *   NO_DELIVERY_THREAD timer_loop() and leave_on_stop notify async waiters themselves,
+ *                      on the timer thread / inside the stop callback
+ *   NO_DRAIN_OWN       a callback that blocks inside the group does not first run the
+ *                      rest of its notification loop and the flights deferred in it
  * Broken variants (must be rejected):
  *   UNCONDITIONAL_CLEANUP  finish() erases the key's entry, not its own node
  *   RELOCK_AFTER_CLAIM     a claimed follower, once signalled, retakes the group
@@ -197,12 +233,44 @@ bool ainside[NC];       /* ghost: async_do still running on the caller's thread 
 bool fbusy[NC];         /* ghost: a thread runs fn out of node j's storage */
 bool lcounted[NF];      /* ghost: lead_async's thread for flight f counts in users_ */
 byte wafter[NC];        /* ghost: the waiters linked to the same flight before j (list order) */
+#ifndef NO_DELIVERY_THREAD
+/* the delivery thread (timer_loop / leave_on_stop -> queue_delivery -> delivery_loop) */
+byte dq;                /* delivery_q_: async waiters queued, as a mask (guarded by mu_) */
+bool delivery_stop;     /* delivery_stop_ (guarded by mu_) */
+bool delivery_exited;   /* ghost: delivery_loop returned (joinable) */
+byte dlv_cb;            /* ghost: j + 1 while Delivery runs async waiter j's on_done */
 #endif
+#ifdef BLOCKING_CB
+/* a blocking on_done (CB_WAIT): where it is, and what it waits for */
+#define CBP_DRAIN 1     /* chosen to block; its thread first runs the rest of its loop */
+#define CBP_OWN   2     /* waits for the fn of its own flight cbw[j] to return */
+#define CBP_JOIN  3     /* retry joined the pending flight cbw[j]: waits until it settles */
+#define CBP_OBS   4     /* retry observes the winding-down flight cbw[j]: waits for its fn */
+byte cbph[NC];
+byte cbw[NC];
+byte hb[NC];            /* ghost: the waiters held back, unnotified, behind j's blocked on_done */
+bool fstarted[NF];      /* ghost: a thread entered flight f's fn (invoke_fn) */
+#endif
+#endif
+
+/* notify(): registered notification loops (loop_record), each holding one user count */
+byte loopc;
 
 byte cl_state;          /* ghost: 0 idle, 1 draining, 2 returned */
 bool destroyed;         /* ghost: ~group has run (after close() returned) */
 bool forget_done;
 bool timer_exited;
+
+/* A wake batch (a process's local `bat`), as a mask: bit j (1 << j): waiter j is claimed
+   and not yet notified; 8: the loop is registered (notify with observers); 16 << j: the
+   go-again of j started a flight whose fn runs after the loop (FIX_DEFER_LEAD); 256 << j:
+   on_done of j blocks once the rest of the loop has run (BLOCKING_CB, drain_own); 2048 <<
+   j: the same for the on_done that Agent(j) runs after going round again. */
+#if defined(BLOCKING_CB) && !defined(NO_DRAIN_OWN)
+#define BATCH short
+#else
+#define BATCH byte
+#endif
 
 /* ---- properties -------------------------------------------------------------- */
 
@@ -234,7 +302,7 @@ bool timer_exited;
 #endif
 #define USERS \
   ((counted[0] -> 1 : 0) + (counted[1] -> 1 : 0) + (counted[2] -> 1 : 0) + \
-   (tcounted[1] -> 1 : 0) + (tcounted[2] -> 1 : 0) + (tcounted[3] -> 1 : 0) + LUSERS)
+   (tcounted[1] -> 1 : 0) + (tcounted[2] -> 1 : 0) + (tcounted[3] -> 1 : 0) + LUSERS + loopc)
 
 #define INV \
   ( (RUNNING(1) + RUNNING(2) + RUNNING(3) <= 1) \
@@ -252,6 +320,7 @@ bool timer_exited;
 #endif
 #define CALLER_OK(i) \
   ( cst[i] == C_DONE || cst[i] == C_FN || cst[i] == C_SIG \
+ || ((cst[i] == C_BLK || cst[i] == C_AWAIT) && wstate[i] == W_CLAIMED && !signaled[i] && HELD(i)) \
  || (cst[i] == C_BLK && wstate[i] == W_WAITING && !tok_fired[i] && !signaled[i] \
      && !stop_fired[i] && \
      ((!wobs[i] && fkind[wf[i]] == K_PENDING) || \
@@ -283,12 +352,60 @@ bool timer_exited;
    (With -DDEADLINE a linked async observer is always due for the timer.) */
 #ifdef ASYNC
 #define ANODE_OK(j) \
-  ( !AS(j) || adel[j] == 1 \
+  ( !AS(j) || adel[j] == 1 || QUEUED_OK(j) || (wstate[j] == W_CLAIMED && HELD(j)) \
  || (wlinked[j] && wstate[j] == W_WAITING && !tok_fired[j] && \
      ((!wobs[j] && fkind[wf[j]] == K_PENDING) || \
       (wobs[j] && !closed && !fn_done[wf[j]] && !fforgot[wf[j]]))) )
 #else
 #define ANODE_OK(j) true
+#endif
+
+/* A blocking on_done (-DBLOCKING_CB) at a terminal state: not blocked; still waiting for
+   its thread to run the rest of its notification loop (that thread is judged where it
+   stands); or joined to a pending flight whose fn has started and not returned (HUNG_OK
+   judges that fn: someone else still wants it). Blocked on a settled flight's fn, or on
+   a flight whose fn never starts, is a deadlock. */
+#ifdef BLOCKING_CB
+#define CB_OK(j) \
+  ( cbph[j] == 0 || cbph[j] == CBP_DRAIN || \
+    (cbph[j] == CBP_JOIN && fkind[cbw[j]] == K_PENDING && fstarted[cbw[j]] && !fn_done[cbw[j]]) )
+/* waiter k is held back (claimed, unnotified) behind an on_done that blocks legitimately
+   in a batch without observers (CB_HOLD) */
+#define HOLDS(j, k) (((hb[j] >> k) & 1) && cbph[j] == CBP_JOIN && CB_OK(j))
+#ifndef STRICT_BATCH
+#define HELD(k) (HOLDS(0, k) || HOLDS(1, k) || HOLDS(2, k))
+#else
+#define HELD(k) false   /* README "Re-entrancy": the rest of the batch is notified first */
+#endif
+#else
+#define CB_OK(j) true
+#define HELD(k) false
+#endif
+
+/* An async waiter still queued for the delivery thread at a terminal state: only behind
+   an on_done that Delivery runs and that blocks legitimately (what delivery_loop says:
+   "a callback that blocks delays the next deliveries of this thread, never a deadline"). */
+#if defined(ASYNC) && defined(BLOCKING_CB) && !defined(NO_DELIVERY_THREAD)
+#define QUEUED_OK(j) \
+  ( (dq & (1 << j)) != 0 && dlv_cb != 0 && cbph[dlv_cb - 1] == CBP_JOIN && CB_OK(dlv_cb - 1) )
+#else
+#define QUEUED_OK(j) false
+#endif
+
+/* Every deadline fires: at a terminal state, while the timer runs, no flight is pending
+   and no async observer's bound is waiting (the timer could act: it is not held up). */
+#ifdef DEADLINE
+#ifdef ASYNC
+#define OB_WAITING (ob_linked[0] || ob_linked[1] || ob_linked[2])
+#else
+#define OB_WAITING false
+#endif
+#define TIMER_OK \
+  ( timer_stop || \
+    !((seq_ >= 1 && fkind[1] == K_PENDING) || (seq_ >= 2 && fkind[2] == K_PENDING) || \
+      (seq_ >= 3 && fkind[3] == K_PENDING) || OB_WAITING) )
+#else
+#define TIMER_OK true
 #endif
 
 #define SETTLED_MASK \
@@ -399,7 +516,14 @@ inline a_request(j, b) {
 #else
 #define A_DEFER(j, b)
 #endif
-#define A_WAIT(j, b) if :: atomic { again[j] == 2 -> again[j] = 0 } A_DEFER(j, b) fi
+#if defined(BLOCKING_CB) && !defined(NO_DRAIN_OWN)
+/* ...or its on_done (delivered after going round again) blocks: it first runs the rest of
+   this loop (drain_own), so carry on and let it block at the end (Agent(j) waits at 5) */
+#define A_DRAIN(j, b) :: atomic { again[j] == 5 -> b = b | (2048 << j) }
+#else
+#define A_DRAIN(j, b)
+#endif
+#define A_WAIT(j, b) if :: atomic { again[j] == 2 -> again[j] = 0 } A_DEFER(j, b) A_DRAIN(j, b) fi
 inline a_deliver_claimed(j, b) {
   assert(wstate[j] == W_CLAIMED && !wlinked[j] && adel[j] == 0);
   if
@@ -417,12 +541,108 @@ inline a_deliver_claimed(j, b) {
 
 #endif
 
+#ifdef BLOCKING_CB
+/* on_done of async caller j, once delivered (-DBLOCKING_CB), commits to one of: return at
+   once; or block inside the group, standing for a retry with a blocking do_ for the same
+   key, or for close(): first until the fn of its own flight has returned (CBP_OWN: what
+   close() waits for, and what the retry waits for while that flight is still the key's
+   entry); then, unless the group is closed (the retry gets closed_error), for the flight
+   it finds for the key (route()): until it settles if pending (joined, CBP_JOIN), until
+   its fn returns if winding down (observed, CBP_OBS); none: it would lead, and returns.
+   The retry does not count as a waiter here (lenient: a flight it joined may still be
+   cancelled by the others leaving; it only waits less). A blocking do_ and close() first
+   run what their thread holds back (drain_own): see signal_all. CB_WAIT(j, g, fin): g,
+   an extra guard for the first wait; fin, a statement run with the last step (a cpp
+   macro: Promela inlines take no statements as arguments). */
+#define CB_WAIT(j, g, fin) \
+  if \
+  :: cbph[j] == 0 -> fin \
+  :: cbph[j] != 0 -> \
+end_cbown: \
+     atomic { \
+       (g) && fn_done[cbw[j]] -> \
+       if \
+       :: closed || map_slot == 0 -> cbph[j] = 0; cbw[j] = 0; fin \
+       :: else -> cbw[j] = map_slot; cbph[j] = (fkind[map_slot] == K_PENDING -> CBP_JOIN : CBP_OBS) \
+       fi \
+     }; \
+     if \
+     :: cbph[j] == CBP_JOIN -> \
+end_cbjoin: atomic { fkind[cbw[j]] != K_PENDING -> cbph[j] = 0; cbw[j] = 0; fin } \
+     :: cbph[j] == CBP_OBS -> \
+end_cbobs: atomic { fn_done[cbw[j]] -> cbph[j] = 0; cbw[j] = 0; fin } \
+     :: cbph[j] == 0 -> skip \
+     fi \
+  fi
+/* drain_own() finds only registered loops (notify(): a batch with observers, bit 8): in
+   a batch without observers an on_done that blocks does so right where it is, and the
+   waiters after it in the batch stay claimed, unnotified, until it returns (their own
+   stop cannot free them). README: "a callback that blocks delays the rest"; hb[j]
+   records them for the Watchdog (HELD). */
+#define CB_HOLD(j, b) if :: (b & 8) -> skip :: else -> hb[j] = b & 7 fi
+#ifdef NO_DRAIN_OWN
+/* BROKEN: the callback blocks right where it was notified, registered loop or not */
+#define CB_CHOOSE(j, b) if :: skip :: cbph[j] = CBP_OWN; cbw[j] = wf[j]; CB_HOLD(j, b) fi
+#else
+/* in a registered loop it first runs the rest of the loop (and the flights deferred in
+   it), then blocks */
+#define CB_CHOOSE(j, b) \
+  if \
+  :: skip \
+  :: cbw[j] = wf[j]; \
+     if \
+     :: (b & 8) -> cbph[j] = CBP_DRAIN; b = b | (256 << j) \
+     :: else -> cbph[j] = CBP_OWN; hb[j] = b & 7 \
+     fi \
+  fi
+#endif
+#ifdef BLOCKING_CB_AGAIN_ONLY
+/* only the on_done of a node delivered after going round again may block (Agent) */
+#undef CB_CHOOSE
+#define CB_CHOOSE(j, b) skip
+#endif
+#define CB_NOW(j) ; cb_now(j)
+inline cb_now(j) {
+  if
+  :: cbph[j] == CBP_OWN -> CB_WAIT(j, true, hb[j] = 0)
+  :: else -> skip
+  fi
+}
+#else
+#define CB_CHOOSE(j, b) skip
+#define CB_NOW(j)
+#endif
+
+/* notify(g, wake): a batch with observers is a notification loop registered in the group
+   (loop_record) with a user count of its own (++users_ under the group's mutex, before
+   the loop; the observers in the batch still count, so the group is alive). Merged with
+   the first notification of the loop: nothing between them can tell (users_ > 0 either
+   way). The loop unregisters (--users_, a step of its own, touching the group) after
+   the batch and everything deferred in it have run. */
+#define HAS_OBS(b) (((b & 1) && wobs[0]) || ((b & 2) && wobs[1]) || ((b & 4) && wobs[2]))
+#define OBS_COUNTED(b) \
+  (((b & 1) && wobs[0] && counted[0]) || ((b & 2) && wobs[1] && counted[1]) || \
+   ((b & 4) && wobs[2] && counted[2]))
+#define LOOP_REG(b) \
+  if \
+  :: (b & 8) == 0 && HAS_OBS(b) -> \
+       assert(!destroyed && OBS_COUNTED(b)); users++; loopc++; b = b | 8 \
+  :: else -> skip \
+  fi;
+inline loop_exit(b) {
+  if
+  :: b & 8 -> atomic { assert(!destroyed && loopc > 0); users--; loopc--; b = b - 8 }
+  :: else -> skip
+  fi
+}
+
 /* wake_batch::signal_all(), after the group mutex is released: one waiter::signal()
    (a w.m critical section) per step. The waiter must still be there, claimed. */
 inline signal_one(j, b) {
   if
   :: b & (1 << j) ->
        atomic {
+         LOOP_REG(b)
          assert(wstate[j] == W_CLAIMED && !signaled[j] && cst[j] != C_DONE);
          signaled[j] = true;
          b = b - (1 << j)
@@ -443,19 +663,49 @@ inline sig_blocking(j, b) {
   signaled[j] = true;
   b = b - (1 << j)
 }
+#if defined(BLOCKING_CB) && !defined(NO_DRAIN_OWN)
+/* The end of a loop in which on_done callbacks chose to block (bits 256 << j, 2048 << j):
+   they have run the rest of it (drain_own) and now block, one after the other (all waits
+   are on conditions that stay true once true, so their order does not matter). One whose
+   node went round again runs in Agent(j) (again[j]: 5 -> 6, then it sets 2). */
+#define CB_ARM(j, b) \
+  if \
+  :: b & (256 << j) -> cbph[j] = CBP_OWN \
+  :: b & (2048 << j) -> cbph[j] = CBP_OWN; assert(again[j] == 5); again[j] = 6 \
+  :: else -> skip \
+  fi
+inline cb_block(j, b) {
+  if
+  :: b & (2048 << j) ->
+end_cbagent: atomic { again[j] == 2 -> again[j] = 0; b = b - (2048 << j) }
+  :: b & (256 << j) -> CB_WAIT(j, true, b = b - (256 << j))
+  :: else -> skip
+  fi
+}
+inline cb_drained(b) {
+  if
+  :: (b & 16128) != 0 ->
+       atomic { CB_ARM(0, b); CB_ARM(1, b); CB_ARM(2, b) };
+       cb_block(0, b); cb_block(1, b); cb_block(2, b)
+  :: else -> skip
+  fi
+}
+#else
+#define cb_drained(b) skip
+#endif
 inline signal_all(b) {
   do
-  :: atomic { NEXT(0, b) && !AS(0) -> sig_blocking(0, b) }
-  :: atomic { NEXT(0, b) && AS(0) && !wobs[0] && !cb_running[0] -> a_deliver_claimed(0, b) }
-  :: atomic { NEXT(0, b) && AS(0) && wobs[0] && again[0] == 0 -> a_request(0, b) };
+  :: atomic { NEXT(0, b) && !AS(0) -> LOOP_REG(b) sig_blocking(0, b) }
+  :: atomic { NEXT(0, b) && AS(0) && !wobs[0] && !cb_running[0] -> LOOP_REG(b) a_deliver_claimed(0, b); CB_CHOOSE(0, b) } CB_NOW(0)
+  :: atomic { NEXT(0, b) && AS(0) && wobs[0] && again[0] == 0 -> LOOP_REG(b) a_request(0, b) };
      end_notify0: A_WAIT(0, b)
-  :: atomic { NEXT(1, b) && !AS(1) -> sig_blocking(1, b) }
-  :: atomic { NEXT(1, b) && AS(1) && !wobs[1] && !cb_running[1] -> a_deliver_claimed(1, b) }
-  :: atomic { NEXT(1, b) && AS(1) && wobs[1] && again[1] == 0 -> a_request(1, b) };
+  :: atomic { NEXT(1, b) && !AS(1) -> LOOP_REG(b) sig_blocking(1, b) }
+  :: atomic { NEXT(1, b) && AS(1) && !wobs[1] && !cb_running[1] -> LOOP_REG(b) a_deliver_claimed(1, b); CB_CHOOSE(1, b) } CB_NOW(1)
+  :: atomic { NEXT(1, b) && AS(1) && wobs[1] && again[1] == 0 -> LOOP_REG(b) a_request(1, b) };
      end_notify1: A_WAIT(1, b)
-  :: atomic { NEXT(2, b) && !AS(2) -> sig_blocking(2, b) }
-  :: atomic { NEXT(2, b) && AS(2) && !wobs[2] && !cb_running[2] -> a_deliver_claimed(2, b) }
-  :: atomic { NEXT(2, b) && AS(2) && wobs[2] && again[2] == 0 -> a_request(2, b) };
+  :: atomic { NEXT(2, b) && !AS(2) -> LOOP_REG(b) sig_blocking(2, b) }
+  :: atomic { NEXT(2, b) && AS(2) && !wobs[2] && !cb_running[2] -> LOOP_REG(b) a_deliver_claimed(2, b); CB_CHOOSE(2, b) } CB_NOW(2)
+  :: atomic { NEXT(2, b) && AS(2) && wobs[2] && again[2] == 0 -> LOOP_REG(b) a_request(2, b) };
      end_notify2: A_WAIT(2, b)
   :: (b & 7) == 0 -> break
   od
@@ -469,9 +719,40 @@ inline signal_all(b) {
   :: (b & 112) == 0 -> break
   od
 #endif
+  ;
+  cb_drained(b);
+  loop_exit(b)
+}
+
+#ifndef NO_DELIVERY_THREAD
+/* timer_loop / leave_on_stop: wake.split(async); wake.signal_all() (blocked threads
+   only: no user code); queue_delivery(async) (under the group's mutex; the delivery
+   thread notifies them). Their batches hold no observers (settle claims none; the
+   timer turns a timed-out async observer into a plain waiter). */
+inline sig_thread(j, b) {
+  if
+  :: (b & (1 << j)) && !AS(j) -> atomic { sig_blocking(j, b) }
+  :: else -> skip
+  fi
+}
+inline signal_split(b) {
+  sig_thread(0, b); sig_thread(1, b); sig_thread(2, b);
+  if
+  :: (b & 7) != 0 ->
+       atomic {
+         assert(!destroyed && !delivery_stop && !HAS_OBS(b));
+         dq = dq | (b & 7); b = b - (b & 7)
+       }
+  :: else -> skip
+  fi
 }
 #else
-inline signal_all(b) { signal_one(0, b); signal_one(1, b); signal_one(2, b) }
+/* BROKEN: the timer / the stop callback notifies its async waiters itself */
+#define signal_split(b) signal_all(b)
+#endif
+#else
+inline signal_all(b) { signal_one(0, b); signal_one(1, b); signal_one(2, b); loop_exit(b) }
+#define signal_split(b) signal_all(b)
 #endif
 
 /* a caller receives f's outcome: settled, and not settled before it arrived
@@ -486,13 +767,18 @@ inline got_outcome(fl) {
 }
 
 /* invoke_fn: a value, a throw, or (committed) hang until the flight is stopped */
+#ifdef BLOCKING_CB
+#define FNS(fl) fstarted[fl] = true;
+#else
+#define FNS(fl)
+#endif
 inline invoke_fn(fl, kk) {
   if
-  :: kk = K_VALUE
+  :: atomic { FNS(fl) kk = K_VALUE }
 #ifndef NO_FN_ERROR
-  :: kk = K_ERROR
+  :: atomic { FNS(fl) kk = K_ERROR }
 #endif
-  :: skip ->
+  :: atomic { FNS(fl) skip } ->
 end_hang:
      fstop[fl] -> kk = K_ERROR
   fi
@@ -600,7 +886,8 @@ inline leader_finish() {
 /* ---- processes ---------------------------------------------------------------- */
 
 proctype Worker(byte f; bool may_drop) {
-  byte k, bat;
+  byte k;
+  BATCH bat;
   if
   :: atomic {
        /* task_impl::run() -> run_task() */
@@ -634,7 +921,8 @@ proctype Worker(byte f; bool may_drop) {
 }
 
 proctype Caller(byte i) {
-  byte f, k, out, ph, arrg, bat, sub;
+  byte f, k, out, ph, arrg, sub;
+  BATCH bat;
   bool stp, isl, lv, mv, own;
 
   /* call_with(): the first critical section */
@@ -673,8 +961,9 @@ proctype Caller(byte i) {
           }
      :: ph == PH_JOIN && !lv ->
 #ifndef RELOCK_AFTER_CLAIM
-          /* claimed: await_signal(); the outcome; never the group's mutex again */
-          atomic { signaled[i] -> cst[i] = C_RUN; out = fkind[f]; got_outcome(f); ph = PH_DONE }
+          /* claimed: await_signal(); the outcome; never the group's mutex again (an end
+             state for spin: the Watchdog judges a caller left here, CALLER_OK) */
+end_await: atomic { signaled[i] -> cst[i] = C_RUN; out = fkind[f]; got_outcome(f); ph = PH_DONE }
 #else
           /* BROKEN: after the signal, retake the group mutex to read the outcome */
           atomic { signaled[i] -> cst[i] = C_RUN };
@@ -692,6 +981,7 @@ proctype Caller(byte i) {
      :: ph == PH_OBSERVE && !lv ->
           /* claimed (fn returned, forget, close): still a user. await_signal,
              lock, closed ? closed : go round route() again */
+end_await_obs:
           atomic {
             signaled[i] -> cst[i] = C_RUN;
             TOUCH(i);
@@ -718,11 +1008,21 @@ proctype Caller(byte i) {
        fi;
        cst[i] = C_FN
      }
-     signal_all(bat);
+     /* leave_on_stop's epilogue: request_stop, then signal the blocked threads and hand
+        the async waiters to the delivery thread (this thread runs fn next) */
+#ifndef OLD_NOTIFY_ORDER
      if
      :: stp -> fstop[f] = true; stp = false
      :: else -> skip
      fi;
+     signal_split(bat);
+#else
+     signal_split(bat);
+     if
+     :: stp -> fstop[f] = true; stp = false
+     :: else -> skip
+     fi;
+#endif
      invoke_fn(f, k);
      /* ~stop_callback (waits for a running leave_on_stop); lock */
      atomic {
@@ -797,18 +1097,27 @@ proctype Caller(byte i) {
      };
      if
      :: ph == PH_JOIN && cst[i] == C_AWAIT ->
-          atomic { signaled[i] -> cst[i] = C_RUN; out = fkind[f]; got_outcome(f); ph = PH_DONE }
+end_await_lead: atomic { signaled[i] -> cst[i] = C_RUN; out = fkind[f]; got_outcome(f); ph = PH_DONE }
      :: else -> skip
      fi
 #endif
 
   od;
-  /* lock released: wake_batch::signal_all(); request_stop; deliver() */
+  /* lock released: request_stop, then notify(t.wake) (stop first: a notified waiter may
+     block on this very fn); deliver() */
+#ifndef OLD_NOTIFY_ORDER
+  if
+  :: stp -> fstop[f] = true
+  :: else -> skip
+  fi;
+  signal_all(bat);
+#else
   signal_all(bat);
   if
   :: stp -> fstop[f] = true
   :: else -> skip
   fi;
+#endif
   atomic {
     assert(out != K_PENDING);
     cst[i] = C_DONE;
@@ -818,7 +1127,8 @@ proctype Caller(byte i) {
 
 /* the caller's stop_token */
 proctype Token(byte i) {
-  byte kk, fl, bat;
+  byte kk, fl;
+  BATCH bat;
   bool s;
   if
   :: skip
@@ -841,8 +1151,22 @@ proctype Token(byte i) {
             :: else -> stop_fired[i] = true; leave(fl, true, s, bat)
             fi
           };
-          signal_all(bat);
+          /* unlock; request_stop; signal the blocked threads; queue the async waiters
+             for the delivery thread (the leader's thread waits in ~stop_callback for
+             this callback: an on_done run here that waits for that fn never returns) */
+#ifndef OLD_NOTIFY_ORDER
+          if
+          :: bat == 0 ->
+               atomic { if :: s -> fstop[fl] = true :: else -> skip fi; s = false; cb_running[i] = false; kk = 0; fl = 0 }
+          :: else ->
+               atomic { if :: s -> fstop[fl] = true :: else -> skip fi; s = false };
+               signal_split(bat);
+               atomic { cb_running[i] = false; kk = 0; fl = 0 }
+          fi
+#else
+          signal_split(bat);
           atomic { if :: s -> fstop[fl] = true :: else -> skip fi; s = false; cb_running[i] = false; kk = 0; fl = 0 }
+#endif
      :: else -> skip
      fi
   fi
@@ -1013,13 +1337,25 @@ inline a_lead_rest(gate) {
     fi;
     users--; lcounted[f] = false           /* lead_async(): exit_user() for this thread */
   };
+  /* unlock; request_stop, then notify (a kept task may be running fn) */
+#ifndef OLD_NOTIFY_ORDER
+  if
+  :: bat == 0 -> atomic { if :: stp -> fstop[f] = true; stp = false :: else -> skip fi; LEAD_RET }
+  :: else ->
+       atomic { if :: stp -> fstop[f] = true; stp = false :: else -> skip fi };
+       signal_all(bat);
+       atomic { LEAD_RET }
+  fi
+#else
   signal_all(bat);
   atomic { if :: stp -> fstop[f] = true; stp = false :: else -> skip fi; LEAD_RET }
+#endif
 #endif
 }
 
 proctype ANode(byte i) {
-  byte f, k, bat, sub, fat, imm, ph;
+  byte f, k, sub, fat, imm, ph;
+  BATCH bat;
   bool stp, ag = false;
   /* start(): cb.emplace(caller, async_on_stop) -- if the token already fired,
      async_stopped() runs right here: sets the flag, wins try_leave (nobody else
@@ -1055,8 +1391,26 @@ proctype ANode(byte i) {
   fi
 }
 
+/* on_done of a node delivered after going round again runs on the notifier's thread
+   (-DBLOCKING_CB: it may block, see CB_WAIT); the notifier waits for again[i] == 2 */
+#ifdef BLOCKING_CB
+#ifdef NO_DRAIN_OWN
+#define AG_CHOOSE if :: again[i] = 2 :: cbph[i] = CBP_OWN; cbw[i] = wf[i] fi
+#define AG_BLOCK ; if :: cbph[i] != 0 -> CB_WAIT(i, true, again[i] = 2) :: else -> skip fi
+#else
+/* drain_own: the notifier first runs the rest of its loop, then sets again[i] = 6 */
+#define AG_CHOOSE if :: again[i] = 2 :: cbph[i] = CBP_DRAIN; cbw[i] = wf[i]; again[i] = 5 fi
+#define AG_BLOCK ; if :: cbph[i] != 0 -> CB_WAIT(i, again[i] == 6, again[i] = 2) :: else -> skip fi
+#endif
+#else
+#define AG_CHOOSE again[i] = 2
+#define AG_BLOCK
+#endif
+inline ag_block(i) { skip AG_BLOCK }
+
 proctype Agent(byte i) {
-  byte f, k, bat, sub, fat, imm, ph;
+  byte f, k, sub, fat, imm, ph;
+  BATCH bat;
   bool stp, ag = true;
   /* idle (imm == 0 && ph == 0) at end_idle; ANODE_OK judges a node left undelivered */
 end_idle:
@@ -1083,8 +1437,10 @@ end_idle:
           flight); lock; exit_user(); unlock; deliver() */
        acb[i] = false;
        TOUCH(i); users--; counted[i] = false;
-       a_complete(i); again[i] = 2; imm = 0
+       a_complete(i); imm = 0;
+       AG_CHOOSE
      }
+     ag_block(i)
   :: ph == PH_LEAD ->
 #ifdef FIX_DEFER_LEAD
        a_lead_rest(again[i] == 4)
@@ -1096,7 +1452,8 @@ end_idle:
 
 /* the async caller's stop_token; request_stop() runs async_stopped() (when registered) */
 proctype AToken(byte i) {
-  byte fl, bat;
+  byte fl;
+  BATCH bat;
   bool s, reg, won;
   if
   :: skip
@@ -1139,14 +1496,33 @@ proctype AToken(byte i) {
                };
                if
                :: won ->
-                    /* no longer a user: signal, stop the flight, deliver cancelled (the
-                       callback resets its own stop_callback: no wait) */
+                    /* no longer a user: stop the flight, then notify the others, then
+                       deliver cancelled (the callback resets its own stop_callback: no
+                       wait) */
+#ifndef OLD_NOTIFY_ORDER
+                    if
+                    :: bat == 0 ->
+                         atomic {
+                           if :: s -> fstop[fl] = true; s = false :: else -> skip fi;
+                           ares[i] = K_CANCELLED; acb[i] = false; a_complete(i);
+                           cb_running[i] = false; fl = 0; won = false; reg = false
+                         }
+                    :: else ->
+                         atomic { if :: s -> fstop[fl] = true; s = false :: else -> skip fi };
+                         signal_all(bat);
+                         atomic {
+                           ares[i] = K_CANCELLED; acb[i] = false; a_complete(i);
+                           cb_running[i] = false; fl = 0; won = false; reg = false
+                         }
+                    fi
+#else
                     signal_all(bat);
                     atomic {
                       if :: s -> fstop[fl] = true; s = false :: else -> skip fi;
                       ares[i] = K_CANCELLED; acb[i] = false; a_complete(i);
                       cb_running[i] = false; fl = 0; won = false; reg = false
                     }
+#endif
                :: else -> skip
                fi
           :: else -> skip
@@ -1154,6 +1530,38 @@ proctype AToken(byte i) {
      :: else -> skip
      fi
   fi
+}
+#endif
+
+#if defined(ASYNC) && !defined(NO_DELIVERY_THREAD)
+/* delivery_loop(): takes the queued async waiters (any order: the queue's batches are
+   not modelled) and notifies them (notify(): no observers in them, so only deliver()),
+   without the group's mutex; returns once asked to stop and the queue is empty. Its
+   on_done callbacks may block (-DBLOCKING_CB): that delays the deliveries behind them,
+   never a deadline. */
+#if defined(BLOCKING_CB) && !defined(BLOCKING_CB_AGAIN_ONLY)
+#define DLV_CHOOSE(j) ; if :: skip :: cbph[j] = CBP_OWN; cbw[j] = wf[j]; dlv_cb = j + 1 fi
+#define DLV_BLOCK(j) ; if :: cbph[j] != 0 -> CB_WAIT(j, true, dlv_cb = 0) :: else -> skip fi
+#else
+#define DLV_CHOOSE(j)
+#define DLV_BLOCK(j)
+#endif
+/* (an inline: its labels are made unique per expansion, a proctype's are not) */
+inline dlv_one(j, b) {
+  atomic {
+    (dq & (1 << j)) && !cb_running[j] ->
+    dq = dq - (1 << j); b = 1 << j; a_deliver_claimed(j, b) DLV_CHOOSE(j)
+  } DLV_BLOCK(j)
+}
+proctype Delivery() {
+  BATCH b;
+end_delivery:
+  do
+  :: dlv_one(0, b)
+  :: dlv_one(1, b)
+  :: dlv_one(2, b)
+  :: atomic { delivery_stop && dq == 0 -> delivery_exited = true }; break
+  od
 }
 #endif
 
@@ -1176,7 +1584,8 @@ inline async_ob_timeout(j, b) {
 /* timer_loop(): settle the head of the deadline list (the oldest pending flight)
    with timeout; unlock; signal; stop it. Also each observer's wait_deadline. */
 proctype Timer() {
-  byte fl, bat;
+  byte fl;
+  BATCH bat;
 end_timer:
   do
   :: atomic { timer_stop -> break }
@@ -1195,17 +1604,24 @@ end_timer:
        fi;
        settle(fl, K_TIMEOUT, bat)
      };
-     signal_all(bat);
+     /* unlock; stop_all(to_stop), then signal the blocked threads and queue the async
+        waiters for the delivery thread (the timer runs no callback) */
+#ifndef OLD_NOTIFY_ORDER
+     atomic { fstop[fl] = true; fl = 0 };
+     signal_split(bat)
+#else
+     signal_split(bat);
      atomic { fstop[fl] = true; fl = 0 }
+#endif
   :: atomic { obs_armed[0] && !obs_dl[0] -> obs_dl[0] = true }
   :: atomic { obs_armed[1] && !obs_dl[1] -> obs_dl[1] = true }
   :: atomic { obs_armed[2] && !obs_dl[2] -> obs_dl[2] = true }
 #ifdef ASYNC
   /* an async observer's bound ran out (abstract time: at any moment): claimed with
      timeout unless its stop callback is leaving (then it unlinks itself) */
-  :: atomic { !timer_stop && ob_linked[0] -> async_ob_timeout(0, bat) }; signal_all(bat)
-  :: atomic { !timer_stop && ob_linked[1] -> async_ob_timeout(1, bat) }; signal_all(bat)
-  :: atomic { !timer_stop && ob_linked[2] -> async_ob_timeout(2, bat) }; signal_all(bat)
+  :: atomic { !timer_stop && ob_linked[0] -> async_ob_timeout(0, bat) }; signal_split(bat)
+  :: atomic { !timer_stop && ob_linked[1] -> async_ob_timeout(1, bat) }; signal_split(bat)
+  :: atomic { !timer_stop && ob_linked[2] -> async_ob_timeout(2, bat) }; signal_split(bat)
 #endif
   od;
   timer_exited = true
@@ -1218,9 +1634,16 @@ end_timer:
 #define FORGET_DONE true
 #endif
 
+#ifdef DEADLINE
+#define TIMER_JOINED timer_exited
+#else
+#define TIMER_JOINED true
+#endif
+
 #ifdef CLOSE
 proctype Closer() {
-  byte g, tostop, bat;
+  byte g, tostop;
+  BATCH bat;
   atomic {
     assert(!destroyed);
     closed = true;
@@ -1241,6 +1664,16 @@ proctype Closer() {
     od;
     g = 0
   }
+  /* unlock; stop_all(to_stop), then notify(wake) */
+#ifndef OLD_NOTIFY_ORDER
+  atomic {
+    if :: tostop & 2 -> fstop[1] = true :: else -> skip fi;
+    if :: tostop & 4 -> fstop[2] = true :: else -> skip fi;
+    if :: tostop & 8 -> fstop[3] = true :: else -> skip fi;
+    tostop = 0
+  }
+  signal_all(bat);
+#else
   signal_all(bat);
   atomic {
     if :: tostop & 2 -> fstop[1] = true :: else -> skip fi;
@@ -1248,19 +1681,28 @@ proctype Closer() {
     if :: tostop & 8 -> fstop[3] = true :: else -> skip fi;
     tostop = 0
   }
+#endif
   /* drain_cv_.wait(lk, users_ == 0) (exit_user() notifies once closed_) */
   atomic {
     cl_state = 1;
     users == 0 -> assert(!destroyed); timer_stop = true; cl_state = 0
   }
-  /* join_threads(): the timer and every worker thread */
+  /* join_threads(): the timer first, then the delivery thread (which notifies what is
+     queued first), then every worker thread */
+#if defined(ASYNC) && !defined(NO_DELIVERY_THREAD)
+  atomic { TIMER_JOINED -> delivery_stop = true };
+#define DELIVERY_JOINED delivery_exited &&
+#else
+#define DELIVERY_JOINED
 #ifdef DEADLINE
   timer_exited;
 #endif
+#endif
   atomic {
+    DELIVERY_JOINED
     (!wstarted[1] || wdone[1]) && (!wstarted[2] || wdone[2]) && (!wstarted[3] || wdone[3]) ->
     /* close() returns */
-    assert(users == 0);
+    assert(users == 0 && loopc == 0);
     assert(!(seq_ >= 1 && !fn_done[1]) && !(seq_ >= 2 && !fn_done[2]) &&
            !(seq_ >= 3 && !fn_done[3]));
     /* no leave_on_stop (which takes the group's mutex) is registered or running;
@@ -1275,6 +1717,9 @@ proctype Closer() {
     assert(!cb_running[0] || AS(0)); assert(!cb_running[1] || AS(1)); assert(!cb_running[2] || AS(2));
     /* every async caller has its outcome decided: none is linked */
     assert(!wlinked[0] && !wlinked[1] && !wlinked[2]);
+#ifndef NO_DELIVERY_THREAD
+    assert(dq == 0);                  /* the delivery thread notified everything queued */
+#endif
 #endif
     cl_state = 2
   }
@@ -1287,7 +1732,8 @@ proctype Closer() {
 
 #ifdef FORGET
 proctype Forget() {
-  byte fl, bat;
+  byte fl;
+  BATCH bat;
   atomic {
     assert(!destroyed);
     if
@@ -1316,6 +1762,8 @@ end_mon:
 active proctype Watchdog() {
 end_wd:
   timeout ->
+    assert(CB_OK(0) && CB_OK(1) && CB_OK(2));     /* no on_done blocked for good */
+    assert(TIMER_OK);                             /* no deadline held up */
     assert(CALLER_OK(0) && CALLER_OK(1) && CALLER_OK(2));
 #ifdef ASYNC
     assert(ANODE_OK(0) && ANODE_OK(1) && ANODE_OK(2));
@@ -1324,17 +1772,22 @@ end_wd:
     assert(cl_state != 1)       /* after close() every fn is stopped: the drain ends */
 }
 
+#ifdef NO_STOPS
+#define RUN_TOKEN(P, j)
+#else
+#define RUN_TOKEN(P, j) run P(j);
+#endif
 #ifdef ASYNC
 inline start_caller(j) {
   if
   :: AS(j) ->
        cst[j] = C_DONE; ainside[j] = true;
-       run ANode(j); run AToken(j); run Agent(j)
-  :: else -> run Caller(j); run Token(j)
+       run ANode(j); RUN_TOKEN(AToken, j) run Agent(j)
+  :: else -> run Caller(j); RUN_TOKEN(Token, j) skip
   fi
 }
 #else
-inline start_caller(j) { run Caller(j); run Token(j) }
+inline start_caller(j) { run Caller(j); RUN_TOKEN(Token, j) skip }
 #endif
 
 init {
@@ -1346,11 +1799,14 @@ init {
 #else
     cst[2] = C_DONE; entered[2] = true;
 #endif
+#ifndef NO_DELIVERY_THREAD
+    run Delivery();
+#endif
 #else
     run Caller(0); run Caller(1);
-    run Token(0); run Token(1);
+    RUN_TOKEN(Token, 0) RUN_TOKEN(Token, 1)
 #if NCALLERS == 3
-    run Caller(2); run Token(2);
+    run Caller(2); RUN_TOKEN(Token, 2)
 #else
     cst[2] = C_DONE; entered[2] = true;
 #endif
