@@ -6,8 +6,9 @@
 # the expectation:
 #   pass   errors: 0 (no assertion violation, no invalid end state)
 #   fail   errors > 0, and the first violated assertion contains the expected text
-# Prints states stored, transitions (states explored), memory and time per run; exits
-# non-zero on any mismatch.
+# Prints states stored, transitions (states explored), memory, wall time and CPU time
+# (user + system, what the row costs on an idle core) per run; exits non-zero on any
+# mismatch.
 #
 #   bash tests/model/run.sh            default configurations (< ~90 s on 2 idle cores)
 #   bash tests/model/run.sh --full     every configuration (also SINGLEFLIGHT_MODEL_FULL=1)
@@ -166,7 +167,10 @@ run_one() {
   cp "$here"/*.pml "$d/"
   local t0 t1 rc=0
   t0=$(date +%s.%N)
-  (
+  # CPU seconds (user + system) of spin, cc and pan: on a busy machine the wall time
+  # says little, the CPU time is what this row costs on an idle core
+  local TIMEFORMAT='%3U %3S'
+  { time (
     cd "$d"
     # shellcheck disable=SC2086
     spin -a $defs singleflight.pml >spin.txt 2>&1 || { echo "spin -a failed" >>pan.txt; exit 1; }
@@ -176,7 +180,7 @@ run_one() {
     "$CC" -w -O0 $safety $ccflags -o pan pan.c >cc.txt 2>&1 || { echo "cc failed" >>pan.txt; exit 1; }
     # shellcheck disable=SC2086
     ./pan $panflags >pan.txt 2>&1 || true
-  ) || rc=1
+  ) ; } 2>"$d/cpu.txt" || rc=1
   t1=$(date +%s.%N)
   local out="$d/pan.txt"
   local errors states mem verdict="ok"
@@ -194,9 +198,11 @@ run_one() {
   fi
   local transitions
   transitions=$(grep 'transitions (= stored+matched)' "$out" | awk '{print $1}' | tail -1)
-  printf '%-44s %-4s errors: %-2s stored: %-9s transitions: %-10s mem: %7s MB %6.1fs  %s\n' \
+  local cpu
+  cpu=$(awk 'NF == 2 { print $1 + $2 }' "$d/cpu.txt" | tail -1)
+  printf '%-44s %-4s errors: %-2s stored: %-9s transitions: %-10s mem: %7s MB %6.1fs cpu %6.1fs  %s\n' \
     "$name" "$expect" "${errors:-?}" "${states:-?}" "${transitions:-?}" "${mem:-?}" \
-    "$(echo "$t1 - $t0" | bc)" "$verdict"
+    "$(echo "$t1 - $t0" | bc)" "${cpu:-0}" "$verdict"
 }
 export -f run_one
 export work here CC
@@ -204,7 +210,7 @@ export work here CC
 echo "spin model of singleflight::group ($(spin -V | head -1)); $([[ ${FULL:-0} == 1 ]] && echo full || echo default) mode, ${#configs[@]} configurations, $JOBS jobs"
 start=$(date +%s)
 printf '%s\n' "${configs[@]}" | xargs -d '\n' -P "$JOBS" -I{} bash -c 'run_one "$1"' _ {} | tee "$work/summary.txt"
-echo "total: $(( $(date +%s) - start ))s"
+echo "total: $(( $(date +%s) - start ))s wall, $(awk '{ for (i = 1; i < NF; i++) if ($i == "cpu") s += $(i + 1) } END { printf "%.0f", s }' "$work/summary.txt")s cpu"
 if grep -q MISMATCH "$work/summary.txt"; then
   echo "run.sh: FAILED ($(grep -c MISMATCH "$work/summary.txt") mismatches)"
   exit 1
