@@ -1,13 +1,15 @@
 /*
  * singleflight.pml -- Promela model of the concurrency protocol of
- * singleflight::group (include/singleflight/group.hpp, detail/flight.hpp) for
- * one key: the group mutex, the per-waiter mutex + condition variable, the
- * claim / leave CAS on waiter::state, the wake_batch signalled after the group
- * mutex is released, and the users_ bookkeeping that close() waits for.
+ * singleflight::group (include/singleflight/group.hpp and detail/*.hpp since the
+ * core cut) for one key, so one shard: the shard mutex, the flight's broadcast word
+ * (detail/signal.hpp, blocking_waiters.hpp), the claim / leave exchange on
+ * waiter::state (claim.hpp: a blocked waiter is unlinked before the CAS that claims
+ * it), the wake_batch notified after the mutex is released (wake_batch.hpp,
+ * notification.hpp), and the users_ bookkeeping that close() waits for.
  *
  * Processes (each names the code it stands for; README.md has the full table):
  *   Caller(i)  x3 (or 2)  call_with() -> route() -> lead() / lead_inline() /
- *                         wait_outcome() / observe(); deliver()
+ *                         wait_outcome() / observe() (blocking_calls.hpp); deliver()
  *   Token(i)              the caller's std::stop_token: fires once or never;
  *                         request_stop() runs the registered callback
  *                         (wake_on_stop / leave_on_stop) on the firing thread
@@ -18,6 +20,7 @@
  *                         then the owner destroys the group (ghost `destroyed`)
  *   Forget                forget(key), once (-DFORGET)
  *   Monitor / Watchdog    safety invariants in every state / checks in terminal states
+ *   Eraser                (-DCLAIM_CAS_FIRST only) the rest of claim_if after the CAS: erase()
  * With -DASYNC, each of the last NASYNC callers is an async caller (async_do / co_do):
  *   ANode(i)              the async_do thread: start(), attach(first), lead_async()
  *   Agent(i)              go_again() -> attach() on the thread that notified it
@@ -36,14 +39,19 @@
  * block (a retry with a blocking do_, or close()); -DOLD_NOTIFY_ORDER,
  * -DNO_DELIVERY_THREAD and -DNO_DRAIN_OWN restore the code before that commit.
  *
- * Locks. Every group-mutex critical section is one atomic { } and touches the
- * group state only there. A waiter's own mutex w.m guards only `signaled` and
- * `stop_fired` (two flags, set together with a notify under w.m, and tested
- * by cv.wait's predicate under w.m), so each w.m section is one atomic step
- * and a wait on w.cv is a blocking guard on the predicate: with notify always
- * sent under w.m right after setting the flag, this is exact (a lost wake-up
- * can only come from a flag nobody sets, which the Watchdog reports).
- * waiter::state is an atomic; each CAS is one step.
+ * Locks. Every shard-mutex critical section is one atomic { } and touches the
+ * group state only there. Blocked waiters have no lock of their own: each sleeps on
+ * its flight's word (flight_signal, fsig[f]): await() reads the word, then checks
+ * its own state (claimed?) and its stop flag, then futex-waits "while the word is
+ * what I read" (the compare and the enqueue are one step, as in the kernel); a
+ * settle that claims blocked waiters bumps the word under the mutex (add_blocked)
+ * and, after unlocking, clears the flight's wake_pending and wakes every sleeper
+ * (wake_blocked: one broadcast per flight); a caller's stop (wake_on_stop) sets its
+ * flag, bumps and wakes. A claimed waiter reads its outcome with no lock and may
+ * return at once, so the settler must not touch it after the CAS: claim_if unlinks
+ * a blocked waiter first (ghost wfree: its storage is gone). waiter::state is an
+ * atomic; each CAS is one step. Spurious futex wake-ups are not modelled (they
+ * only wake a waiter that then looks again).
  *
  * Every group-touching step asserts TOUCH(who): the group has not been
  * destroyed, and (for callers, tasks and the leave_on_stop callback) the
@@ -100,6 +108,19 @@
  *                      on the timer thread / inside the stop callback
  *   NO_DRAIN_OWN       a callback that blocks inside the group does not first run the
  *                      rest of its notification loop and the flights deferred in it
+ * The claim/leave exchange and the broadcast word (must fail):
+ *   CLAIM_CAS_FIRST    claim_if claims a blocked waiter by the CAS first and unlinks it
+ *                      after (the order before the TSan fix): the claimed waiter may see
+ *                      its claim and return (its waiter, in its frame, gone) while the
+ *                      settler, still holding the mutex, unlinks it. The settler's
+ *                      remaining writes to the waiter are a process of their own (Eraser)
+ *                      and, while they are due, only the claimed caller and its token
+ *                      move (provided clauses: the settler holds the mutex)
+ *   SIGNAL_LOAD_LATE   await() checks its state first and reads the word after: a
+ *                      claim and its broadcast in between are lost (the waiter sleeps on
+ *                      the new value)
+ *   WAKE_PENDING_LATE  wake_blocked() wakes first and clears wake_pending after: a second
+ *                      settle of the same flight in between skips its own wake
  * Broken variants (must be rejected):
  *   UNCONDITIONAL_CLEANUP  finish() erases the key's entry, not its own node
  *   RELOCK_AFTER_CLAIM     a claimed follower, once signalled, retakes the group
@@ -144,7 +165,6 @@
 /* ghost: where a caller is */
 #define C_RUN   0
 #define C_BLK   1       /* block(): in wait_outcome() or observe()   */
-#define C_AWAIT 2       /* await_signal(): claimed, signal on its way */
 #define C_FN    3       /* inline leader running fn                   */
 #define C_DONE  4
 #define C_SIG   5       /* (ASYNC) outcome decided; signalling its batch (may run a go-again) */
@@ -195,6 +215,8 @@ bool fforgot[NF];       /* ghost: forget() detached it */
 bool fsole[NF];         /* ghost: the leader kept the value (ticket::sole) */
 bool freaders[NF];      /* ghost: another caller copies f->value */
 bool tcounted[NF];      /* ghost: the task of flight f counts in users_ */
+byte fwq[NF];           /* wake_pending: _pid + 1 of the process whose batch will wake f
+                           (wake_batch::add_blocked queued it), 0 when false */
 bool wstarted[NF];      /* ghost: a Worker thread exists for f */
 bool wdone[NF];         /* ghost: ...and has ended (joinable) */
 
@@ -203,8 +225,12 @@ byte wf[NC];            /* its flight (guarded by mu_ while linked) */
 bool wlinked[NC];       /* guarded by mu_ */
 bool wobs[NC];          /* observer; guarded by mu_ */
 byte wstate[NC];        /* std::atomic state */
-bool signaled[NC];      /* guarded by w.m */
-bool stop_fired[NC];    /* guarded by w.m (by mu_ for an inline leader) */
+bool stop_fired[NC];    /* blocking_waiter::stop_fired, an atomic (under mu_ for an inline leader) */
+byte wslp[NC];          /* the flight whose word waiter i sleeps on (futex queue); 0: awake */
+bool wchg[NC];          /* flight_signal's word, as waiter i sees it: it has changed since
+                           waiter i read it in await() (the 32-bit word never wraps here, so
+                           "changed" is exactly "was bumped"; fewer states than its value) */
+bool wfree[NC];         /* ghost: call_with returned after a claim: waiter i's storage is gone */
 byte cst[NC];           /* ghost: C_* */
 bool counted[NC];       /* ghost: this call counts in users_ */
 bool entered[NC];       /* ghost: made its first call into the group */
@@ -215,7 +241,8 @@ bool obs_dl[NC];        /* ...and has passed */
 bool tok_fired[NC];
 byte cbk[NC];
 byte cbf[NC];
-bool cb_running[NC];    /* a leave_on_stop is running on the Token's thread */
+byte cb_running[NC];    /* 1: a leave_on_stop (or async_stopped) is running on the token's
+                           thread; 2: a wake_on_stop is (between its bump and its wake) */
 
 #ifdef ASYNC
 /* group::async_node (index = caller index; wf/wlinked/wobs/wstate/counted are shared
@@ -255,6 +282,25 @@ bool fstarted[NF];      /* ghost: a thread entered flight f's fn (invoke_fn) */
 
 /* notify(): registered notification loops (loop_record), each holding one user count */
 byte loopc;
+
+byte cok;               /* claim(): the CAS won (a temporary, 0 between steps) */
+#ifdef CLAIM_CAS_FIRST
+#ifdef ASYNC
+#error "CLAIM_CAS_FIRST is modelled for blocking callers only"
+#endif
+/* claimed blocked waiters the settler has still to unlink (it holds the mutex meanwhile):
+   while any is due, only the Eraser, those callers and their tokens move */
+byte edue;
+byte pown[24];          /* _pid -> 1 + the index of the caller a Caller/Token process is */
+#define PROV provided (edue == 0 || (pown[_pid] != 0 && (edue & (1 << (pown[_pid] - 1))) != 0))
+#define PROV_MONITOR provided (edue == 0)
+/* a claimed observer's relock waits for the settler's unlock */
+#define ERASED(i) (edue & (1 << i)) == 0 ->
+#else
+#define PROV
+#define PROV_MONITOR
+#define ERASED(i)
+#endif
 
 byte cl_state;          /* ghost: 0 idle, 1 draining, 2 returned */
 bool destroyed;         /* ghost: ~group has run (after close() returned) */
@@ -311,8 +357,10 @@ bool timer_exited;
  && users == USERS )
 
 /* At a terminal state a caller is done, runs a hung fn (HUNG_OK judges it), or
-   is blocked legitimately: unclaimed, token unfired, nothing signalled, and
-   still something to wait for. Blocked in await_signal() is never legitimate. */
+   is asleep on its flight's word legitimately: unclaimed, token unfired, and still
+   something to wait for. Asleep while claimed is a lost wake-up: never legitimate
+   (a blocked waiter is woken before any callback of its batch runs, so no blocking
+   callback can hold it back). */
 #ifdef DEADLINE
 #define NO_DL(i) !obs_dl[i]
 #else
@@ -320,8 +368,7 @@ bool timer_exited;
 #endif
 #define CALLER_OK(i) \
   ( cst[i] == C_DONE || cst[i] == C_FN || cst[i] == C_SIG \
- || ((cst[i] == C_BLK || cst[i] == C_AWAIT) && wstate[i] == W_CLAIMED && !signaled[i] && HELD(i)) \
- || (cst[i] == C_BLK && wstate[i] == W_WAITING && !tok_fired[i] && !signaled[i] \
+ || (cst[i] == C_BLK && wslp[i] != 0 && wstate[i] == W_WAITING && !tok_fired[i] \
      && !stop_fired[i] && \
      ((!wobs[i] && fkind[wf[i]] == K_PENDING) || \
       (wobs[i] && !closed && !fn_done[wf[i]] && !fforgot[wf[i]] && NO_DL(i)))) )
@@ -417,20 +464,58 @@ bool timer_exited;
 
 /* waiter_list::claim_if for one waiter: obs == false is settle() (followers,
    counted out: exit_user() on their behalf), obs == true claim_observers()
-   (observers stay users). A leaving waiter stays linked. */
+   (observers stay users). An async waiter: the CAS, then unlinked; a leaving one
+   stays linked (it unlinks itself). A blocked waiter: unlinked first, then the CAS
+   (it may run off as soon as it sees the claim); a leaving one finds itself
+   unlinked. A claimed blocked waiter goes into the batch as its flight
+   (add_blocked: bump the word; queue the flight for one broadcast unless another
+   batch's broadcast is still due, fwq); an async one as itself (bit j). */
+/* flight_signal::bump(): the word changes for every blocked waiter of fl in await() (for
+   one already asleep the change only matters once it is woken and reads it again) */
+#ifndef AWAIT_ONE_STEP
+#define BUMP1(k, fl) if :: cst[k] == C_BLK && wf[k] == fl -> wchg[k] = true :: else -> skip fi
+#else
+#define BUMP1(k, fl) skip
+#endif
+inline bump(fl) {
+  BUMP1(0, fl); BUMP1(1, fl); BUMP1(2, fl)
+}
+inline add_blocked(fl) {
+  bump(fl);
+  if :: fwq[fl] == 0 -> fwq[fl] = _pid + 1 :: else -> skip fi
+}
+#ifndef CLAIM_CAS_FIRST
+#define CLAIM_BLOCKED(j, fl) \
+  assert(!wfree[j]); wlinked[j] = false; \
+  if :: wstate[j] == W_WAITING -> wstate[j] = W_CLAIMED; cok = true :: else -> cok = false fi
+#else
+/* BROKEN (the order before the TSan fix): the CAS, then the unlink, which the
+   Eraser process does as the settler's next step while the mutex is still held */
+#define CLAIM_BLOCKED(j, fl) \
+  if :: wstate[j] == W_WAITING -> wstate[j] = W_CLAIMED; cok = true; wlinked[j] = false; edue = edue | (1 << j) \
+     :: else -> cok = false fi
+#endif
 inline claim(j, fl, obs, b) {
   if
-  :: wlinked[j] && wf[j] == fl && wobs[j] == obs && wstate[j] == W_WAITING ->
-       wstate[j] = W_CLAIMED; wlinked[j] = false;
+  :: wlinked[j] && wf[j] == fl && wobs[j] == obs && !AS(j) ->
+       CLAIM_BLOCKED(j, fl);
+       if
+       :: cok ->
+            if :: !obs -> users--; counted[j] = false :: else -> skip fi;
+            add_blocked(fl); cok = false
+       :: else -> skip
+       fi
 #ifdef ASYNC
-       assert(!AS(j) || adel[j] == 0);
+  :: wlinked[j] && wf[j] == fl && wobs[j] == obs && AS(j) && wstate[j] == W_WAITING ->
+       wstate[j] = W_CLAIMED; wlinked[j] = false;
+       assert(adel[j] == 0);
        if :: obs -> ob_linked[j] = false :: else -> skip fi;   /* unlink_wait_deadline */
-#endif
        if
        :: !obs -> users--; counted[j] = false
        :: else -> skip
        fi;
        b = b | (1 << j)
+#endif
   :: else -> skip
   fi
 }
@@ -636,20 +721,48 @@ inline loop_exit(b) {
   fi
 }
 
-/* wake_batch::signal_all(), after the group mutex is released: one waiter::signal()
-   (a w.m critical section) per step. The waiter must still be there, claimed. */
-inline signal_one(j, b) {
+/* flight_signal::wake_all(): every thread asleep on fl's word wakes */
+inline wake_all(fl) {
+  if :: wslp[0] == fl -> wslp[0] = 0 :: else -> skip fi;
+  if :: wslp[1] == fl -> wslp[1] = 0 :: else -> skip fi;
+  if :: wslp[2] == fl -> wslp[2] = 0 :: else -> skip fi
+}
+/* wake_batch::wake_blocked(), after the mutex is released and before any async waiter of
+   the batch is notified: for each flight this process's batch queued, clear wake_pending,
+   then broadcast. All of them in one step (each broadcast only wakes: nothing the
+   sleepers do depends on the order); a second settle that bumps a flight in between
+   either still sees wake_pending (and this wake follows its bump) or queues its own. */
+#define OWN(g) (fwq[g] == _pid + 1)
+/* an empty batch: no async waiter, no flight to wake */
+#define NOTHING_TO_WAKE(b) (b == 0 && !OWN(1) && !OWN(2) && !OWN(3))
+#ifndef WAKE_PENDING_LATE
+inline wake_one(g) {
+  if :: OWN(g) -> fwq[g] = 0; wake_all(g) :: else -> skip fi
+}
+inline wake_blocked() {
   if
-  :: b & (1 << j) ->
-       atomic {
-         LOOP_REG(b)
-         assert(wstate[j] == W_CLAIMED && !signaled[j] && cst[j] != C_DONE);
-         signaled[j] = true;
-         b = b - (1 << j)
-       }
+  :: OWN(1) || OWN(2) || OWN(3) -> atomic { wake_one(1); wake_one(2); wake_one(3) }
   :: else -> skip
   fi
 }
+#else
+/* BROKEN: broadcast first, clear wake_pending after (fwq = _pid + 101 in between) */
+#define WOKE(g) (fwq[g] == _pid + 101)
+inline wake_one(g) {
+  if :: OWN(g) -> fwq[g] = _pid + 101; wake_all(g) :: else -> skip fi
+}
+inline clear_one(g) {
+  if :: WOKE(g) -> fwq[g] = 0 :: else -> skip fi
+}
+inline wake_blocked() {
+  if
+  :: OWN(1) || OWN(2) || OWN(3) ->
+       atomic { wake_one(1); wake_one(2); wake_one(3) };
+       atomic { clear_one(1); clear_one(2); clear_one(3) }
+  :: else -> skip
+  fi
+}
+#endif
 #ifdef ASYNC
 /* the waiters linked to flight fl, as a mask (taken when j links: who is before it) */
 #define LINKED_TO(fl) \
@@ -658,11 +771,6 @@ inline signal_one(j, b) {
 /* in the order they were claimed: oldest link first (claim_if walks the list from the
    head, wake_batch::add appends), since a go-again can run a whole fn inside the loop */
 #define NEXT(j, b) ((b & (1 << j)) && (wafter[j] & b & 7) == 0)
-inline sig_blocking(j, b) {
-  assert(wstate[j] == W_CLAIMED && !signaled[j] && cst[j] != C_DONE);
-  signaled[j] = true;
-  b = b - (1 << j)
-}
 #if defined(BLOCKING_CB) && !defined(NO_DRAIN_OWN)
 /* The end of a loop in which on_done callbacks chose to block (bits 256 << j, 2048 << j):
    they have run the rest of it (drain_own) and now block, one after the other (all waits
@@ -693,17 +801,17 @@ inline cb_drained(b) {
 #else
 #define cb_drained(b) skip
 #endif
+/* wake_batch::signal_all(): the blocked waiters first (wake_blocked), then each async
+   waiter in claim order */
 inline signal_all(b) {
+  wake_blocked();
   do
-  :: atomic { NEXT(0, b) && !AS(0) -> LOOP_REG(b) sig_blocking(0, b) }
   :: atomic { NEXT(0, b) && AS(0) && !wobs[0] && !cb_running[0] -> LOOP_REG(b) a_deliver_claimed(0, b); CB_CHOOSE(0, b) } CB_NOW(0)
   :: atomic { NEXT(0, b) && AS(0) && wobs[0] && again[0] == 0 -> LOOP_REG(b) a_request(0, b) };
      end_notify0: A_WAIT(0, b)
-  :: atomic { NEXT(1, b) && !AS(1) -> LOOP_REG(b) sig_blocking(1, b) }
   :: atomic { NEXT(1, b) && AS(1) && !wobs[1] && !cb_running[1] -> LOOP_REG(b) a_deliver_claimed(1, b); CB_CHOOSE(1, b) } CB_NOW(1)
   :: atomic { NEXT(1, b) && AS(1) && wobs[1] && again[1] == 0 -> LOOP_REG(b) a_request(1, b) };
      end_notify1: A_WAIT(1, b)
-  :: atomic { NEXT(2, b) && !AS(2) -> LOOP_REG(b) sig_blocking(2, b) }
   :: atomic { NEXT(2, b) && AS(2) && !wobs[2] && !cb_running[2] -> LOOP_REG(b) a_deliver_claimed(2, b); CB_CHOOSE(2, b) } CB_NOW(2)
   :: atomic { NEXT(2, b) && AS(2) && wobs[2] && again[2] == 0 -> LOOP_REG(b) a_request(2, b) };
      end_notify2: A_WAIT(2, b)
@@ -729,14 +837,8 @@ inline signal_all(b) {
    only: no user code); queue_delivery(async) (under the group's mutex; the delivery
    thread notifies them). Their batches hold no observers (settle claims none; the
    timer turns a timed-out async observer into a plain waiter). */
-inline sig_thread(j, b) {
-  if
-  :: (b & (1 << j)) && !AS(j) -> atomic { sig_blocking(j, b) }
-  :: else -> skip
-  fi
-}
 inline signal_split(b) {
-  sig_thread(0, b); sig_thread(1, b); sig_thread(2, b);
+  wake_blocked();
   if
   :: (b & 7) != 0 ->
        atomic {
@@ -751,8 +853,9 @@ inline signal_split(b) {
 #define signal_split(b) signal_all(b)
 #endif
 #else
-inline signal_all(b) { signal_one(0, b); signal_one(1, b); signal_one(2, b); loop_exit(b) }
-#define signal_split(b) signal_all(b)
+/* no async waiters: a batch is its flights' broadcasts (notify(): no observers, no loop) */
+#define signal_all(b) wake_blocked()
+#define signal_split(b) wake_blocked()
 #endif
 
 /* a caller receives f's outcome: settled, and not settled before it arrived
@@ -786,7 +889,7 @@ end_hang:
 
 /* w.reset(as_observer) + f->list.push(w) (for the join and observe cases) */
 inline reset_push(fl, obs) {
-  wstate[i] = W_WAITING; signaled[i] = false; stop_fired[i] = false;
+  wstate[i] = W_WAITING; stop_fired[i] = false;
 #ifdef ASYNC
   wafter[i] = LINKED_TO(fl);
 #endif
@@ -813,11 +916,11 @@ inline route() {
 #ifndef FIX_SUBMIT_WINDOW
        reset_push(f, false);                   /* w.reset(false); push; unlock */
 #else
-       wstate[i] = W_WAITING; signaled[i] = false; stop_fired[i] = false; wobs[i] = false;
+       wstate[i] = W_WAITING; stop_fired[i] = false; wobs[i] = false;
 #endif
 #else
        /* lead_inline(): w.reset(false), not linked */
-       wstate[i] = W_WAITING; signaled[i] = false; stop_fired[i] = false; wobs[i] = false;
+       wstate[i] = W_WAITING; stop_fired[i] = false; wobs[i] = false;
 #endif
        ph = PH_LEAD
   :: !closed && !tok_fired[i] && map_slot != 0 && fkind[map_slot] == K_PENDING ->
@@ -840,32 +943,93 @@ inline route() {
   fi
 }
 
-/* cb.emplace(caller, wake_on_stop{&w}) then block(w): registering is seen only by
-   the Token, so it is merged with the wait. block() returns when signalled or
-   stopped (or, for an observer, at its wait_deadline). Then ~stop_callback and
-   w.try_leave(). */
-inline block_then_try_leave() {
-  atomic {
-    if
-    :: tok_fired[i] -> stop_fired[i] = true       /* already stopped: runs inline */
-    :: else -> cbk[i] = CB_WAKE; cbf[i] = f
-    fi;
-    cst[i] = C_BLK;
-end_blk:
+/* wait_outcome() / observe() after unlocking: cb.emplace(caller, wake_on_stop{&w, f})
+   (registering is seen only by the Token, so it is merged with the first step), then
+   w.await(f, deadline): read the word, then look at the waiter's own state (claimed?)
+   and stop flag (and an observer's wait deadline), then futex-wait while the word is
+   what it read; then ~stop_callback (waits for a wake_on_stop running elsewhere) and,
+   unless claimed, w.try_leave(). A claimed follower reads f->kind with no lock and
+   returns from call_with at once: its waiter is gone (wfree). */
 #ifdef DEADLINE
-    (signaled[i] || stop_fired[i] || (wobs[i] && obs_dl[i])) ->
+#define DL_PASSED (wobs[i] && obs_dl[i])
 #else
-    (signaled[i] || stop_fired[i]) ->
+#define DL_PASSED false
 #endif
-    cst[i] = C_RUN
-  }
-  atomic {
-    !cb_running[i] -> cbk[i] = CB_NONE; cbf[i] = 0;
-    if
-    :: wstate[i] == W_WAITING -> wstate[i] = W_LEAVING; lv = true
-    :: else -> lv = false; cst[i] = C_AWAIT
-    fi
-  }
+#ifndef RELOCK_AFTER_CLAIM
+#define CLAIMED_FOLLOWER \
+  if :: !lv && ph == PH_JOIN -> out = fkind[f]; got_outcome(f); ph = PH_DONE; wfree[i] = true \
+     :: else -> skip fi
+#else
+#define CLAIMED_FOLLOWER skip
+#endif
+/* await() ends when the waiter is claimed (true), its stop fired or its deadline passed
+   (false); then ~stop_callback (a wake_on_stop is one step: nothing to wait for) and,
+   unless claimed, try_leave(); a claimed follower takes its outcome. Merged with the
+   check that ends await(): a claim or a token firing just before or just after it gives
+   the same outcomes, and both orders are explored. */
+#define AWAIT_DONE (wstate[i] == W_CLAIMED || stop_fired[i] || DL_PASSED)
+#define AWAIT_END \
+  assert(!cb_running[i]); cbk[i] = CB_NONE; cbf[i] = 0; cst[i] = C_RUN; \
+  if \
+  :: wstate[i] == W_WAITING -> wstate[i] = W_LEAVING; lv = true \
+  :: else -> lv = false \
+  fi; \
+  CLAIMED_FOLLOWER
+inline block_then_try_leave() {
+  do
+  :: atomic {
+       if
+       :: cst[i] != C_BLK ->
+            /* cb.emplace(caller, wake_on_stop{&w, f}) */
+            if
+            :: tok_fired[i] -> stop_fired[i] = true   /* already stopped: w.stop() runs inline
+                                                         (its bump and wake only disturb others) */
+            :: else -> cbk[i] = CB_WAKE; cbf[i] = f
+            fi;
+            cst[i] = C_BLK
+#if !defined(SIGNAL_LOAD_LATE) && !defined(AWAIT_ONE_STEP)
+       :: else ->
+            /* f.signal.wait(seen, deadline): the compare and the enqueue are one step */
+            if
+            :: wchg[i] -> skip
+            :: else ->
+                 wslp[i] = f;
+end_sleep:       (wslp[i] == 0 || DL_PASSED) -> wslp[i] = 0
+            fi
+       fi;
+       /* await(): read the word, then the checks */
+       wchg[i] = false;
+       if
+       :: AWAIT_DONE -> AWAIT_END; break
+       :: else -> skip
+       fi
+     }
+#elif defined(AWAIT_ONE_STEP)
+       :: else ->
+            /* (woken: read the word and check again, below) */
+end_sleep1: (wslp[i] == 0 || DL_PASSED) -> wslp[i] = 0
+       fi;
+       if
+       :: AWAIT_DONE -> AWAIT_END; break
+       :: else -> wslp[i] = f    /* read, check and futex-wait as one step: see AWAIT_ONE_STEP */
+       fi
+     }
+#else
+       :: else ->
+            /* BROKEN: the word is read after the checks (merged with the futex wait: the
+               word has not changed in between, the compare passes) */
+            wchg[i] = false; wslp[i] = f;
+end_sleep_late: (wslp[i] == 0 || DL_PASSED) -> wslp[i] = 0
+       fi
+     };
+     atomic {
+       if
+       :: AWAIT_DONE -> AWAIT_END; break
+       :: else -> skip
+       fi
+     }
+#endif
+  od
 }
 
 /* lead_inline() after fn returned, under the lock: finish, the ticket, and
@@ -885,7 +1049,7 @@ inline leader_finish() {
 
 /* ---- processes ---------------------------------------------------------------- */
 
-proctype Worker(byte f; bool may_drop) {
+proctype Worker(byte f; bool may_drop) PROV {
   byte k;
   BATCH bat;
   if
@@ -920,7 +1084,7 @@ proctype Worker(byte f; bool may_drop) {
   atomic { assert(!destroyed); k = 0; wdone[f] = true }
 }
 
-proctype Caller(byte i) {
+proctype Caller(byte i) PROV {
   byte f, k, out, ph, arrg, sub;
   BATCH bat;
   bool stp, isl, lv, mv, own;
@@ -959,15 +1123,14 @@ proctype Caller(byte i) {
             exit_self();
             ph = PH_DONE
           }
+     :: ph == PH_DONE -> skip          /* a claimed follower (CLAIMED_FOLLOWER) */
      :: ph == PH_JOIN && !lv ->
 #ifndef RELOCK_AFTER_CLAIM
-          /* claimed: await_signal(); the outcome; never the group's mutex again (an end
-             state for spin: the Watchdog judges a caller left here, CALLER_OK) */
-end_await: atomic { signaled[i] -> cst[i] = C_RUN; out = fkind[f]; got_outcome(f); ph = PH_DONE }
+          /* claimed: the outcome was read in the same step (CLAIMED_FOLLOWER) */
+          assert(false)
 #else
-          /* BROKEN: after the signal, retake the group mutex to read the outcome */
-          atomic { signaled[i] -> cst[i] = C_RUN };
-          atomic { TOUCH(i); out = fkind[f]; got_outcome(f); ph = PH_DONE }
+          /* BROKEN: once it sees its claim, retake the group mutex to read the outcome */
+          atomic { TOUCH(i); out = fkind[f]; got_outcome(f); ph = PH_DONE; wfree[i] = true }
 #endif
      :: ph == PH_OBSERVE && lv ->
           /* lock; erase; stop_fired ? cancelled : timeout; rejected: exit_user() */
@@ -979,11 +1142,11 @@ end_await: atomic { signaled[i] -> cst[i] = C_RUN; out = fkind[f]; got_outcome(f
             ph = PH_DONE
           }
      :: ph == PH_OBSERVE && !lv ->
-          /* claimed (fn returned, forget, close): still a user. await_signal,
-             lock, closed ? closed : go round route() again */
-end_await_obs:
+          /* claimed (fn returned, forget, close): still a user. Lock (held by the
+             settler until it has unlinked us: ERASED), closed ? closed : go round
+             route() again */
           atomic {
-            signaled[i] -> cst[i] = C_RUN;
+            ERASED(i)
             TOUCH(i);
             if
             :: closed -> out = K_CLOSED; exit_self(); ph = PH_DONE
@@ -1080,7 +1243,7 @@ end_await_obs:
             fi;
             if
             :: own -> out = fkind[f]; got_outcome(f); exit_self(); ph = PH_DONE
-            :: else -> cst[i] = C_AWAIT; ph = PH_JOIN     /* unlock; await_signal() */
+            :: else -> out = fkind[f]; got_outcome(f); ph = PH_DONE  /* claimed: take it */
             fi
 #ifdef FIX_SUBMIT_WINDOW
        :: else ->
@@ -1095,11 +1258,6 @@ end_await_obs:
 #endif
        fi
      };
-     if
-     :: ph == PH_JOIN && cst[i] == C_AWAIT ->
-end_await_lead: atomic { signaled[i] -> cst[i] = C_RUN; out = fkind[f]; got_outcome(f); ph = PH_DONE }
-     :: else -> skip
-     fi
 #endif
 
   od;
@@ -1126,7 +1284,7 @@ end_await_lead: atomic { signaled[i] -> cst[i] = C_RUN; out = fkind[f]; got_outc
 }
 
 /* the caller's stop_token */
-proctype Token(byte i) {
+proctype Token(byte i) PROV {
   byte kk, fl;
   BATCH bat;
   bool s;
@@ -1136,7 +1294,17 @@ proctype Token(byte i) {
        tok_fired[i] = true;
        kk = cbk[i]; fl = cbf[i]; cbk[i] = CB_NONE; cbf[i] = 0;
        if
-       :: kk == CB_WAKE -> stop_fired[i] = true; kk = 0   /* wake_on_stop: w.m only */
+       :: kk == CB_WAKE ->
+            /* wake_on_stop: w->stop(*f): the flag, the bump, the broadcast, in that
+               order, as one step (a waiter that read the word before the bump finds it
+               changed or is woken; one that reads it after sees the flag) */
+            stop_fired[i] = true; bump(fl);
+#ifndef WAKE_OWN_ONLY
+            wake_all(fl);
+#else
+            if :: wslp[i] == fl -> wslp[i] = 0 :: else -> skip fi;
+#endif
+            kk = 0; fl = 0
        :: kk == CB_LEAVE -> cb_running[i] = true
        :: else -> skip
        fi
@@ -1156,7 +1324,7 @@ proctype Token(byte i) {
              this callback: an on_done run here that waits for that fn never returns) */
 #ifndef OLD_NOTIFY_ORDER
           if
-          :: bat == 0 ->
+          :: NOTHING_TO_WAKE(bat) ->
                atomic { if :: s -> fstop[fl] = true :: else -> skip fi; s = false; cb_running[i] = false; kk = 0; fl = 0 }
           :: else ->
                atomic { if :: s -> fstop[fl] = true :: else -> skip fi; s = false };
@@ -1340,7 +1508,7 @@ inline a_lead_rest(gate) {
   /* unlock; request_stop, then notify (a kept task may be running fn) */
 #ifndef OLD_NOTIFY_ORDER
   if
-  :: bat == 0 -> atomic { if :: stp -> fstop[f] = true; stp = false :: else -> skip fi; LEAD_RET }
+  :: NOTHING_TO_WAKE(bat) -> atomic { if :: stp -> fstop[f] = true; stp = false :: else -> skip fi; LEAD_RET }
   :: else ->
        atomic { if :: stp -> fstop[f] = true; stp = false :: else -> skip fi };
        signal_all(bat);
@@ -1353,7 +1521,7 @@ inline a_lead_rest(gate) {
 #endif
 }
 
-proctype ANode(byte i) {
+proctype ANode(byte i) PROV {
   byte f, k, sub, fat, imm, ph;
   BATCH bat;
   bool stp, ag = false;
@@ -1408,7 +1576,7 @@ proctype ANode(byte i) {
 #endif
 inline ag_block(i) { skip AG_BLOCK }
 
-proctype Agent(byte i) {
+proctype Agent(byte i) PROV {
   byte f, k, sub, fat, imm, ph;
   BATCH bat;
   bool stp, ag = true;
@@ -1451,7 +1619,7 @@ end_idle:
 }
 
 /* the async caller's stop_token; request_stop() runs async_stopped() (when registered) */
-proctype AToken(byte i) {
+proctype AToken(byte i) PROV {
   byte fl;
   BATCH bat;
   bool s, reg, won;
@@ -1501,7 +1669,7 @@ proctype AToken(byte i) {
                        wait) */
 #ifndef OLD_NOTIFY_ORDER
                     if
-                    :: bat == 0 ->
+                    :: NOTHING_TO_WAKE(bat) ->
                          atomic {
                            if :: s -> fstop[fl] = true; s = false :: else -> skip fi;
                            ares[i] = K_CANCELLED; acb[i] = false; a_complete(i);
@@ -1553,7 +1721,7 @@ inline dlv_one(j, b) {
     dq = dq - (1 << j); b = 1 << j; a_deliver_claimed(j, b) DLV_CHOOSE(j)
   } DLV_BLOCK(j)
 }
-proctype Delivery() {
+proctype Delivery() PROV {
   BATCH b;
 end_delivery:
   do
@@ -1583,7 +1751,7 @@ inline async_ob_timeout(j, b) {
 
 /* timer_loop(): settle the head of the deadline list (the oldest pending flight)
    with timeout; unlock; signal; stop it. Also each observer's wait_deadline. */
-proctype Timer() {
+proctype Timer() PROV {
   byte fl;
   BATCH bat;
 end_timer:
@@ -1641,7 +1809,7 @@ end_timer:
 #endif
 
 #ifdef CLOSE
-proctype Closer() {
+proctype Closer() PROV {
   byte g, tostop;
   BATCH bat;
   atomic {
@@ -1710,11 +1878,12 @@ proctype Closer() {
        the waiter, which lives in that caller's frame */
     assert(cbk[0] != CB_LEAVE && cbk[1] != CB_LEAVE && cbk[2] != CB_LEAVE);
 #ifndef ASYNC
-    assert(!cb_running[0] && !cb_running[1] && !cb_running[2]);
+    /* (a wake_on_stop may still be running: it touches only its waiter and flight) */
+    assert(cb_running[0] != 1 && cb_running[1] != 1 && cb_running[2] != 1);
 #else
     /* an async caller's stop callback may still be delivering cancelled (it no longer
        counts), or wait for the lock while its async_do is still running: not blocking */
-    assert(!cb_running[0] || AS(0)); assert(!cb_running[1] || AS(1)); assert(!cb_running[2] || AS(2));
+    assert(cb_running[0] != 1 || AS(0)); assert(cb_running[1] != 1 || AS(1)); assert(cb_running[2] != 1 || AS(2));
     /* every async caller has its outcome decided: none is linked */
     assert(!wlinked[0] && !wlinked[1] && !wlinked[2]);
 #ifndef NO_DELIVERY_THREAD
@@ -1731,7 +1900,7 @@ proctype Closer() {
 #endif
 
 #ifdef FORGET
-proctype Forget() {
+proctype Forget() PROV {
   byte fl;
   BATCH bat;
   atomic {
@@ -1752,7 +1921,23 @@ proctype Forget() {
 }
 #endif
 
-active proctype Monitor() {
+#ifdef CLAIM_CAS_FIRST
+/* the rest of claim_if for the blocked waiters a settler claimed: erase(*w) (w->prev,
+   w->next, w->linked and its neighbours' links), still under the mutex. The waiter's
+   storage must still exist. */
+active proctype Eraser() {
+end_eraser:
+  do
+  :: atomic {
+       edue != 0 ->
+       assert(!((edue & 1) && wfree[0]) && !((edue & 2) && wfree[1]) && !((edue & 4) && wfree[2]));
+       edue = 0
+     }
+  od
+}
+#endif
+
+active proctype Monitor() PROV_MONITOR {
 end_mon:
   atomic { !(INV) -> assert(INV) }
 }
@@ -1791,6 +1976,9 @@ inline start_caller(j) { run Caller(j); RUN_TOKEN(Token, j) skip }
 #endif
 
 init {
+#ifdef CLAIM_CAS_FIRST
+  byte p0;
+#endif
   atomic {
 #ifdef ASYNC
     start_caller(0); start_caller(1);
@@ -1803,10 +1991,20 @@ init {
     run Delivery();
 #endif
 #else
+#ifndef CLAIM_CAS_FIRST
     run Caller(0); run Caller(1);
     RUN_TOKEN(Token, 0) RUN_TOKEN(Token, 1)
 #if NCALLERS == 3
     run Caller(2); RUN_TOKEN(Token, 2)
+#endif
+#else
+    p0 = run Caller(0); pown[p0] = 1; p0 = run Caller(1); pown[p0] = 2;
+    p0 = run Token(0); pown[p0] = 1; p0 = run Token(1); pown[p0] = 2;
+#if NCALLERS == 3
+    p0 = run Caller(2); pown[p0] = 3; p0 = run Token(2); pown[p0] = 3;
+#endif
+#endif
+#if NCALLERS == 3
 #else
     cst[2] = C_DONE; entered[2] = true;
 #endif
