@@ -472,11 +472,7 @@ bool timer_exited;
    batch's broadcast is still due, fwq); an async one as itself (bit j). */
 /* flight_signal::bump(): the word changes for every blocked waiter of fl in await() (for
    one already asleep the change only matters once it is woken and reads it again) */
-#ifndef AWAIT_ONE_STEP
 #define BUMP1(k, fl) if :: cst[k] == C_BLK && wf[k] == fl -> wchg[k] = true :: else -> skip fi
-#else
-#define BUMP1(k, fl) skip
-#endif
 inline bump(fl) {
   BUMP1(0, fl); BUMP1(1, fl); BUMP1(2, fl)
 }
@@ -987,7 +983,7 @@ inline block_then_try_leave() {
             :: else -> cbk[i] = CB_WAKE; cbf[i] = f
             fi;
             cst[i] = C_BLK
-#if !defined(SIGNAL_LOAD_LATE) && !defined(AWAIT_ONE_STEP)
+#ifndef SIGNAL_LOAD_LATE
        :: else ->
             /* f.signal.wait(seen, deadline): the compare and the enqueue are one step */
             if
@@ -1002,16 +998,6 @@ end_sleep:       (wslp[i] == 0 || DL_PASSED) -> wslp[i] = 0
        if
        :: AWAIT_DONE -> AWAIT_END; break
        :: else -> skip
-       fi
-     }
-#elif defined(AWAIT_ONE_STEP)
-       :: else ->
-            /* (woken: read the word and check again, below) */
-end_sleep1: (wslp[i] == 0 || DL_PASSED) -> wslp[i] = 0
-       fi;
-       if
-       :: AWAIT_DONE -> AWAIT_END; break
-       :: else -> wslp[i] = f    /* read, check and futex-wait as one step: see AWAIT_ONE_STEP */
        fi
      }
 #else
@@ -1298,13 +1284,7 @@ proctype Token(byte i) PROV {
             /* wake_on_stop: w->stop(*f): the flag, the bump, the broadcast, in that
                order, as one step (a waiter that read the word before the bump finds it
                changed or is woken; one that reads it after sees the flag) */
-            stop_fired[i] = true; bump(fl);
-#ifndef WAKE_OWN_ONLY
-            wake_all(fl);
-#else
-            if :: wslp[i] == fl -> wslp[i] = 0 :: else -> skip fi;
-#endif
-            kk = 0; fl = 0
+            stop_fired[i] = true; bump(fl); wake_all(fl); kk = 0; fl = 0
        :: kk == CB_LEAVE -> cb_running[i] = true
        :: else -> skip
        fi
