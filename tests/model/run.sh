@@ -14,6 +14,7 @@
 #   bash tests/model/run.sh --full     every configuration (also SINGLEFLIGHT_MODEL_FULL=1)
 #   JOBS=1 bash tests/model/run.sh     one pan at a time
 #   KEEP=1 ...                         keep the work directory (trails, pan output)
+#   ONLY='regex' ...                   only the configurations whose name matches (grep -E)
 #
 # Needs spin and a C compiler (CC; default clang when installed, else gcc: at -O0 clang
 # builds the async models' pan.c in ~3 s of CPU where gcc takes ~10 s, which outweighs
@@ -110,7 +111,7 @@ configs=(
   "A.W.n2.a1.deadline.blocking_cb.asis.timer_notifies|-DPOLICY=0 -DNCALLERS=2 $A1 $FD -DDEADLINE $B -DNO_DELIVERY_THREAD||-m200000|fail|$TIMER_HELD"
   "A.W.n2.a2.deadline.blocking_cb.asis.notify_first|-DPOLICY=0 -DNCALLERS=2 $A2 $FD -DDEADLINE $B -DOLD_NOTIFY_ORDER -DNO_DELIVERY_THREAD||-m200000|fail|$CB_STUCK"
   # a batch without observers: an on_done that blocks holds back the waiters after it
-  # (README.md, "What it found", 5); -DSTRICT_BATCH asks for what README "Re-entrancy" says
+  # (README.md, "Where user code runs", 5); -DSTRICT_BATCH asks for what README "Re-entrancy" says
   "A.W.n3.a2.no_stops.blocking_cb|-DPOLICY=0 $A2 $FD $B -DNO_STOPS||-m200000|pass|"
   "A.W.n3.a2.no_stops.blocking_cb.strict_batch|-DPOLICY=0 $A2 $FD $B -DNO_STOPS -DSTRICT_BATCH||-m200000|fail|$UNDELIVERED"
 )
@@ -172,6 +173,14 @@ if [[ "${SINGLEFLIGHT_MODEL_FULL:-0}" == 1 || "${1:-}" == --full ]]; then
     "A.W.n3.a2.no_fn_error.blocking_cb_again|-DPOLICY=0 $A2 $FD $BA -DNO_FN_ERROR|-DCOLLAPSE|-m200000|pass|"
     "A.W.n3.a2.no_fn_error.blocking_cb_again.asis.no_drain_own|-DPOLICY=0 $A2 $FD $BA -DNO_FN_ERROR -DNO_DRAIN_OWN||-m200000|fail|$CB_STUCK"
   )
+fi
+
+if [[ -n "${ONLY:-}" ]]; then
+  selected=()
+  for c in "${configs[@]}"; do
+    if grep -qE -- "$ONLY" <<<"${c%%|*}"; then selected+=("$c"); fi
+  done
+  configs=("${selected[@]}")
 fi
 
 run_one() {

@@ -99,7 +99,7 @@
  *                    that need three callers)
  *   STRICT_BATCH     (with BLOCKING_CB) no waiter may stay claimed and unnotified behind
  *                    an on_done that blocks, in any batch (what README "Re-entrancy" says:
- *                    "first notifies the rest of that thread's batch"); group.hpp does
+ *                    "first notifies the rest of that thread's batch"); notification.hpp does
  *                    that only for batches with observers, so this must fail (README.md)
  * The code before "Where user code runs" (must fail with -DBLOCKING_CB):
  *   OLD_NOTIFY_ORDER   every settling step notifies its waiters first and requests stop
