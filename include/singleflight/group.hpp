@@ -64,8 +64,11 @@
 //    an inline leader's stop cancels (that stop runs inside a stop callback
 //    the leader's thread waits for).
 //  * A thread about to block inside the group (a blocking do_, close()) first
-//    runs what it itself holds back: the rest of the notification loop it is
-//    in, and the flights that loop deferred.
+//    runs what it holds back that its wait could depend on: when its
+//    notification loop holds async callers going round again, the rest of
+//    that loop and the flights it deferred. (In a loop without them the
+//    waiters after a blocking callback are notified when it returns: a delay,
+//    not a deadlock.)
 //  * close() or ~group() on a thread the group owns (the timer, the delivery
 //    thread, a thread_executor worker) never joins that thread: close()
 //    leaves it to the destructor, the destructor detaches it, and the thread
@@ -542,8 +545,10 @@ class group : private detail::async_calls<Key, T, Hash, KeyEqual> {
   // Called from inside fn (any flight of this group, on this thread) it does
   // all of the above except waiting for this thread's own calls; the
   // destructor then finishes the drain. Called from on_done or a resumption
-  // it first notifies the rest of that thread's batch and starts what it
-  // deferred, then waits for everyone else. On a thread the group owns (a
+  // in a batch that holds async callers going round again, it first notifies
+  // the rest of that batch and starts what it deferred, then waits for
+  // everyone else (in any other batch the waiters after it are notified when
+  // it returns; close() does not wait for them). On a thread the group owns (a
   // thread_executor worker, the delivery or timer thread) it joins every
   // thread but that one, which the destructor joins (or, on that very thread,
   // detaches). A fn that ignores its stop token makes close() wait for it:
