@@ -58,9 +58,8 @@
 // bounded, and a watchdog thread aborts a round that takes longer than 60 s.
 //
 // Allocation counting: this binary replaces the global operator new/delete
-// and counts allocations per thread.
+// and counts allocations per thread (bench/support/alloc.hpp).
 #include <benchmark/benchmark.h>
-#include <pthread.h>
 #include <time.h>
 
 #include <algorithm>
@@ -78,7 +77,6 @@
 #include <mutex>
 #include <new>
 #include <optional>
-#include <semaphore>
 #include <stdexcept>
 #include <stop_token>
 #include <string>
@@ -93,83 +91,8 @@
 #include "singleflight/singleflight.hpp"
 #pragma GCC diagnostic pop
 
-// ---------------------------------------------------------------------------
-// Counting allocator (per thread)
-// ---------------------------------------------------------------------------
-namespace alloc {
-constinit thread_local std::uint64_t t_allocs = 0;
-constinit thread_local std::uint64_t t_bytes = 0;
-
-inline void* allocate(std::size_t n) {
-  void* p = std::malloc(n == 0 ? 1 : n);
-  if (p == nullptr) throw std::bad_alloc();
-  ++t_allocs;
-  t_bytes += n;
-  return p;
-}
-inline void* allocate(std::size_t n, std::align_val_t al) {
-  const auto a = static_cast<std::size_t>(al);
-  const std::size_t rounded = ((n == 0 ? 1 : n) + a - 1) / a * a;
-  void* p = std::aligned_alloc(a, rounded);
-  if (p == nullptr) throw std::bad_alloc();
-  ++t_allocs;
-  t_bytes += n;
-  return p;
-}
-
-// Snapshot of this thread's counters.
-struct probe {
-  std::uint64_t allocs0 = t_allocs;
-  std::uint64_t bytes0 = t_bytes;
-  std::uint64_t allocs() const noexcept { return t_allocs - allocs0; }
-  std::uint64_t bytes() const noexcept { return t_bytes - bytes0; }
-};
-}  // namespace alloc
-
-void* operator new(std::size_t n) { return alloc::allocate(n); }
-void* operator new[](std::size_t n) { return alloc::allocate(n); }
-void* operator new(std::size_t n, std::align_val_t al) { return alloc::allocate(n, al); }
-void* operator new[](std::size_t n, std::align_val_t al) { return alloc::allocate(n, al); }
-void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
-  try {
-    return alloc::allocate(n);
-  } catch (...) {
-    return nullptr;
-  }
-}
-void* operator new[](std::size_t n, const std::nothrow_t&) noexcept {
-  try {
-    return alloc::allocate(n);
-  } catch (...) {
-    return nullptr;
-  }
-}
-void* operator new(std::size_t n, std::align_val_t al, const std::nothrow_t&) noexcept {
-  try {
-    return alloc::allocate(n, al);
-  } catch (...) {
-    return nullptr;
-  }
-}
-void* operator new[](std::size_t n, std::align_val_t al, const std::nothrow_t&) noexcept {
-  try {
-    return alloc::allocate(n, al);
-  } catch (...) {
-    return nullptr;
-  }
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
-void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
-void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
-void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
-void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
+#include "support/alloc.hpp"  // this binary's operator new/delete (per-thread counters)
+#include "support/crew.hpp"
 
 namespace {
 
@@ -267,89 +190,18 @@ class watchdog {
 };
 
 // ---------------------------------------------------------------------------
-// crew: parked threads (small stacks) that run one job per round; created
-// once, so thread creation never lands in a measurement.
+// crew (bench/support/crew.hpp): parked threads that run one job per round;
+// created once (1024 threads), so thread creation never lands in a measurement.
 // ---------------------------------------------------------------------------
-class crew {
- public:
-  static crew& get() {
-    static crew c(1024);
-    return c;
-  }
-
-  void start(int n, std::function<void(int)> job) {
-    if (n > static_cast<int>(workers_.size())) throw std::invalid_argument("crew too small");
-    job_ = std::move(job);
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      remaining_ = n;
-    }
-    for (int i = 0; i < n; ++i) workers_[static_cast<std::size_t>(i)]->go.release();
-  }
-  // Waits (bounded) until every job of the current round has returned.
-  bool wait_for(std::chrono::milliseconds limit) {
-    std::unique_lock<std::mutex> lk(mu_);
-    return done_cv_.wait_for(lk, limit, [&] { return remaining_ == 0; });
-  }
-
-  crew(const crew&) = delete;
-  crew& operator=(const crew&) = delete;
-  ~crew() {
-    quit_ = true;
-    for (auto& w : workers_) w->go.release();
-    for (auto& w : workers_) pthread_join(w->thread, nullptr);
-  }
-
- private:
-  struct worker {
-    crew* c = nullptr;
-    int index = 0;
-    pthread_t thread{};
-    std::binary_semaphore go{0};
-  };
-  explicit crew(int n) {
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setstacksize(&attr, 256 * 1024);
-    for (int i = 0; i < n; ++i) {
-      workers_.push_back(std::make_unique<worker>());
-      worker& w = *workers_.back();
-      w.c = this;
-      w.index = i;
-      if (pthread_create(&w.thread, &attr, &crew::entry, &w) != 0) {
-        std::fprintf(stderr, "crew: pthread_create failed at %d\n", i);
-        std::abort();
-      }
-    }
-    pthread_attr_destroy(&attr);
-  }
-  static void* entry(void* p) {
-    auto* w = static_cast<worker*>(p);
-    w->c->loop(*w);
-    return nullptr;
-  }
-  void loop(worker& w) {
-    for (;;) {
-      w.go.acquire();
-      if (quit_) return;
-      job_(w.index);
-      std::lock_guard<std::mutex> lk(mu_);
-      if (--remaining_ == 0) done_cv_.notify_all();
-    }
-  }
-
-  std::mutex mu_;
-  std::condition_variable done_cv_;
-  std::function<void(int)> job_;  // written before the round's releases
-  int remaining_ = 0;             // guarded by mu_
-  std::atomic<bool> quit_{false};
-  std::vector<std::unique_ptr<worker>> workers_;
-};
+sfbench::crew& the_crew() {
+  static sfbench::crew c(1024);
+  return c;
+}
 
 // ---------------------------------------------------------------------------
 // eager: a minimal coroutine type. Starts at once, runs until its first real
 // suspension, destroys its own frame at the end. Frame allocations are
-// counted per thread (they are also in alloc::t_bytes).
+// counted per thread (they are also in sfbench::alloc::t_bytes).
 // ---------------------------------------------------------------------------
 namespace frames {
 constinit thread_local std::uint64_t t_count = 0;
@@ -545,7 +397,7 @@ void bm_waiters(benchmark::State& state, std::string where, int n, Fn fn_proto) 
             "the leader's async fn did not run (exactly once) inside the first call");
     }
 
-    const alloc::probe pj;
+    const sfbench::alloc::probe pj;
     const std::uint64_t fb0 = frames::t_bytes, fc0 = frames::t_count;
     const std::int64_t c0 = thread_cpu_ns();
     const clk::time_point t0 = clk::now();
@@ -567,7 +419,7 @@ void bm_waiters(benchmark::State& state, std::string where, int n, Fn fn_proto) 
       check(h.starts.load() == tot.rounds + 1, where, "a joiner's fn ran");
     }
 
-    const alloc::probe ps;
+    const sfbench::alloc::probe ps;
     const std::int64_t c2 = thread_cpu_ns();
     const clk::time_point t2 = clk::now();
     if constexpr (grouped) {
@@ -622,7 +474,7 @@ void bm_waiters_blocking(benchmark::State& state, std::string where, int n) {
   const std::string key = make_key(1, 1);
   holder h;
   const hold_fn fn{&h};
-  crew& c = crew::get();
+  sfbench::crew& c = the_crew();
   std::vector<clk::time_point> woke(static_cast<std::size_t>(n));
   std::atomic<std::uint64_t> wrong{0}, allocs{0}, bytes{0};
   std::atomic<std::int64_t> cpu{0};
@@ -641,7 +493,7 @@ void bm_waiters_blocking(benchmark::State& state, std::string where, int n) {
         }
         line.arrive_and_wait();
       }
-      const alloc::probe p;
+      const sfbench::alloc::probe p;
       const std::int64_t c0 = thread_cpu_ns();
       value_t v = 0;
       try {
@@ -671,7 +523,7 @@ void bm_waiters_blocking(benchmark::State& state, std::string where, int n) {
     }
 
     const std::int64_t rc0 = thread_cpu_ns();
-    const alloc::probe ps;
+    const sfbench::alloc::probe ps;
     const clk::time_point t2 = clk::now();
     h.slot->set_value(expected);
     const clk::time_point t3 = clk::now();
@@ -739,7 +591,7 @@ void bm_leader(benchmark::State& state, std::string where) {
   ();
   loop_result r;
   (void)g.do_(key, fn);  // warm the map's bucket array and the pools
-  const alloc::probe p;
+  const sfbench::alloc::probe p;
   if constexpr (K == impl::blocking) {
     for (auto _ : state) {
       const value_t v = g.do_(key, fn);

@@ -13,15 +13,13 @@
 //   lib           singleflight::group, fn()                 (no stop_source per flight)
 //   lib_tok       singleflight::group, fn(std::stop_token)  (one stop_source per flight)
 //
-// Allocation counting: this binary replaces the global operator new/delete.
-// Every allocation is counted in thread-local counters (used to attribute
-// allocations to individual calls, e.g. per join) and, unless a benchmark
-// switches it off, in global relaxed atomics (g_allocs / g_alloc_bytes). The
-// multi-threaded throughput benchmarks switch the global atomics off so that
-// the counter's cache line does not bounce between cores inside the timing.
+// Allocation counting: this binary replaces the global operator new/delete
+// (bench/support/alloc.hpp). Every allocation is counted in thread-local counters (used to
+// attribute allocations to individual calls, e.g. per join) and, unless a benchmark switches it
+// off, in global relaxed atomics (g_allocs / g_alloc_bytes). The multi-threaded throughput
+// benchmarks switch the global atomics off so that the counter's cache line does not bounce between
+// cores inside the timing.
 #include <benchmark/benchmark.h>
-#include <malloc.h>
-#include <pthread.h>
 #include <time.h>
 
 #include <algorithm>
@@ -36,7 +34,6 @@
 #include <memory>
 #include <mutex>
 #include <new>
-#include <semaphore>
 #include <stdexcept>
 #include <stop_token>
 #include <string>
@@ -45,107 +42,10 @@
 
 #include "baselines.hpp"
 #include "singleflight/singleflight.hpp"
-
-// ---------------------------------------------------------------------------
-// Counting allocator
-// ---------------------------------------------------------------------------
-namespace alloc {
-std::atomic<std::uint64_t> g_allocs{0};
-std::atomic<std::uint64_t> g_alloc_bytes{0};
-std::atomic<bool> g_enabled{true};
-constinit thread_local std::uint64_t t_allocs = 0;
-constinit thread_local std::uint64_t t_bytes = 0;
-constinit thread_local std::int64_t t_live =
-    0;  // usable bytes allocated minus freed on this thread
-
-inline void on_alloc(void* p, std::size_t n) noexcept {
-  ++t_allocs;
-  t_bytes += n;
-  t_live += static_cast<std::int64_t>(malloc_usable_size(p));
-  if (g_enabled.load(std::memory_order_relaxed)) {
-    g_allocs.fetch_add(1, std::memory_order_relaxed);
-    g_alloc_bytes.fetch_add(n, std::memory_order_relaxed);
-  }
-}
-inline void on_free(void* p) noexcept {
-  if (p != nullptr) t_live -= static_cast<std::int64_t>(malloc_usable_size(p));
-}
-inline void* allocate(std::size_t n) {
-  void* p = std::malloc(n == 0 ? 1 : n);
-  if (p == nullptr) throw std::bad_alloc();
-  on_alloc(p, n);
-  return p;
-}
-inline void* allocate(std::size_t n, std::align_val_t al) {
-  const auto a = static_cast<std::size_t>(al);
-  const std::size_t rounded = ((n == 0 ? 1 : n) + a - 1) / a * a;
-  void* p = std::aligned_alloc(a, rounded);
-  if (p == nullptr) throw std::bad_alloc();
-  on_alloc(p, n);
-  return p;
-}
-inline void deallocate(void* p) noexcept {
-  on_free(p);
-  std::free(p);
-}
-
-// Snapshot of this thread's counters.
-struct probe {
-  std::uint64_t allocs0 = t_allocs;
-  std::uint64_t bytes0 = t_bytes;
-  std::uint64_t allocs() const noexcept { return t_allocs - allocs0; }
-  std::uint64_t bytes() const noexcept { return t_bytes - bytes0; }
-};
-}  // namespace alloc
-
-void* operator new(std::size_t n) { return alloc::allocate(n); }
-void* operator new[](std::size_t n) { return alloc::allocate(n); }
-void* operator new(std::size_t n, std::align_val_t al) { return alloc::allocate(n, al); }
-void* operator new[](std::size_t n, std::align_val_t al) { return alloc::allocate(n, al); }
-void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
-  try {
-    return alloc::allocate(n);
-  } catch (...) {
-    return nullptr;
-  }
-}
-void* operator new[](std::size_t n, const std::nothrow_t&) noexcept {
-  try {
-    return alloc::allocate(n);
-  } catch (...) {
-    return nullptr;
-  }
-}
-void* operator new(std::size_t n, std::align_val_t al, const std::nothrow_t&) noexcept {
-  try {
-    return alloc::allocate(n, al);
-  } catch (...) {
-    return nullptr;
-  }
-}
-void* operator new[](std::size_t n, std::align_val_t al, const std::nothrow_t&) noexcept {
-  try {
-    return alloc::allocate(n, al);
-  } catch (...) {
-    return nullptr;
-  }
-}
-void operator delete(void* p) noexcept { alloc::deallocate(p); }
-void operator delete[](void* p) noexcept { alloc::deallocate(p); }
-void operator delete(void* p, std::size_t) noexcept { alloc::deallocate(p); }
-void operator delete[](void* p, std::size_t) noexcept { alloc::deallocate(p); }
-void operator delete(void* p, std::align_val_t) noexcept { alloc::deallocate(p); }
-void operator delete[](void* p, std::align_val_t) noexcept { alloc::deallocate(p); }
-void operator delete(void* p, std::size_t, std::align_val_t) noexcept { alloc::deallocate(p); }
-void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { alloc::deallocate(p); }
-void operator delete(void* p, const std::nothrow_t&) noexcept { alloc::deallocate(p); }
-void operator delete[](void* p, const std::nothrow_t&) noexcept { alloc::deallocate(p); }
-void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept {
-  alloc::deallocate(p);
-}
-void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept {
-  alloc::deallocate(p);
-}
+// This binary's operator new/delete, with live bytes and process-wide tallies as well.
+#define SFBENCH_ALLOC_LIVE_AND_GLOBAL 1
+#include "support/alloc.hpp"
+#include "support/crew.hpp"
 
 namespace {
 
@@ -254,90 +154,13 @@ void set_ratio(benchmark::State& state, const Impl& g) {
 }
 
 // ---------------------------------------------------------------------------
-// crew: a pool of parked threads (small stacks) that run one job per round.
-// Created once and reused, so thread creation never lands in a measurement;
-// each worker has its own semaphore, so a round wakes only its own workers.
+// crew (bench/support/crew.hpp): parked threads that run one job per round;
+// created once (1100 threads), so thread creation never lands in a measurement.
 // ---------------------------------------------------------------------------
-class crew {
- public:
-  static crew& get() {
-    static crew c(1100);
-    return c;
-  }
-
-  // Starts job(i) on workers 0..n-1; returns at once.
-  void start(int n, std::function<void(int)> job) {
-    if (n > static_cast<int>(workers_.size())) throw std::invalid_argument("crew too small");
-    job_ = std::move(job);
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      remaining_ = n;
-    }
-    for (int i = 0; i < n; ++i) workers_[static_cast<std::size_t>(i)]->go.release();
-  }
-  // Waits until every job of the current round has returned.
-  void wait() {
-    std::unique_lock<std::mutex> lk(mu_);
-    done_cv_.wait(lk, [&] { return remaining_ == 0; });
-  }
-  void run(int n, std::function<void(int)> job) {
-    start(n, std::move(job));
-    wait();
-  }
-
-  crew(const crew&) = delete;
-  crew& operator=(const crew&) = delete;
-  ~crew() {
-    quit_ = true;
-    for (auto& w : workers_) w->go.release();
-    for (auto& w : workers_) pthread_join(w->thread, nullptr);
-  }
-
- private:
-  struct worker {
-    crew* c = nullptr;
-    int index = 0;
-    pthread_t thread{};
-    std::binary_semaphore go{0};
-  };
-  explicit crew(int n) {
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setstacksize(&attr, 256 * 1024);
-    for (int i = 0; i < n; ++i) {
-      workers_.push_back(std::make_unique<worker>());
-      worker& w = *workers_.back();
-      w.c = this;
-      w.index = i;
-      if (pthread_create(&w.thread, &attr, &crew::entry, &w) != 0) {
-        std::fprintf(stderr, "crew: pthread_create failed at %d\n", i);
-        std::abort();
-      }
-    }
-    pthread_attr_destroy(&attr);
-  }
-  static void* entry(void* p) {
-    auto* w = static_cast<worker*>(p);
-    w->c->loop(*w);
-    return nullptr;
-  }
-  void loop(worker& w) {
-    for (;;) {
-      w.go.acquire();
-      if (quit_) return;
-      job_(w.index);
-      std::lock_guard<std::mutex> lk(mu_);
-      if (--remaining_ == 0) done_cv_.notify_all();
-    }
-  }
-
-  std::mutex mu_;
-  std::condition_variable done_cv_;
-  std::function<void(int)> job_;  // written before the round's releases
-  int remaining_ = 0;             // guarded by mu_
-  std::atomic<bool> quit_{false};
-  std::vector<std::unique_ptr<worker>> workers_;
-};
+sfbench::crew& the_crew() {
+  static sfbench::crew c(1100);
+  return c;
+}
 
 // A one-shot gate: fn blocks on it to hold a flight open.
 class gate {
@@ -382,7 +205,7 @@ void bm_leader_same_key(benchmark::State& state, Key key) {
   value_t x = 0;
   auto fn = [&x] { return ++x; };
   (void)g.do_(key, fn);  // warm the map's bucket array
-  const alloc::probe p;
+  const sfbench::alloc::probe p;
   for (auto _ : state) {
     benchmark::DoNotOptimize(g.do_(key, fn));
   }
@@ -401,7 +224,7 @@ void bm_leader_distinct(benchmark::State& state) {
   auto fn = [&x] { return ++x; };
   for (const auto& k : keys) (void)g.do_(k, fn);
   std::size_t i = 0;
-  const alloc::probe p;
+  const sfbench::alloc::probe p;
   for (auto _ : state) {
     benchmark::DoNotOptimize(g.do_(keys[i], fn));
     i = (i + 1) & 1023;
@@ -421,13 +244,13 @@ void bm_distinct_mt(benchmark::State& state) {
   static std::unique_ptr<Impl<std::string, value_t>> g;
   if (state.thread_index() == 0) {
     g = std::make_unique<Impl<std::string, value_t>>();
-    alloc::g_enabled.store(false, std::memory_order_relaxed);
+    sfbench::alloc::g_enabled.store(false, std::memory_order_relaxed);
   }
   const std::vector<std::string> keys = make_keys(1024, state.thread_index());
   value_t x = 0;
   auto fn = [&x] { return ++x; };
   std::size_t i = 0;
-  const alloc::probe p;
+  const sfbench::alloc::probe p;
   for (auto _ : state) {
     benchmark::DoNotOptimize(g->do_(keys[i], fn));
     i = (i + 1) & 1023;
@@ -440,7 +263,7 @@ void bm_distinct_mt(benchmark::State& state) {
     // Other threads have passed the stop barrier: nobody touches g any more.
     set_ratio(state, *g);
     g.reset();
-    alloc::g_enabled.store(true, std::memory_order_relaxed);
+    sfbench::alloc::g_enabled.store(true, std::memory_order_relaxed);
   }
 }
 
@@ -454,7 +277,7 @@ template <template <class, class> class Impl>
 void bm_join(benchmark::State& state, int n) {
   Impl<std::string, value_t> g;
   const std::string key = make_key(1, 1);
-  crew& c = crew::get();
+  sfbench::crew& c = the_crew();
   gate hold;
   std::atomic<bool> started{false};
   std::atomic<int> origin{0};
@@ -484,7 +307,7 @@ void bm_join(benchmark::State& state, int n) {
       }
       started.wait(false);
       line.arrive_and_wait();
-      const alloc::probe p;
+      const sfbench::alloc::probe p;
       const std::int64_t t0 = thread_cpu_ns();
       const value_t v = g.do_(key, [&] {
         origin.fetch_add(1);
@@ -534,7 +357,7 @@ template <template <class, class> class Impl>
 void bm_burst(benchmark::State& state, int n, int fn_us, bool gated) {
   Impl<std::string, value_t> g;
   const std::string key = make_key(2, 2);
-  crew& c = crew::get();
+  sfbench::crew& c = the_crew();
   std::atomic<int> origin{0};
   std::atomic<int> wrong{0};
   std::atomic<std::uint64_t> call_allocs{0};
@@ -549,7 +372,7 @@ void bm_burst(benchmark::State& state, int n, int fn_us, bool gated) {
     std::latch go(n);
     const std::uint64_t j0 = joins_of(g);
     c.run(n, [&](int i) {
-      const alloc::probe p;
+      const sfbench::alloc::probe p;
       go.arrive_and_wait();
       const value_t v = g.do_(key, [&] {
         origin.fetch_add(1);
@@ -599,7 +422,7 @@ template <template <class, class> class Impl>
 void bm_seed(benchmark::State& state) {
   constexpr int callers = 100;
   const std::string key = make_key(3, 3);
-  crew& c = crew::get();
+  sfbench::crew& c = the_crew();
   std::vector<double> lat;
   std::vector<double> round_lat(callers);
   std::atomic<int> origin{0};
@@ -661,7 +484,7 @@ void bm_churn(benchmark::State& state) {
   }
   G& g = *gp;
   const std::string key = make_key(4, 4);
-  crew& c = crew::get();
+  sfbench::crew& c = the_crew();
   gate hold;
   std::atomic<bool> started{false};
   std::atomic<int> origin{0};
@@ -700,7 +523,7 @@ void bm_churn(benchmark::State& state) {
         current = &src;
         cv.notify_all();
       }
-      const alloc::probe p;
+      const sfbench::alloc::probe p;
       try {
         (void)g.do_(
             key,
@@ -780,7 +603,7 @@ struct nest {
   std::int64_t peak = 0;
   value_t go(std::size_t d) {
     if (d == keys.size()) {
-      peak = alloc::t_live - live0;
+      peak = sfbench::alloc::t_live - live0;
       return 0;
     }
     return g.do_(keys[d], [this, d] { return go(d + 1) + 1; });
@@ -793,7 +616,7 @@ void bm_inflight_bytes(benchmark::State& state, int depth) {
   double per = 0;
   for (auto _ : state) {
     Impl<std::string, value_t> g;
-    nest<Impl<std::string, value_t>> n{g, keys, alloc::t_live};
+    nest<Impl<std::string, value_t>> n{g, keys, sfbench::alloc::t_live};
     const value_t v = n.go(0);
     if (v != static_cast<value_t>(depth)) state.SkipWithError("inflight: wrong result");
     per = static_cast<double>(n.peak) / depth;
@@ -914,7 +737,7 @@ void bm_nothrow(benchmark::State& state, nothrow_case c, bool use_try) {
   if (c == nothrow_case::closed) g.close();
   (void)g.try_do(key, fn);  // warm
   std::uint64_t errors = 0;
-  const alloc::probe p;
+  const sfbench::alloc::probe p;
   for (auto _ : state) {
     if (use_try) {
       auto o = g.try_do(key, fn, tok);

@@ -17,64 +17,19 @@
 #include <string>
 #include <thread>
 
+#include "support/alloc.hpp"  // this executable's operator new/delete
 #include "support/catch.hpp"
 #include "support/sync.hpp"
-
-// ---- allocation failure injection ------------------------------------------
-//
-// The n-th allocation made by this thread after arming fails with bad_alloc.
-// Other threads are never affected. ThreadSanitizer's (static) runtime defines
-// operator new itself, so under TSan the replacement is left out and the
-// allocation-failure sweeps are skipped; the plain and ASan builds run them.
-#if defined(__SANITIZE_THREAD__)
-#define SFTEST_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define SFTEST_TSAN 1
-#endif
-#endif
-
-namespace {
-thread_local int alloc_countdown = 0;  // 0: disarmed
-#if defined(SFTEST_TSAN)
-constexpr bool injects_allocation_failures = false;
-#else
-constexpr bool injects_allocation_failures = true;
-#endif
-}  // namespace
-
-#if !defined(SFTEST_TSAN)
-
-[[gnu::noinline]] void* operator new(std::size_t n) {
-  if (alloc_countdown > 0 && --alloc_countdown == 0) throw std::bad_alloc();
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-[[gnu::noinline]] void operator delete(void* p) noexcept { std::free(p); }
-[[gnu::noinline]] void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-// The other forms, so that every operator new/delete pair is ours (Catch2 uses
-// the nothrow form; ASan checks that allocation and deallocation match).
-void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
-  try {
-    return ::operator new(n);
-  } catch (...) {
-    return nullptr;
-  }
-}
-void* operator new[](std::size_t n) { return ::operator new(n); }
-void* operator new[](std::size_t n, const std::nothrow_t& t) noexcept {
-  return ::operator new(n, t);
-}
-void operator delete(void* p, const std::nothrow_t&) noexcept { ::operator delete(p); }
-void operator delete[](void* p) noexcept { ::operator delete(p); }
-void operator delete[](void* p, std::size_t) noexcept { ::operator delete(p); }
-void operator delete[](void* p, const std::nothrow_t&) noexcept { ::operator delete(p); }
-#endif
 
 namespace {
 
 namespace sf = singleflight;
 using namespace std::chrono_literals;
+
+// Allocation failure injection (support/alloc.hpp): the n-th allocation made by this thread
+// after arming fails with bad_alloc; other threads are never affected. Not under
+// ThreadSanitizer, whose runtime owns operator new: the sweeps say they were skipped.
+constexpr bool injects_allocation_failures = sftest::alloc::replaced;
 
 // ---- a key whose hash, equality and copy can be made to throw ---------------
 
@@ -382,17 +337,17 @@ TEST_CASE("allocation failure at any point of an inline call leaves the group un
     sf::group<std::string, int> g;  // fresh: the first insertion allocates buckets too
     std::atomic<int> fn_calls{0};
     bool threw = false;
-    alloc_countdown = n;
+    sftest::alloc::arm(n);
     try {
       const int v = g.do_(k, [&](std::stop_token) {
         ++fn_calls;
         return 9;
       });
-      succeeded = alloc_countdown > 0;  // the call did not reach the n-th allocation
-      alloc_countdown = 0;
+      succeeded = !sftest::alloc::hit;  // the call did not reach the n-th allocation
+      sftest::alloc::disarm();
       CHECK(v == 9);
     } catch (const std::bad_alloc&) {
-      alloc_countdown = 0;
+      sftest::alloc::disarm();
       threw = true;
       ++failures;
     }
@@ -427,17 +382,17 @@ TEST_CASE("allocation failure at any point of a call with thread_executor fails 
     sf::group<std::string, int> g{o};
     std::atomic<int> fn_calls{0};
     bool threw = false;
-    alloc_countdown = n;
+    sftest::alloc::arm(n);
     try {
       const int v = g.do_(k, [&](std::stop_token) {
         ++fn_calls;
         return 9;
       });
-      succeeded = alloc_countdown > 0;
-      alloc_countdown = 0;
+      succeeded = !sftest::alloc::hit;
+      sftest::alloc::disarm();
       CHECK(v == 9);
     } catch (const std::bad_alloc&) {
-      alloc_countdown = 0;
+      sftest::alloc::disarm();
       threw = true;
       ++failures;
     }

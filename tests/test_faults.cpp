@@ -26,17 +26,9 @@
 #include <utility>
 #include <vector>
 
+#include "support/alloc.hpp"  // this executable's operator new/delete
 #include "support/catch.hpp"
 #include "support/sync.hpp"
-
-#if defined(__SANITIZE_THREAD__)
-#define SFT_TSAN 1
-#endif
-#if defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define SFT_TSAN 1
-#endif
-#endif
 
 namespace sf = singleflight;
 using sftest::gate;
@@ -45,106 +37,9 @@ using sftest::result;
 using sftest::spawn;
 using namespace std::chrono_literals;
 
-// ---- fault-injecting allocator ----------------------------------------------
-
-namespace fault {
-// All thread_local and constant-initialised: touching them never allocates.
-thread_local bool armed = false;
-thread_local long fail_at = 0;  // the allocation number (1-based) that throws
-thread_local long count = 0;
-thread_local bool hit = false;
-
-inline void arm(long n) {
-  count = 0;
-  hit = false;
-  fail_at = n;
-  armed = true;
-}
-inline void disarm() { armed = false; }
-
-// Pauses arming in a scope (e.g. the user's fn, whose own allocations are not
-// the library's allocation points).
-struct pause {
-  bool was = armed;
-  pause() { armed = false; }
-  ~pause() { armed = was; }
-  pause(const pause&) = delete;
-  pause& operator=(const pause&) = delete;
-};
-
-inline bool should_fail() noexcept {
-  if (!armed) return false;
-  if (++count != fail_at) return false;
-  hit = true;
-  armed = false;  // only the Nth: unwinding may allocate again
-  return true;
-}
-}  // namespace fault
-
-#if !defined(SFT_TSAN)
-namespace {
-void* sft_alloc(std::size_t n) {
-  if (fault::should_fail()) throw std::bad_alloc();
-  void* p = std::malloc(n == 0 ? 1 : n);
-  if (p == nullptr) throw std::bad_alloc();
-  return p;
-}
-void* sft_alloc_aligned(std::size_t n, std::align_val_t al) {
-  if (fault::should_fail()) throw std::bad_alloc();
-  auto a = static_cast<std::size_t>(al);
-  if (a < sizeof(void*)) a = sizeof(void*);
-  const std::size_t size = ((n == 0 ? 1 : n) + a - 1) / a * a;
-  void* p = std::aligned_alloc(a, size);
-  if (p == nullptr) throw std::bad_alloc();
-  return p;
-}
-}  // namespace
-
-void* operator new(std::size_t n) { return sft_alloc(n); }
-void* operator new[](std::size_t n) { return sft_alloc(n); }
-void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
-  try {
-    return sft_alloc(n);
-  } catch (...) {
-    return nullptr;
-  }
-}
-void* operator new[](std::size_t n, const std::nothrow_t&) noexcept {
-  try {
-    return sft_alloc(n);
-  } catch (...) {
-    return nullptr;
-  }
-}
-void* operator new(std::size_t n, std::align_val_t a) { return sft_alloc_aligned(n, a); }
-void* operator new[](std::size_t n, std::align_val_t a) { return sft_alloc_aligned(n, a); }
-void* operator new(std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {
-  try {
-    return sft_alloc_aligned(n, a);
-  } catch (...) {
-    return nullptr;
-  }
-}
-void* operator new[](std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {
-  try {
-    return sft_alloc_aligned(n, a);
-  } catch (...) {
-    return nullptr;
-  }
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
-void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
-void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
-void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
-void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
-#endif
+// The fault-injecting allocator: support/alloc.hpp (arm(n): the n-th allocation of this
+// thread throws; pause: not in this scope; hit: the n-th was reached).
+namespace fault = sftest::alloc;
 
 namespace {
 
@@ -333,12 +228,9 @@ int armed_call(G& g, long n, Call call) {
 }
 
 bool tsan_skip() {
-#if defined(SFT_TSAN)
+  if (sftest::alloc::replaced) return false;
   WARN("skipped under ThreadSanitizer: it owns operator new, which this test replaces");
   return true;
-#else
-  return false;
-#endif
 }
 
 }  // namespace

@@ -15,75 +15,19 @@
 #include <tuple>
 #include <utility>
 
+#include "support/alloc.hpp"  // this executable's operator new/delete
 #include "support/catch.hpp"
 #include "support/sync.hpp"
-
-// ---- allocation counter -----------------------------------------------------
-//
-// Counts operator new calls made by a thread while its `counting` flag is set.
-// ThreadSanitizer's (static) runtime defines operator new itself, so under TSan
-// the replacement is left out and the allocation assertions are skipped; the
-// plain and ASan builds check them.
-#if defined(__SANITIZE_THREAD__)
-#define SFTEST_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define SFTEST_TSAN 1
-#endif
-#endif
-
-namespace {
-thread_local bool counting = false;
-std::atomic<long> counted_allocations{0};
-#if defined(SFTEST_TSAN)
-constexpr bool counts_allocations = false;
-#else
-constexpr bool counts_allocations = true;
-#endif
-}  // namespace
-
-#if !defined(SFTEST_TSAN)
-
-[[gnu::noinline]] void* operator new(std::size_t n) {
-  if (counting) counted_allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-[[gnu::noinline]] void operator delete(void* p) noexcept { std::free(p); }
-[[gnu::noinline]] void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-// The other forms, so that every operator new/delete pair is ours (Catch2 uses
-// the nothrow form; ASan checks that allocation and deallocation match).
-void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
-  try {
-    return ::operator new(n);
-  } catch (...) {
-    return nullptr;
-  }
-}
-void* operator new[](std::size_t n) { return ::operator new(n); }
-void* operator new[](std::size_t n, const std::nothrow_t& t) noexcept {
-  return ::operator new(n, t);
-}
-void operator delete(void* p, const std::nothrow_t&) noexcept { ::operator delete(p); }
-void operator delete[](void* p) noexcept { ::operator delete(p); }
-void operator delete[](void* p, std::size_t) noexcept { ::operator delete(p); }
-void operator delete[](void* p, const std::nothrow_t&) noexcept { ::operator delete(p); }
-#endif
 
 namespace {
 
 namespace sf = singleflight;
 using namespace std::chrono_literals;
 
-// Runs `call` with this thread's allocations counted; returns how many.
-template <class F>
-long allocations_during(F&& call) {
-  const long before = counted_allocations.load();
-  counting = true;
-  call();
-  counting = false;
-  return counted_allocations.load() - before;
-}
+// Allocation counting (support/alloc.hpp): not under ThreadSanitizer, whose runtime owns
+// operator new.
+constexpr bool counts_allocations = sftest::alloc::replaced;
+using sftest::alloc::allocations_during;
 
 }  // namespace
 
