@@ -9,7 +9,7 @@
 //   asio::awaitable<void> handle(std::string key) {
 //     std::string p = co_await singleflight::async_do(
 //         profiles, key,
-//         [](std::stop_token st, singleflight::completion<std::string> done) {
+//         [](singleflight::stop_token st, singleflight::completion<std::string> done) {
 //           origin.start_fetch(st, std::move(done));  // returns at once
 //         },
 //         asio::use_awaitable);
@@ -38,7 +38,7 @@
 //     own operations do).
 //
 // fn is anything `group::async_do` accepts. In an Asio program it should be
-// asynchronous, `void fn(std::stop_token, singleflight::completion<T>)`:
+// asynchronous, `void fn(stop_token, singleflight::completion<T>)`:
 // start the work (a timer, a socket read) and return; resolve the completion
 // later from any thread. A synchronous fn runs on the thread that starts the
 // flight (inside the initiating function, blocking that thread's executor)
@@ -83,7 +83,7 @@
 // are freed before the handler is invoked (Asio's rule). It does not allocate
 // what the group allocates with operator new for the same call: the group's
 // callback node for this waiter (a few hundred bytes), the caller's stop state when
-// the cancellation slot is connected (a std::stop_source), and the flight
+// the cancellation slot is connected (a stop_source), and the flight
 // (shared by its waiters; see group::async_do). The cancellation handler
 // lives in the slot's own storage. When the handler runs inline on the
 // settling thread, the callback node and the stop state are still allocated
@@ -92,7 +92,7 @@
 //
 // Cancellation: when the handler's associated cancellation slot
 // (asio::get_associated_cancellation_slot) is connected, the operation owns a
-// std::stop_source, installs a cancellation handler in the slot and passes the
+// stop_source, installs a cancellation handler in the slot and passes the
 // source's token to group::async_do as the caller's token. Supported types:
 // terminal and partial. Either means "this waiter leaves": it completes with
 // cancelled_error at once (unless its outcome was already decided), while the
@@ -192,12 +192,12 @@
 #include <exception>
 #include <memory>
 #include <optional>
-#include <stop_token>
 #include <type_traits>
 #include <utility>
 
 #include "group.hpp"
 #include "outcome.hpp"
+#include "stop_token.hpp"
 
 namespace singleflight {
 
@@ -273,7 +273,7 @@ class asio_op {
 
   // The caller's token for group::async_do: a stop_source of our own wired to
   // the handler's cancellation slot, or none when the slot is not connected.
-  std::stop_token connect() {
+  stop_token connect() {
     slot_ = asio_net::get_associated_cancellation_slot(handler_);
     if (!slot_.is_connected()) return {};
     stop_.emplace();
@@ -321,8 +321,8 @@ class asio_op {
   // ("only if the operation has had no side effects") is ignored, since this
   // waiter's fn may already have run, and its leaving may stop the shared work.
   struct cancel_handler {
-    explicit cancel_handler(std::stop_source* s) noexcept : source(s) {}
-    std::stop_source* source;
+    explicit cancel_handler(stop_source* s) noexcept : source(s) {}
+    stop_source* source;
     void operator()(asio_net::cancellation_type_t type) const noexcept {
       constexpr auto supported =
           asio_net::cancellation_type::terminal | asio_net::cancellation_type::partial;
@@ -369,7 +369,7 @@ class asio_op {
   Handler handler_;
   asio_net::executor_work_guard<executor_type> work_;
   slot_type slot_;
-  std::optional<std::stop_source> stop_;
+  std::optional<stop_source> stop_;
   std::optional<outcome<T>> result_;
 };
 
@@ -382,7 +382,7 @@ struct asio_initiate_do {
     using op_t = asio_op<typename Group::value_type, std::decay_t<Handler>>;
     op_t* op = op_t::create(std::forward<Handler>(handler));
     try {
-      std::stop_token caller = op->connect();
+      stop_token caller = op->connect();
       const asio_post_only_scope post_only;
       g->async_do(key, std::forward<F>(fn), typename op_t::on_done{op}, std::move(caller));
     } catch (...) {

@@ -7,7 +7,7 @@
 //   singleflight::cache<std::string, profile> profiles{{
 //       .ttl = 30s, .jitter = 0.1, .stale_while_revalidate = 10s, .stale_if_error = 5min}};
 //   profile p = profiles.get(tenant + '|' + user + '|' + locale,
-//                            [&](std::stop_token st) { return origin.fetch(st, ...); },
+//                            [&](singleflight::stop_token st) { return origin.fetch(st, ...); },
 //                            request_stop_token);
 //
 // Overview
@@ -67,7 +67,6 @@
 #include <memory>
 #include <optional>
 #include <stdexcept>
-#include <stop_token>
 #include <type_traits>
 #include <utility>
 
@@ -82,6 +81,7 @@
 #include "options.hpp"
 #include "outcome.hpp"
 #include "stats.hpp"
+#include "stop_token.hpp"
 
 namespace singleflight {
 
@@ -113,7 +113,7 @@ class cache {
   static_assert(std::is_invocable_r_v<bool, const KeyEqual&, const Key&, const Key&>,
                 "singleflight::cache<Key, T, Hash, KeyEqual>: KeyEqual must be callable as "
                 "bool(const Key&, const Key&)");
-  static_assert(std::chrono::is_clock_v<Clock>,
+  static_assert(detail::clock_like<Clock>,
                 "singleflight::cache<..., Clock>: Clock must meet the Clock requirements "
                 "(rep, period, duration, time_point, is_steady, static now())");
 
@@ -152,8 +152,8 @@ class cache {
   // The value for `key`: from the cache when it is fresh (or stale within
   // stale_while_revalidate, starting one background refresh), else from a
   // load that this call starts or joins. `loader` is anything group::do_
-  // accepts — T(), T(std::stop_token), or asynchronous
-  // void(std::stop_token, completion<T>) — or returns load_result<T> (or
+  // accepts — T(), T(stop_token), or asynchronous
+  // void(stop_token, completion<T>) — or returns load_result<T> (or
   // completes a completion<load_result<T>>) to set this entry's ttl or to
   // report "not found". The loader receives the flight's token.
   //
@@ -175,7 +175,7 @@ class cache {
   // calls get for its own key on its own thread; what Hash, KeyEqual, copies
   // of Key and T or allocation throw. Thread-safe.
   template <class K, class L>
-  T get(const K& key, L&& loader, std::stop_token caller = {}) {
+  T get(const K& key, L&& loader, stop_token caller = {}) {
     check_loader<L>();
     return with_key(key, [&](const auto& k) {
       return get_value(k, std::forward<L>(loader), std::move(caller));
@@ -189,7 +189,7 @@ class cache {
   // returned as an entry without a value (found() == false) instead of
   // throwing. Thread-safe.
   template <class K, class L>
-  cached<T> get_entry(const K& key, L&& loader, std::stop_token caller = {}) {
+  cached<T> get_entry(const K& key, L&& loader, stop_token caller = {}) {
     check_loader<L>();
     return with_key(key, [&](const auto& k) {
       return get_impl(k, std::forward<L>(loader), std::move(caller), false);
@@ -204,7 +204,7 @@ class cache {
   // it never overlaps another load of the key. The value is published as any
   // load's is. No stale-if-error fallback. Throws as get. Thread-safe.
   template <class K, class L>
-  T get_fresh(const K& key, L&& loader, std::stop_token caller = {}) {
+  T get_fresh(const K& key, L&& loader, stop_token caller = {}) {
     check_loader<L>();
     cached<T> e = with_key(key, [&](const auto& k) {
       return get_impl(k, std::forward<L>(loader), std::move(caller), true);
@@ -300,7 +300,7 @@ class cache {
   // and the loader, and allocation throw. If on_done throws, std::terminate.
   // Thread-safe.
   template <class K, class L, class Callback>
-  void async_get(const K& key, L&& loader, Callback&& on_done, std::stop_token caller = {}) {
+  void async_get(const K& key, L&& loader, Callback&& on_done, stop_token caller = {}) {
     check_loader<L>();
     static_assert(std::is_invocable_v<std::decay_t<Callback>&, outcome<T>&&>,
                   "singleflight::cache::async_get: on_done must be invocable with "
@@ -323,7 +323,7 @@ class cache {
   // With GCC 12, name a capturing lambda loader before the co_await (see
   // group::co_do). Thread-safe.
   template <class K, class L>
-  [[nodiscard]] auto co_get(const K& key, L&& loader, std::stop_token caller = {}) {
+  [[nodiscard]] auto co_get(const K& key, L&& loader, stop_token caller = {}) {
     check_loader<L>();
     return get_awaitable<K, std::remove_reference_t<L>>(this, key, loader, std::move(caller));
   }
@@ -366,9 +366,9 @@ class cache {
   template <class L>
   static constexpr void check_loader() {
     static_assert(detail::loader_traits<std::decay_t<L>, T>::valid,
-                  "singleflight::cache: the loader must be invocable as T(), T(std::stop_token), "
-                  "load_result<T>(), load_result<T>(std::stop_token), or (asynchronous) "
-                  "void(std::stop_token, completion<T>) / void(std::stop_token, "
+                  "singleflight::cache: the loader must be invocable as T(), T(stop_token), "
+                  "load_result<T>(), load_result<T>(stop_token), or (asynchronous) "
+                  "void(stop_token, completion<T>) / void(stop_token, "
                   "completion<load_result<T>>)");
   }
 
@@ -400,12 +400,12 @@ class cache {
     core* c = core_.get();
     if constexpr (detail::loader_traits<Ld, T>::is_async) {
       return [c, key, m, foreground, loader = Ld(std::forward<L>(loader))](
-                 std::stop_token st, completion<loaded_t> done) mutable {
+                 stop_token st, completion<loaded_t> done) mutable {
         c->run_async(key, m, std::move(loader), std::move(st), done, foreground);
       };
     } else {
       return [c, key, m, foreground,
-              loader = Ld(std::forward<L>(loader))](std::stop_token st) mutable -> loaded_t {
+              loader = Ld(std::forward<L>(loader))](stop_token st) mutable -> loaded_t {
         return c->run_sync(key, m, loader, st, foreground);
       };
     }
@@ -422,7 +422,7 @@ class cache {
 
   // The blocking path: lookup, then (maybe) a refresh, then (maybe) a load.
   template <class P, class L>
-  cached<T> get_impl(const P& key, L&& loader, std::stop_token caller, bool fresh) {
+  cached<T> get_impl(const P& key, L&& loader, stop_token caller, bool fresh) {
     if (closed_.load(std::memory_order_relaxed)) throw closed_error();
     const std::uint64_t m = hash_of(key);
     core* c = core_.get();
@@ -450,7 +450,7 @@ class cache {
 
   // get_value: get's own path, which returns the value itself on a fresh hit.
   template <class P, class L>
-  T get_value(const P& key, L&& loader, std::stop_token caller) {
+  T get_value(const P& key, L&& loader, stop_token caller) {
     if (closed_.load(std::memory_order_relaxed)) throw closed_error();
     const std::uint64_t m = hash_of(key);
     core* c = core_.get();
@@ -473,7 +473,7 @@ class cache {
   }
 
   template <class P, class L>
-  cached<T> get_slow(const P& key, L&& loader, std::stop_token caller, bool fresh, std::uint64_t m,
+  cached<T> get_slow(const P& key, L&& loader, stop_token caller, bool fresh, std::uint64_t m,
                      time_point now, bool fired) {
     core* c = core_.get();
     if (fresh) {
@@ -507,7 +507,7 @@ class cache {
 
   template <class P, class L>
   cached<T> load_blocking(const P& key, std::uint64_t m, L&& loader, node_t* pinned,
-                          std::stop_token caller, bool fresh, std::uint64_t seen) {
+                          stop_token caller, bool fresh, std::uint64_t seen) {
     using Ld = std::remove_reference_t<L>;
     core* c = core_.get();
     call_info info;
@@ -517,7 +517,7 @@ class cache {
           if (!group_has_executor_) {
             // Inline: the leader runs the loader on this thread and cannot
             // leave before it returns, so the body may refer to this frame.
-            auto body = [c, &key, m, &loader, fresh_flight](std::stop_token st) -> loaded_t {
+            auto body = [c, &key, m, &loader, fresh_flight](stop_token st) -> loaded_t {
               return c->run_sync(key, m, static_cast<Ld&>(loader), st, !fresh_flight);
             };
             return fresh_flight ? group_.do_fresh(key, body, caller, info)
@@ -556,7 +556,7 @@ class cache {
       } else {
         using Ld = std::decay_t<L>;
         auto hand_off = [this, k = key_of(key), m, ld = Ld(std::forward<L>(loader))](
-                            std::stop_token st, completion<loaded_t> d) mutable {
+                            stop_token st, completion<loaded_t> d) mutable {
           threads_.post(std::make_unique<refresh_job<Ld>>(
               core_.get(), std::move(k), m, std::move(ld), std::move(st), std::move(d)));
         };
@@ -569,7 +569,7 @@ class cache {
 
   template <class Ld>
   struct refresh_job final : detail::refresh_threads::job {
-    refresh_job(core* c_in, Key k, std::uint64_t m_in, Ld ld, std::stop_token st_in,
+    refresh_job(core* c_in, Key k, std::uint64_t m_in, Ld ld, stop_token st_in,
                 completion<loaded_t> d)
         : c(c_in),
           key(std::move(k)),
@@ -594,7 +594,7 @@ class cache {
     Key key;
     std::uint64_t m;
     Ld loader;
-    std::stop_token st;
+    stop_token st;
     completion<loaded_t> done;
   };
 
@@ -608,7 +608,7 @@ class cache {
   // start_async(key, loader, cb, caller): answers from the cache (cb runs
   // here) or starts / joins a load whose outcome reaches cb.
   template <class P, class L, class Cb>
-  void start_async(const P& key, L&& loader, Cb cb, std::stop_token caller) {
+  void start_async(const P& key, L&& loader, Cb cb, stop_token caller) {
     if (closed_.load(std::memory_order_relaxed)) {
       deliver(cb, outcome<T>(std::make_exception_ptr(closed_error())));
       return;
@@ -679,7 +679,7 @@ class cache {
   template <class K, class L>
   class get_awaitable {
    public:
-    get_awaitable(cache* c, const K& key, L& loader, std::stop_token caller) noexcept
+    get_awaitable(cache* c, const K& key, L& loader, stop_token caller) noexcept
         : c_(c), key_(&key), loader_(&loader), caller_(std::move(caller)) {}
     get_awaitable(const get_awaitable&) = delete;
     get_awaitable& operator=(const get_awaitable&) = delete;
@@ -687,7 +687,7 @@ class cache {
 
     class awaiter {
      public:
-      awaiter(cache* c, const K& key, L& loader, std::stop_token caller) noexcept
+      awaiter(cache* c, const K& key, L& loader, stop_token caller) noexcept
           : c_(c), key_(&key), loader_(&loader), caller_(std::move(caller)) {}
       awaiter(const awaiter&) = delete;
       awaiter& operator=(const awaiter&) = delete;
@@ -716,7 +716,7 @@ class cache {
       cache* c_;
       const K* key_;
       L* loader_;
-      std::stop_token caller_;
+      stop_token caller_;
       std::coroutine_handle<> handle_;
       std::optional<outcome<T>> result_;
       std::atomic<unsigned char> phase_{starting};
@@ -728,7 +728,7 @@ class cache {
     cache* c_;
     const K* key_;
     L* loader_;
-    std::stop_token caller_;
+    stop_token caller_;
   };
 
   template <class F>

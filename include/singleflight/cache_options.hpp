@@ -116,7 +116,7 @@ struct load_result {
 //
 // Thrown by get() (and delivered by async_get / co_get) when the loader
 // reported load_result::not_found, now or within not_found_ttl.
-class not_found_error : public error {
+class SINGLEFLIGHT_EXCEPTION_VISIBLE not_found_error : public error {
  public:
   not_found_error() : error(literal_tag{}, "singleflight: no such key (load_result::not_found)") {}
   using error::error;

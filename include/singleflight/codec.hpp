@@ -48,6 +48,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "errors.hpp"  // SINGLEFLIGHT_EXCEPTION_VISIBLE
+
 namespace singleflight {
 
 // decode_error
@@ -55,7 +57,7 @@ namespace singleflight {
 // Thrown by the provided codecs' decode for bytes that are not an encoding of
 // the type. A std::runtime_error (not a singleflight::error: it never reaches
 // a caller of the fleet, which turns it into a miss).
-class decode_error : public std::runtime_error {
+class SINGLEFLIGHT_EXCEPTION_VISIBLE decode_error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };

@@ -3,7 +3,7 @@
 // `singleflight::completion<T>`: the handle an asynchronous fn uses to finish
 // its flight. A group calls such an fn as
 //
-//   void fn(std::stop_token st, singleflight::completion<T> done);
+//   void fn(singleflight::stop_token st, singleflight::completion<T> done);
 //
 // The fn starts the work and returns at once; the work later calls
 // `done.set_value(v)` or `done.set_exception(e)`, on any thread.

@@ -9,12 +9,23 @@
 #include <stdexcept>
 #include <string>
 
+// SINGLEFLIGHT_EXCEPTION_VISIBLE: default symbol visibility for the library's exception types,
+// so that one thrown in a shared object built with -fvisibility=hidden is caught by its type in
+// another module. libc++abi matches a catch clause by the address of the type_info, and each
+// hidden-visibility module would have its own (libstdc++ compares the names, which hides the
+// problem there); with default visibility the dynamic linker keeps one.
+#if defined(__GNUC__) || defined(__clang__)
+#define SINGLEFLIGHT_EXCEPTION_VISIBLE __attribute__((visibility("default")))
+#else
+#define SINGLEFLIGHT_EXCEPTION_VISIBLE
+#endif
+
 namespace singleflight {
 
 // error
 //
 // Base of the library's own errors. Never thrown directly.
-class error : public std::runtime_error {
+class SINGLEFLIGHT_EXCEPTION_VISIBLE error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 
@@ -36,11 +47,11 @@ class error : public std::runtime_error {
 
 // cancelled_error
 //
-// Thrown to a caller whose own `std::stop_token` fired before it received an
+// Thrown to a caller whose own `stop_token` fired before it received an
 // outcome, to every waiter of a flight that the `ownership::leader` policy
 // cancelled, and to a caller whose token was already stopped on entry (that
 // caller starts and joins nothing).
-class cancelled_error : public error {
+class SINGLEFLIGHT_EXCEPTION_VISIBLE cancelled_error : public error {
  public:
   cancelled_error() : error(literal_tag{}, "singleflight: the call was cancelled") {}
   using error::error;
@@ -50,7 +61,7 @@ class cancelled_error : public error {
 //
 // Thrown to every caller that arrives after `group::close()` began, and to
 // every waiter of a flight that `close()` stopped.
-class closed_error : public error {
+class SINGLEFLIGHT_EXCEPTION_VISIBLE closed_error : public error {
  public:
   closed_error() : error(literal_tag{}, "singleflight: the group is closed") {}
   using error::error;
@@ -61,7 +72,7 @@ class closed_error : public error {
 // Thrown to every waiter of a flight whose deadline (`options::timeout`)
 // passed before it settled, and to a newcomer whose wait for a winding-down
 // predecessor outlasted the same bound.
-class timeout_error : public error {
+class SINGLEFLIGHT_EXCEPTION_VISIBLE timeout_error : public error {
  public:
   timeout_error() : error(literal_tag{}, "singleflight: the flight's deadline passed") {}
   using error::error;
@@ -72,7 +83,7 @@ class timeout_error : public error {
 // Thrown to a caller that would have started a flight while
 // `options::max_in_flight` flights were already in the map. Joining an
 // existing flight is never rejected.
-class overloaded_error : public error {
+class SINGLEFLIGHT_EXCEPTION_VISIBLE overloaded_error : public error {
  public:
   overloaded_error() : error(literal_tag{}, "singleflight: max_in_flight reached") {}
   using error::error;
@@ -84,7 +95,7 @@ class overloaded_error : public error {
 // `completion<T>` be destroyed without resolving it (set_value or
 // set_exception): the work can no longer finish, so the flight fails rather
 // than stranding its waiters.
-class broken_promise_error : public error {
+class SINGLEFLIGHT_EXCEPTION_VISIBLE broken_promise_error : public error {
  public:
   broken_promise_error()
       : error(literal_tag{}, "singleflight: the completion was destroyed without a result") {}
@@ -97,7 +108,7 @@ class broken_promise_error : public error {
 // returning (pthread_exit, or pthread_cancel at a cancellation point: a
 // forced unwind). The group fails the flight, frees the key, and lets the
 // unwind continue on the thread that ran fn.
-class abandoned_error : public error {
+class SINGLEFLIGHT_EXCEPTION_VISIBLE abandoned_error : public error {
  public:
   abandoned_error()
       : error(literal_tag{}, "singleflight: fn's thread ended (forced unwind) before fn returned") {

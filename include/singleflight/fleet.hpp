@@ -69,6 +69,15 @@
 // trusted network or through a TLS tunnel (stunnel, a service mesh).
 #pragma once
 
+// The fleet's waits use std::condition_variable_any's stop-token overloads, which take only
+// std::stop_token: it needs a standard library that has <stop_token> (the check below turns
+// "'stop_token' file not found" into a message).
+#include <version>
+#if !defined(__cpp_lib_jthread)
+#error \
+    "singleflight/fleet.hpp needs std::stop_token (libstdc++ 10 or later, libc++ 20 or later): with an older libc++, singleflight::group and singleflight::cache work (singleflight::stop_token is bundled there) but the fleet layer does not"
+#endif
+
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -81,7 +90,7 @@
 #include <memory>
 #include <optional>
 #include <stdexcept>
-#include <stop_token>
+#include <stop_token>  // present wherever the check above passes
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -197,7 +206,7 @@ struct fleet_stats {
 // itself cannot cross processes), and, while an error marker lives
 // (error_ttl), to every get() of that key. Callers of the failed load's own
 // process receive its original exception.
-class remote_load_error : public error {
+class SINGLEFLIGHT_EXCEPTION_VISIBLE remote_load_error : public error {
  public:
   using error::error;
 };
@@ -206,7 +215,7 @@ class remote_load_error : public error {
 //
 // Thrown by invalidate() when Redis cannot be reached: an invalidation must
 // not be silently lost. get() never throws it.
-class fleet_error : public error {
+class SINGLEFLIGHT_EXCEPTION_VISIBLE fleet_error : public error {
  public:
   using error::error;
 };

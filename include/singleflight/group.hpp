@@ -6,7 +6,7 @@
 //
 //   singleflight::group<std::string, profile> profiles;
 //   profile p = profiles.do_(tenant + '|' + user + '|' + locale,
-//                            [&](std::stop_token st) { return origin.fetch(st, ...); },
+//                            [&](singleflight::stop_token st) { return origin.fetch(st, ...); },
 //                            request_stop_token);
 //
 // Overview
@@ -35,7 +35,7 @@
 //
 // Async: async_do (a callback) and co_do (a coroutine) join or start a
 // flight without blocking a thread, and fn may itself be asynchronous
-// (`void fn(std::stop_token, completion<T>)`). Blocking, callback and
+// (`void fn(stop_token, completion<T>)`). Blocking, callback and
 // coroutine waiters share flights and every guarantee above; callbacks and
 // resumptions run on the thread that settles the flight, never under a
 // lock of the group (see async_do). try_do is do_ without a throw.
@@ -370,7 +370,7 @@ class group : private detail::async_calls<Key, T, Hash, KeyEqual> {
   // Like do_, without blocking: `on_done(singleflight::outcome<T>)` receives
   // this caller's outcome (its own copy of the value, or the exception that
   // do_ would have thrown). `fn` is what do_ accepts, or asynchronous:
-  // `void fn(std::stop_token, singleflight::completion<T>)`, which starts the
+  // `void fn(stop_token, singleflight::completion<T>)`, which starts the
   // work and returns at once; the work finishes it through the completion.
   //
   // on_done is called exactly once, never while a lock of the group is held,
@@ -454,7 +454,7 @@ class group : private detail::async_calls<Key, T, Hash, KeyEqual> {
  public:
   // co_do(key, fn, caller)
   //
-  //   auto fetch = [key](std::stop_token st, completion<T> done) { ... };
+  //   auto fetch = [key](singleflight::stop_token st, completion<T> done) { ... };
   //   T v = co_await g.co_do(key, fetch, token);
   //
   // GCC 12 (Debian 12's default compiler): name fn before the co_await, as

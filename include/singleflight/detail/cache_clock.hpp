@@ -5,7 +5,7 @@
 // the past), conversion of the options' nanoseconds to any Clock's duration,
 // a small PRNG (splitmix64) whose state the caller keeps where its own lock
 // or read section guards it (no thread_local), TTL jitter, and the XFetch
-// early-refresh test.
+// early-refresh test, and the Clock requirements (clock_like).
 //
 // Owns no state and takes no lock.
 #pragma once
@@ -16,6 +16,19 @@
 #include <ratio>
 
 namespace singleflight::detail {
+
+// clock_like<C>: std::chrono::is_clock_v<C> (C++20's Clock requirements: rep, period,
+// duration, time_point, is_steady, static now()), spelled out because libc++ 14 has no
+// is_clock.
+template <class C>
+concept clock_like = requires {
+  typename C::rep;
+  typename C::period;
+  typename C::duration;
+  typename C::time_point;
+  C::is_steady;
+  C::now();
+};
 
 // to_duration<D>(ns): `ns` in the clock's duration D, rounded up, clamped to
 // [0, D::max()] (a negative option means 0).

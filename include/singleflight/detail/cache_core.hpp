@@ -24,7 +24,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <stop_token>
 #include <type_traits>
 #include <utility>
 
@@ -34,6 +33,7 @@
 #include "../group.hpp"
 #include "../outcome.hpp"
 #include "../stats.hpp"
+#include "../stop_token.hpp"
 #include "cache_clock.hpp"
 #include "cache_table.hpp"
 #include "unwind.hpp"
@@ -42,8 +42,8 @@ namespace singleflight::detail {
 
 // A loader that finishes through a completion (asynchronous).
 template <class L, class R>
-concept async_loader_for = std::invocable<L&, std::stop_token, completion<R>> &&
-    std::is_void_v<std::invoke_result_t<L&, std::stop_token, completion<R>>>;
+concept async_loader_for = std::invocable<L&, stop_token, completion<R>> &&
+    std::is_void_v<std::invoke_result_t<L&, stop_token, completion<R>>>;
 
 // What kind of loader L is, for a cache of T.
 template <class L, class T>
@@ -51,12 +51,12 @@ struct loader_traits {
   static constexpr bool async_value = async_loader_for<L, T>;
   static constexpr bool async_result = !async_value && async_loader_for<L, load_result<T>>;
   static constexpr bool is_async = async_value || async_result;
-  static constexpr bool takes_token = !is_async && std::invocable<L&, std::stop_token>;
+  static constexpr bool takes_token = !is_async && std::invocable<L&, stop_token>;
   static constexpr bool plain = !is_async && !takes_token && std::invocable<L&>;
 
   static auto sync_result_type() {
     if constexpr (takes_token) {
-      return std::type_identity<std::invoke_result_t<L&, std::stop_token>>{};
+      return std::type_identity<std::invoke_result_t<L&, stop_token>>{};
     } else if constexpr (plain) {
       return std::type_identity<std::invoke_result_t<L&>>{};
     } else {
@@ -869,7 +869,7 @@ class cache_core {
   // run_sync(key, m, loader, st, foreground): a synchronous loader inside a
   // flight: register, call, publish. Rethrows what the loader threw.
   template <class P, class L>
-  loaded_t run_sync(const P& key, std::uint64_t m, L& loader, const std::stop_token& st,
+  loaded_t run_sync(const P& key, std::uint64_t m, L& loader, const stop_token& st,
                     bool foreground) {
     using traits = detail::loader_traits<L, T>;
     registration r = begin_load(key, m, foreground);
@@ -901,7 +901,7 @@ class cache_core {
   }
 
   template <class L>
-  static decltype(auto) call(L& loader, const std::stop_token& st) {
+  static decltype(auto) call(L& loader, const stop_token& st) {
     if constexpr (detail::loader_traits<L, T>::takes_token) {
       return std::invoke(loader, st);
     } else {
@@ -914,8 +914,8 @@ class cache_core {
   // its outcome is published, then `done` is resolved. Throws only before
   // the raw flight started (then `done` is left to the caller).
   template <class P, class L>
-  void run_async(const P& key, std::uint64_t m, L loader, std::stop_token st,
-                 completion<loaded_t>& done, bool foreground) {
+  void run_async(const P& key, std::uint64_t m, L loader, stop_token st, completion<loaded_t>& done,
+                 bool foreground) {
     using traits = detail::loader_traits<L, T>;
     using X = std::conditional_t<traits::async_value, T, load_result<T>>;
     registration r = begin_load(key, m, foreground);
