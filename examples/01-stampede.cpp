@@ -17,16 +17,17 @@ int main() {
   singleflight::group<std::string, std::shared_ptr<const std::string>> profiles;
   std::atomic<int> origin_calls{0};
 
-  auto fetch_from_origin = [&origin_calls](std::stop_token) {  // captures what outlives the group
-    origin_calls.fetch_add(1);
-    std::this_thread::sleep_for(200ms);  // the slow origin
-    return std::make_shared<const std::string>("profile of user 42");
-  };
+  auto fetch_from_origin =
+      [&origin_calls](singleflight::stop_token) {  // captures what outlives the group
+        origin_calls.fetch_add(1);
+        std::this_thread::sleep_for(200ms);  // the slow origin
+        return std::make_shared<const std::string>("profile of user 42");
+      };
 
   constexpr int callers = 100;
   std::atomic<int> served{0};
   std::latch ready(callers + 1);  // start the clock once every thread exists
-  std::vector<std::jthread> requests;
+  std::vector<std::thread> requests;
   for (int i = 0; i < callers; ++i) {
     requests.emplace_back([&, i] {
       ready.arrive_and_wait();
@@ -37,7 +38,7 @@ int main() {
     });
   }
   ready.arrive_and_wait();
-  requests.clear();  // joins
+  for (auto& r : requests) r.join();
 
   const singleflight::stats s = profiles.stats();
   std::printf("callers:          %d\n", callers);

@@ -51,7 +51,7 @@ int main() {
   };
   // --- end snippet ---
 
-  std::vector<std::jthread> ts;
+  std::vector<std::thread> ts;
   std::atomic<int> ok{0};
   for (int i = 0; i < 32; ++i) {
     ts.emplace_back([&, i] {
@@ -61,7 +61,7 @@ int main() {
       }
     });
   }
-  ts.clear();
+  for (auto& t : ts) t.join();
   std::printf("lookups: %d, origin calls: %d (one per distinct key)\n", ok.load(),
               origin_calls.load());
   return ok == 3200 && origin_calls == 4 ? 0 : 1;

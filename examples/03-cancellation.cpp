@@ -5,7 +5,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <stop_token>
 #include <string>
 #include <thread>
 
@@ -16,13 +15,13 @@ int main() {
   opts.executor = singleflight::thread_executor{};
   singleflight::group<std::string, std::string> g(opts);
 
-  auto slow_origin = [](std::stop_token st) {
+  auto slow_origin = [](singleflight::stop_token st) {
     for (int i = 0; i < 500 && !st.stop_requested(); ++i) std::this_thread::sleep_for(1ms);
     return std::string(st.stop_requested() ? "abandoned" : "done");
   };
 
-  std::stop_source impatient;
-  std::jthread a([&] {
+  singleflight::stop_source impatient;
+  std::thread a([&] {
     try {
       (void)g.do_("report|q3", slow_origin, impatient.get_token());
     } catch (const singleflight::cancelled_error&) {
@@ -30,7 +29,7 @@ int main() {
     }
   });
   std::string patient_result;
-  std::jthread b([&] {
+  std::thread b([&] {
     std::this_thread::sleep_for(5ms);
     patient_result = g.do_("report|q3", slow_origin);
   });

@@ -6,7 +6,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <stop_token>
 #include <string>
 #include <thread>
 
@@ -17,7 +16,7 @@ int main() {
   opts.executor = singleflight::thread_executor{};
   singleflight::group<std::string, int> g(opts);
 
-  auto hanging_origin = [](std::stop_token st) {
+  auto hanging_origin = [](singleflight::stop_token st) {
     while (!st.stop_requested()) std::this_thread::sleep_for(1ms);  // until told to stop
     return 0;
   };
@@ -30,7 +29,7 @@ int main() {
     std::printf("after %lld ms: %s\n", static_cast<long long>(ms.count()), e.what());
   }
 
-  std::jthread late([&] {
+  std::thread late([&] {
     try {
       (void)g.do_("other-key", hanging_origin);
     } catch (const singleflight::closed_error& e) {
@@ -47,5 +46,6 @@ int main() {
   } catch (const singleflight::closed_error& e) {
     std::printf("new caller: %s\n", e.what());
   }
+  late.join();
   return g.in_flight() == 0 ? 0 : 1;
 }

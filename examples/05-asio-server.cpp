@@ -9,7 +9,7 @@
 //
 // Each request runs `co_await singleflight::async_do(cache, key, fetch,
 // asio::use_awaitable)`. `fetch` is an asynchronous origin,
-// void(std::stop_token, singleflight::completion<std::string>): it arms a
+// void(singleflight::stop_token, singleflight::completion<std::string>): it arms a
 // 200 ms steady_timer standing in for the backend round trip and returns; the
 // timer's handler calls set_value. The stop_token (stopped when every waiter
 // has left, ownership::waiters) cancels the timer, and the completion then
@@ -65,7 +65,6 @@
 #include <memory>
 #include <optional>
 #include <set>
-#include <stop_token>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -115,7 +114,7 @@ class backend_call : public std::enable_shared_from_this<backend_call> {
         key_(std::move(key)),
         done_(std::move(done)) {}
 
-  static void start(asio::io_context& io, std::string key, std::stop_token st,
+  static void start(asio::io_context& io, std::string key, singleflight::stop_token st,
                     sf::completion<std::string> done) {
     auto call = std::make_shared<backend_call>(io, std::move(key), std::move(done));
     asio::dispatch(call->strand_,
@@ -131,7 +130,7 @@ class backend_call : public std::enable_shared_from_this<backend_call> {
     }
   };
 
-  void arm(std::stop_token st) {
+  void arm(singleflight::stop_token st) {
     timer_.expires_after(backend_latency);
     timer_.async_wait([self = shared_from_this()](std::error_code ec) { self->fire(ec); });
     on_stop_.emplace(std::move(st), canceller{weak_from_this()});
@@ -150,7 +149,7 @@ class backend_call : public std::enable_shared_from_this<backend_call> {
   asio::steady_timer timer_;
   std::string key_;
   sf::completion<std::string> done_;
-  std::optional<std::stop_callback<canceller>> on_stop_;
+  std::optional<singleflight::stop_callback<canceller>> on_stop_;
 };
 
 // ---- the server ----------------------------------------------------------------------------
@@ -198,7 +197,7 @@ awaitable<void> lookup(std::shared_ptr<session> s, std::string key, server_state
   // The origin, named rather than written inside the co_await expression: GCC 12 bitwise-copies
   // a closure temporary with non-trivial captures (this std::string) in a co_await
   // full-expression and then frees the copy's buffer twice (asio issue #1007).
-  auto fetch = [&server, key](std::stop_token st, sf::completion<std::string> done) {
+  auto fetch = [&server, key](singleflight::stop_token st, sf::completion<std::string> done) {
     server.origin_calls.fetch_add(1, std::memory_order_relaxed);
     backend_call::start(server.io, key, std::move(st), std::move(done));
   };

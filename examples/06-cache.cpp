@@ -42,7 +42,7 @@ int run() {
   std::atomic<int> origin_calls{0};
   std::atomic<int> origin_failures{0};
   auto origin = [&](const std::string& key) {
-    return [&, key](const std::stop_token&) {
+    return [&, key](const singleflight::stop_token&) {
       origin_calls.fetch_add(1);
       std::this_thread::sleep_for(200ms);  // the slow origin
       const auto t = since_start();
@@ -65,7 +65,7 @@ int run() {
   std::atomic<int> errors{0};
   std::atomic<int> waited{0};
   std::atomic<int> burst_loads{0};  // origin calls made for the start burst
-  std::vector<std::jthread> threads;
+  std::vector<std::thread> threads;
   threads.reserve(8);
   for (int t = 0; t < 8; ++t) {
     threads.emplace_back([&, t] {
@@ -87,7 +87,7 @@ int run() {
       }
     });
   }
-  threads.clear();
+  for (auto& t : threads) t.join();
   profiles.close();
 
   const singleflight::cache_stats s = profiles.stats();

@@ -32,7 +32,6 @@
 #include <iostream>
 #include <memory>
 #include <stdexcept>
-#include <stop_token>
 #include <string>
 #include <thread>
 #include <vector>
@@ -120,7 +119,7 @@ int main(int argc, char** argv) {
     avatars.do_("user-42", []() -> std::string { throw std::runtime_error("avatar store down"); });
   } catch (const std::runtime_error&) {
   }
-  std::stop_source cancelled;
+  singleflight::stop_source cancelled;
   cancelled.request_stop();
   try {
     avatars.do_(

@@ -52,7 +52,6 @@
 #include <mutex>
 #include <optional>
 #include <stdexcept>
-#include <stop_token>
 #include <string>
 #include <thread>
 #include <utility>
@@ -72,6 +71,7 @@
 
 #include "support/catch.hpp"
 #include "support/coro.hpp"
+#include "support/jthread.hpp"
 #include "support/sync.hpp"
 
 namespace {
@@ -103,7 +103,7 @@ bool holds(const std::exception_ptr& e) {
 class parked {
  public:
   auto fn() {
-    return [this](std::stop_token st, sf::completion<int> done) {
+    return [this](sf::stop_token st, sf::completion<int> done) {
       std::lock_guard<std::mutex> lk(m_);
       tokens_.push_back(std::move(st));
       done_.push_back(std::move(done));
@@ -114,7 +114,7 @@ class parked {
   void wait_calls(int n, const char* name) const {
     sftest::must([&] { return calls_.load() >= n; }, name);
   }
-  std::stop_token token(std::size_t i) {
+  sf::stop_token token(std::size_t i) {
     std::lock_guard<std::mutex> lk(m_);
     return tokens_.at(i);
   }
@@ -129,7 +129,7 @@ class parked {
   }
 
   std::mutex m_;
-  std::vector<std::stop_token> tokens_;
+  std::vector<sf::stop_token> tokens_;
   std::vector<sf::completion<int>> done_;
   std::size_t next_ = 0;
   std::atomic<int> calls_{0};
@@ -632,7 +632,7 @@ TEST_CASE("cancelling co_spawn cancels the awaiting coroutine; the last waiter l
                  asio::bind_cancellation_slot(signal.slot(), mark_done(coro)));
   runner run(io);
   origin.wait_calls(1, "origin called");
-  const std::stop_token fn_token = origin.token(0);
+  const sf::stop_token fn_token = origin.token(0);
   REQUIRE_FALSE(fn_token.stop_requested());
   asio::post(io, [&] { signal.emit(asio::cancellation_type::terminal); });
   coro.wait("coroutine done");
@@ -731,11 +731,11 @@ struct io_cancelled_origin {
   explicit io_cancelled_origin(asio::io_context& ctx) : io(ctx) {}
   asio::io_context& io;
   std::mutex m;
-  std::vector<std::unique_ptr<std::stop_callback<std::function<void()>>>> on_stop;
+  std::vector<std::unique_ptr<sf::stop_callback<std::function<void()>>>> on_stop;
   std::atomic<int> calls{0};
 
   auto fn() {
-    return [this](std::stop_token st, sf::completion<int> done) {
+    return [this](sf::stop_token st, sf::completion<int> done) {
       auto shared = std::make_shared<sf::completion<int>>(std::move(done));
       std::function<void()> cancel = [this, shared] {
         asio::post(io, [shared] {
@@ -744,7 +744,7 @@ struct io_cancelled_origin {
       };
       const std::lock_guard<std::mutex> lk(m);
       on_stop.push_back(
-          std::make_unique<std::stop_callback<std::function<void()>>>(st, std::move(cancel)));
+          std::make_unique<sf::stop_callback<std::function<void()>>>(st, std::move(cancel)));
       calls.fetch_add(1);
     };
   }
@@ -771,7 +771,7 @@ TEST_CASE("close() on the only io thread an origin needs cannot finish; off that
   log.wait("handler called");  // once the io thread was free, the origin finished
   REQUIRE(holds<sf::closed_error>(log.error));
   std::atomic<bool> closed{false};
-  std::jthread closer([&] {
+  sftest::jthread closer([&] {
     g.close();
     closed = true;
   });
@@ -854,7 +854,7 @@ TEST_CASE("options.executor posting to an asio::thread_pool (the README's exampl
   constexpr int callers = 8;
   std::vector<sftest::result<std::string>> results(callers);
   {
-    std::vector<std::jthread> ts;
+    std::vector<sftest::jthread> ts;
     for (auto& r : results) {
       ts.push_back(sftest::spawn(r, [&] { return profiles.do_("user-42", fetch).name; }));
     }
@@ -868,7 +868,7 @@ TEST_CASE("options.executor posting to an asio::thread_pool (the README's exampl
 
   // With an executor every caller, the first included, can leave at once.
   sftest::gate hold;
-  std::stop_source leave;
+  sf::stop_source leave;
   sftest::result<std::string> leaver;
   auto t = sftest::spawn(leaver, [&] {
     return profiles

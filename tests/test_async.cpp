@@ -1,6 +1,6 @@
 // Callback waiters: group::async_do(key, fn, on_done, caller), with synchronous
 // fns (inline or on an executor) and asynchronous fns
-// (`void(std::stop_token, completion<T>)`), and do_ with an async fn. One
+// (`void(singleflight::stop_token, completion<T>)`), and do_ with an async fn. One
 // test case per contract point of the async API; each says which bug it
 // catches. Interleavings are forced with gates, held completions and
 // observable state; every wait is bounded; workers record into logs that
@@ -15,7 +15,6 @@
 #include <memory>
 #include <optional>
 #include <stdexcept>
-#include <stop_token>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -24,6 +23,7 @@
 
 #include "support/catch.hpp"
 #include "support/coro.hpp"
+#include "support/jthread.hpp"
 #include "support/sync.hpp"
 
 namespace {
@@ -62,7 +62,7 @@ TEST_CASE(
   std::atomic<int> fn_calls{0};
   group_t g;
   completion_box<int> box;
-  auto fn = [&](std::stop_token st, sf::completion<int> c) {
+  auto fn = [&](singleflight::stop_token st, sf::completion<int> c) {
     fn_calls.fetch_add(1);
     box.put(std::move(st), std::move(c));
   };
@@ -276,7 +276,7 @@ TEST_CASE(
     completion_box<int> box;
     callback_log<int> holder;
     g.async_do("k", box.fn(), holder.on_done());  // a flight it could have joined
-    std::stop_source s;
+    singleflight::stop_source s;
     s.request_stop();
     g.async_do("k", counting_fn, log.on_done(), s.get_token());
     CHECK(log.is_done());
@@ -329,7 +329,7 @@ TEST_CASE(
   std::atomic<bool> fn_entered{false}, leader_returned{false}, done_at_return{false};
   gate release;
   group_t g;
-  std::jthread leader([&] {
+  sftest::jthread leader([&] {
     g.async_do(
         "k",
         [&] {
@@ -425,7 +425,7 @@ TEST_CASE("an async fn may resolve its completion before it returns", "[async][a
   SECTION("set_value") {
     g.async_do(
         "k",
-        [&](std::stop_token, sf::completion<int> c) {
+        [&](singleflight::stop_token, sf::completion<int> c) {
           fn_thread = std::this_thread::get_id();
           c.set_value(11);
         },
@@ -438,7 +438,7 @@ TEST_CASE("an async fn may resolve its completion before it returns", "[async][a
   SECTION("set_exception") {
     g.async_do(
         "k",
-        [&](std::stop_token, sf::completion<int> c) {
+        [&](singleflight::stop_token, sf::completion<int> c) {
           fn_thread = std::this_thread::get_id();
           c.set_exception(std::make_exception_ptr(not_an_exception{3}));
         },
@@ -450,7 +450,8 @@ TEST_CASE("an async fn may resolve its completion before it returns", "[async][a
     CHECK(g.stats().failures == 1);
   }
   SECTION("through do_") {
-    const int v = g.do_("k", [&](std::stop_token, sf::completion<int> c) { c.set_value(12); });
+    const int v =
+        g.do_("k", [&](singleflight::stop_token, sf::completion<int> c) { c.set_value(12); });
     CHECK(v == 12);
   }
   CHECK(g.in_flight() == 0);
@@ -471,7 +472,7 @@ TEST_CASE(
   o.executor = ex.executor();
   group_t g(o);
   completion_box<int> box;
-  auto fn = [&](std::stop_token st, sf::completion<int> c) {
+  auto fn = [&](singleflight::stop_token st, sf::completion<int> c) {
     fn_thread = std::this_thread::get_id();
     box.put(std::move(st), std::move(c));
   };
@@ -504,8 +505,8 @@ TEST_CASE("a completion resolved or dropped on another thread while fn is still 
     std::atomic<std::thread::id> resolver{};
     g.async_do(
         "k",
-        [&](std::stop_token, sf::completion<int> c) {
-          std::jthread r([&] {
+        [&](singleflight::stop_token, sf::completion<int> c) {
+          sftest::jthread r([&] {
             resolver = std::this_thread::get_id();
             c.set_value(5);
           });
@@ -520,8 +521,8 @@ TEST_CASE("a completion resolved or dropped on another thread while fn is still 
   SECTION("dropped before fn returns, then fn returns: broken_promise_error") {
     g.async_do(
         "k",
-        [&](std::stop_token, sf::completion<int> c) {
-          std::jthread r(
+        [&](singleflight::stop_token, sf::completion<int> c) {
+          sftest::jthread r(
               [moved = std::move(c)]() mutable { sf::completion<int> dying = std::move(moved); });
           r.join();
           CHECK_FALSE(log.is_done());  // not before fn has returned (fn may still throw)
@@ -533,8 +534,8 @@ TEST_CASE("a completion resolved or dropped on another thread while fn is still 
   SECTION("dropped before fn returns, then fn throws: fn's exception") {
     g.async_do(
         "k",
-        [&](std::stop_token, sf::completion<int> c) {
-          std::jthread r(
+        [&](singleflight::stop_token, sf::completion<int> c) {
+          sftest::jthread r(
               [moved = std::move(c)]() mutable { sf::completion<int> dying = std::move(moved); });
           r.join();
           throw not_an_exception{6};
@@ -554,7 +555,7 @@ TEST_CASE("an async fn that throws before returning fails the flight with that e
   // completion is destroyed while fn unwinds), swallowed, or leaking the entry.
   callback_log<int> log;
   group_t g;
-  auto thrower = [](std::stop_token, sf::completion<int>) { throw not_an_exception{9}; };
+  auto thrower = [](singleflight::stop_token, sf::completion<int>) { throw not_an_exception{9}; };
   SECTION("async_do") {
     g.async_do("k", thrower, log.on_done());
     log.wait("on_done called");
@@ -684,7 +685,7 @@ TEST_CASE("do_ with an async fn: the blocked caller gets the value and can leave
     CHECK(*r.value == 8);
   }
   SECTION("caller leaves on its token while the completion is held") {
-    std::stop_source s;
+    singleflight::stop_source s;
     auto t = sftest::spawn(r, [&] { return g.do_("k", box.fn(), s.get_token()); });
     auto item = box.take("fn parked its completion");
     s.request_stop();
@@ -726,7 +727,7 @@ TEST_CASE(
   // the work while waiters remain.
   callback_log<int> a, b, c;
   sftest::result<int> d;
-  std::stop_source sa, sb;
+  singleflight::stop_source sa, sb;
   group_t g;
   completion_box<int> box;
   g.async_do("k", box.fn(), a.on_done(), sa.get_token());
@@ -766,12 +767,12 @@ TEST_CASE(
   // (as a blocking inline leader must), though its caller is not blocked.
   callback_log<int> log;
   std::atomic<bool> fn_entered{false}, fn_saw_stop{false}, returned{false};
-  std::stop_source s;
+  singleflight::stop_source s;
   group_t g;
-  std::jthread leader([&] {
+  sftest::jthread leader([&] {
     g.async_do(
         "k",
-        [&](std::stop_token st) {
+        [&](singleflight::stop_token st) {
           fn_entered = true;
           must([&] { return st.stop_requested(); }, "the last waiter leaving stops fn's token");
           fn_saw_stop = true;
@@ -799,7 +800,7 @@ TEST_CASE(
   // Catches: the work stopped while a waiter remains, never stopped once all
   // left (a leak of work nobody wants), or a newcomer joining a dead flight.
   callback_log<int> a, b, late;
-  std::stop_source sa, sb;
+  singleflight::stop_source sa, sb;
   group_t g;
   completion_box<int> box;
   g.async_do("k", box.fn(), a.on_done(), sa.get_token());
@@ -827,7 +828,7 @@ TEST_CASE("ownership::group: async waiters leaving do not stop the work; a newco
   // Catches: group-owned work stopped when its waiters leave, or made
   // unjoinable.
   callback_log<int> a, c;
-  std::stop_source sa;
+  singleflight::stop_source sa;
   group_t g(with(sf::ownership::group));
   completion_box<int> box;
   g.async_do("k", box.fn(), a.on_done(), sa.get_token());
@@ -850,7 +851,7 @@ TEST_CASE("ownership::leader: the async leader's stop cancels every waiter on th
   // cancelling only the leader (followers stranded until the completion).
   callback_log<int> leader, f1, f2;
   sftest::result<int> blocked;
-  std::stop_source s_leader, s_f1;
+  singleflight::stop_source s_leader, s_f1;
   group_t g(with(sf::ownership::leader));
   completion_box<int> box;
   g.async_do("k", box.fn(), leader.on_done(), s_leader.get_token());
@@ -907,7 +908,7 @@ TEST_CASE("cancellation racing the settle: each callback waiter gets exactly one
   };
   std::vector<std::unique_ptr<callback_log<int>>> racers, others;
   std::optional<sf::completion<int>> cur_c;
-  std::optional<std::stop_source> cur_s;
+  std::optional<singleflight::stop_source> cur_s;
   std::atomic<int> go{0}, acted{0};
   group_t g;
   completion_box<int> box;
@@ -962,7 +963,7 @@ TEST_CASE("cancellation racing the settle: each callback waiter gets exactly one
         auto item = box.take("fn parked its completion");
         sf::completion<int> c = std::move(item.second);
         bool racer_delivered_first = true;
-        std::stop_callback resolve_now(item.first, [&] {
+        singleflight::stop_callback resolve_now(item.first, [&] {
           racer_delivered_first = r.is_done();
           c.set_value(i);  // the flight was stopped: this only frees the key
         });
@@ -1049,7 +1050,8 @@ TEST_CASE(
   completion_box<int> box;
   g.async_do("k", box.fn(), a.on_done());
   auto item = box.take("fn parked its completion");
-  std::stop_callback on_stop(item.first, [&] { stop_thread = std::this_thread::get_id(); });
+  singleflight::stop_callback on_stop(item.first,
+                                      [&] { stop_thread = std::this_thread::get_id(); });
   g.async_do("k", box.fn(), b.on_done());
   a.wait("deadline reached a");
   b.wait("deadline reached b");
@@ -1096,7 +1098,7 @@ TEST_CASE(
   }
   SECTION("close") {
     std::atomic<bool> close_returned{false};
-    std::jthread closer([&] {
+    sftest::jthread closer([&] {
       g.close();
       close_returned = true;
     });
@@ -1165,7 +1167,7 @@ TEST_CASE("close() does not wait for an on_done already under way", "[async][clo
   auto item = box.take("fn parked its completion");
   sftest::thread resolver([&] { item.second.set_value(1); });
   must([&] { return in_on_done.load(); }, "on_done running");
-  std::jthread closer([&] {
+  sftest::jthread closer([&] {
     g.close();
     close_returned = true;
   });
@@ -1213,7 +1215,7 @@ TEST_CASE("close() from inside on_done does not deadlock", "[async][close][reent
     g->async_do("k", box.fn(), log.on_done());
     auto item = box.take("fn parked its completion");
     std::atomic<bool> outer_returned{false};
-    std::jthread closer([&] {
+    sftest::jthread closer([&] {
       g->close();
       outer_returned = true;
     });
@@ -1304,7 +1306,7 @@ TEST_CASE("on_done never runs under the group's lock, on any path", "[async][ree
     sftest::on_new_thread(
         [&] {
           g.async_do(
-              "k", [](std::stop_token, sf::completion<int>) { throw not_an_exception{1}; },
+              "k", [](singleflight::stop_token, sf::completion<int>) { throw not_an_exception{1}; },
               log.on_done());
         },
         "async_do");
@@ -1330,7 +1332,7 @@ TEST_CASE("on_done never runs under the group's lock, on any path", "[async][ree
     group_t g;
     log.probe = probe_for(g);
     completion_box<int> box;
-    std::stop_source s;
+    singleflight::stop_source s;
     g.async_do("k", box.fn(), log.on_done(), s.get_token());
     auto item = box.take("completion");
     sftest::on_new_thread([&] { s.request_stop(); }, "request_stop");
@@ -1341,7 +1343,7 @@ TEST_CASE("on_done never runs under the group's lock, on any path", "[async][ree
     log.probe = probe_for(g);
     log2.probe = probe_for(g);
     completion_box<int> box;
-    std::stop_source s;
+    singleflight::stop_source s;
     g.async_do("k", box.fn(), log2.on_done(), s.get_token());
     g.async_do("k", box.fn(), log.on_done());
     auto item = box.take("completion");
@@ -1383,7 +1385,7 @@ TEST_CASE("on_done never runs under the group's lock, on any path", "[async][ree
   SECTION("immediate: already stopped") {
     group_t g;
     log.probe = probe_for(g);
-    std::stop_source s;
+    singleflight::stop_source s;
     s.request_stop();
     sftest::on_new_thread(
         [&] {
@@ -1456,14 +1458,14 @@ TEST_CASE("a stopped async flight keeps its key until its completion resolves: f
   // unresolved (overlap), joining the stopped flight, or receiving its outcome.
   callback_log<int> a;
   sftest::overlap_meter meter;
-  std::stop_source sa;
+  singleflight::stop_source sa;
   group_t g;
   completion_box<int> box;
-  auto metered = [&](std::stop_token st, sf::completion<int> c) {
+  auto metered = [&](singleflight::stop_token st, sf::completion<int> c) {
     meter.enter();
     box.put(std::move(st), std::move(c));
   };
-  auto resolve = [&](std::pair<std::stop_token, sf::completion<int>>& item, int v) {
+  auto resolve = [&](std::pair<singleflight::stop_token, sf::completion<int>>& item, int v) {
     meter.leave();
     item.second.set_value(v);
   };
@@ -1495,7 +1497,7 @@ TEST_CASE("a stopped async flight keeps its key until its completion resolves: f
   }
   SECTION("a waiting newcomer can leave on its token") {
     callback_log<int> n1;
-    std::stop_source s1;
+    singleflight::stop_source s1;
     g.async_do("k", metered, n1.on_done(), s1.get_token());
     CHECK_FALSE(n1.is_done());
     s1.request_stop();
@@ -1516,7 +1518,7 @@ TEST_CASE(
   // Catches: an async caller waiting for a hung predecessor without bound
   // (the deadline must cover the wait too, counted from its arrival).
   callback_log<int> a, b;
-  std::stop_source sa;
+  singleflight::stop_source sa;
   sf::options o;
   o.timeout = 50ms;
   group_t g(o);
@@ -1542,7 +1544,7 @@ TEST_CASE("an async caller waiting for a winding-down fn keeps its own copy of t
   // it when it goes round again: a use-after-free (ASan) or a flight for the
   // wrong key.
   callback_log<int> a, b, c;
-  std::stop_source sa;
+  singleflight::stop_source sa;
   group_t g;
   completion_box<int> box;
   g.async_do("k", box.fn(), a.on_done(), sa.get_token());
@@ -1571,7 +1573,7 @@ TEST_CASE("a stopped async flight whose completion is unresolved counts toward m
   // Catches: a stopped but unresolved flight dropped from the cap (the map
   // would grow past max_in_flight with hung origins).
   callback_log<int> a, b;
-  std::stop_source sa;
+  singleflight::stop_source sa;
   sf::options o;
   o.max_in_flight = 1;
   group_t g(o);

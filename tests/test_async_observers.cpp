@@ -8,7 +8,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <stop_token>
 #include <string>
 #include <thread>
 #include <utility>
@@ -35,7 +34,7 @@ void park_returning(sf::detail::hook_point p, const void*) {
   returning_release.wait("observer_returning released");
 }
 
-sftest::fire_task<int> co_call(group_t& g, completion_box<int>& box, std::stop_token st) {
+sftest::fire_task<int> co_call(group_t& g, completion_box<int>& box, sf::stop_token st) {
   co_return co_await g.co_do(std::string("k"), box.fn(), std::move(st));
 }
 }  // namespace
@@ -108,13 +107,13 @@ TEST_CASE("a stop arriving while an async observer is claimed is seen when it at
   group_t g;  // ownership::waiters
   completion_box<int> box;
   callback_log<int> a;
-  std::stop_source sa;
+  sf::stop_source sa;
   g.async_do("k", box.fn(), a.on_done(), sa.get_token());
   auto first = box.take("first flight started");
   sa.request_stop();
   REQUIRE(a.threw<sf::cancelled_error>());
   callback_log<int> b;
-  std::stop_source sb;
+  sf::stop_source sb;
   g.async_do("k", box.fn(), b.on_done(), sb.get_token());
   REQUIRE_FALSE(b.is_done());
 
@@ -146,7 +145,7 @@ TEST_CASE(
   group_t g;  // ownership::waiters; fn ignores its token
   completion_box<int> box;
   callback_log<int> x;
-  std::stop_source sx;
+  sf::stop_source sx;
   g.async_do("k", box.fn(), x.on_done(), sx.get_token());
   auto first = box.take("first flight started");
   sx.request_stop();  // waiters policy: the flight is stopped, its completion still held
@@ -157,7 +156,7 @@ TEST_CASE(
   std::atomic<bool> capture_ok{false};
   const std::string expected(200, 'q');  // on the heap: a use-after-free shows
   callback_log<int> a;
-  std::stop_source sa;
+  sf::stop_source sa;
   g.async_do(
       "k",
       [expected, &started, &release, &capture_ok] {
@@ -191,20 +190,20 @@ TEST_CASE(
   group_t g;  // ownership::waiters
   completion_box<int> box;
   callback_log<int> x;
-  std::stop_source sx;
+  sf::stop_source sx;
   g.async_do("k", box.fn(), x.on_done(), sx.get_token());
   auto first = box.take("first flight started");
   sx.request_stop();
   REQUIRE(x.threw<sf::cancelled_error>());
 
   sftest::gate started;
-  auto until_stopped = [&started](std::stop_token st) {
+  auto until_stopped = [&started](sf::stop_token st) {
     started.open();
     sftest::must([&] { return st.stop_requested(); }, "second flight stopped");
     return 2;
   };
   callback_log<int> a2, b1;
-  std::stop_source s2, s1;
+  sf::stop_source s2, s1;
   g.async_do("k", until_stopped, a2.on_done(), s2.get_token());  // observer, notified first
   g.async_do("k", until_stopped, b1.on_done(), s1.get_token());  // observer, notified second
   REQUIRE_FALSE(a2.is_done());

@@ -5,7 +5,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <stop_token>
 #include <string>
 #include <thread>
 
@@ -83,13 +82,13 @@ TEST_CASE("max_in_flight: a stopped fn still winding down holds its slot", "[bou
   sftest::gate release_a, release_b;
   std::atomic<int> started{0};
   std::atomic<bool> a_saw_stop{false};
-  std::stop_source a_stop;
+  sf::stop_source a_stop;
 
   sftest::result<int> a, b;
   auto ta = sftest::spawn(a, [&] {
     return g.do_(
         "a",
-        [&](std::stop_token st) {
+        [&](sf::stop_token st) {
           ++started;
           sftest::must([&] { return st.stop_requested(); }, "a's only waiter left");
           a_saw_stop = true;

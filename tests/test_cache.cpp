@@ -14,7 +14,6 @@
 #include <new>
 #include <set>
 #include <stdexcept>
-#include <stop_token>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -22,6 +21,7 @@
 
 #include "support/catch.hpp"
 #include "support/coro.hpp"
+#include "support/jthread.hpp"
 #include "support/manual_clock.hpp"
 #include "support/sync.hpp"
 
@@ -130,7 +130,7 @@ TEST_CASE("many callers of a missing key make one coalesced load", "[cache][c1]"
   std::atomic<int> calls{0};
   gate release;
   std::vector<result<std::string>> r(n);
-  std::vector<std::jthread> t;
+  std::vector<sftest::jthread> t;
   auto load = [&] {
     calls.fetch_add(1);
     release.wait("origin released");
@@ -155,7 +155,7 @@ TEST_CASE("a hit does not wait for another key's load", "[cache][c1][c10]") {
   gate release;
   std::atomic<bool> loading{false};
   result<std::string> r;
-  std::jthread t = spawn(r, [&] {
+  sftest::jthread t = spawn(r, [&] {
     return c.get("cold", [&] {
       loading = true;
       release.wait("cold origin released");
@@ -176,8 +176,8 @@ TEST_CASE("a caller leaving does not cancel the load its followers need", "[cach
   scache c(opts());
   gate release;
   std::atomic<bool> loader_stopped{false};
-  std::stop_source leader_stop;
-  auto load = [&](std::stop_token st) {
+  sf::stop_source leader_stop;
+  auto load = [&](sf::stop_token st) {
     release.wait("origin released");
     loader_stopped = st.stop_requested();
     return std::string("v");
@@ -189,9 +189,9 @@ TEST_CASE("a caller leaving does not cancel the load its followers need", "[cach
   sf::cache_options o = opts();
   o.flight = fo;
   scache ce(o);
-  std::jthread t1 = spawn(leader, [&] { return ce.get("k", load, leader_stop.get_token()); });
+  sftest::jthread t1 = spawn(leader, [&] { return ce.get("k", load, leader_stop.get_token()); });
   must([&] { return ce.flight_stats().flights == 1; }, "load started");
-  std::jthread t2 = spawn(follower, [&] { return ce.get("k", load); });
+  sftest::jthread t2 = spawn(follower, [&] { return ce.get("k", load); });
   must([&] { return ce.flight_stats().joins == 1; }, "follower joined");
   leader_stop.request_stop();
   sftest::finish(t1, leader, "leader left");
@@ -209,8 +209,8 @@ TEST_CASE("flight.timeout bounds a caller waiting on a hung load", "[cache][c1]"
   o.flight.executor = sf::thread_executor{};
   scache c(o);
   result<std::string> r;
-  std::jthread t = spawn(r, [&] {
-    return c.get("k", [](std::stop_token st) {
+  sftest::jthread t = spawn(r, [&] {
+    return c.get("k", [](sf::stop_token st) {
       while (!st.stop_requested()) std::this_thread::yield();  // hangs until stopped
       return std::string("late");
     });
@@ -230,8 +230,8 @@ TEST_CASE("close stops loads, rejects callers and waits for the loader", "[cache
   o.flight = fo;
   scache ce(o);
   result<std::string> r;
-  std::jthread t = spawn(r, [&] {
-    return ce.get("k", [&](std::stop_token st) {
+  sftest::jthread t = spawn(r, [&] {
+    return ce.get("k", [&](sf::stop_token st) {
       in_loader = true;
       while (!st.stop_requested()) std::this_thread::yield();
       loader_returned = true;
@@ -255,7 +255,7 @@ TEST_CASE("max_in_flight rejects a load beyond the cap with overloaded_error", "
   gate release;
   std::atomic<bool> loading{false};
   result<std::string> r;
-  std::jthread t = spawn(r, [&] {
+  sftest::jthread t = spawn(r, [&] {
     return c.get("a", [&] {
       loading = true;
       release.wait("origin released");
@@ -279,7 +279,7 @@ TEST_CASE("the flight checks the cache again before calling the origin", "[cache
   scache c(o);
   std::atomic<int> calls{0};
   result<std::string> r;
-  std::jthread t = spawn(r, [&] {
+  sftest::jthread t = spawn(r, [&] {
     return c.get("k", [&] {
       calls.fetch_add(1);
       return std::string("origin");
@@ -352,7 +352,7 @@ TEST_CASE("not_found is cached for not_found_ttl and reported without throwing b
   o.not_found_ttl = 500ms;
   scache c(o);
   std::atomic<int> calls{0};
-  auto missing = [&](std::stop_token) {
+  auto missing = [&](sf::stop_token) {
     calls.fetch_add(1);
     return sf::load_result<std::string>::not_found();
   };
@@ -394,7 +394,7 @@ TEST_CASE("a load that started before invalidate never publishes (guava#1881)", 
   gate release;
   std::atomic<bool> loading{false};
   result<std::string> r;
-  std::jthread t = spawn(r, [&] {
+  sftest::jthread t = spawn(r, [&] {
     return c.get("k", [&] {
       loading = true;
       release.wait("origin released");
@@ -418,7 +418,7 @@ TEST_CASE("a load that started before put does not overwrite it (trino#22285)", 
   gate release;
   std::atomic<bool> loading{false};
   result<std::string> r;
-  std::jthread t = spawn(r, [&] {
+  sftest::jthread t = spawn(r, [&] {
     return c.get("k", [&] {
       loading = true;
       release.wait("origin released");
@@ -444,7 +444,7 @@ TEST_CASE("get_fresh never returns a value loaded by a flight that started befor
   gate release_old;
   std::atomic<int> calls{0};
   result<std::string> old_caller;
-  std::jthread t1 = spawn(old_caller, [&] {
+  sftest::jthread t1 = spawn(old_caller, [&] {
     return c.get("k", [&] {
       calls.fetch_add(1);
       release_old.wait("old load released");
@@ -453,7 +453,7 @@ TEST_CASE("get_fresh never returns a value loaded by a flight that started befor
   });
   must([&] { return calls.load() == 1; }, "old load running");
   result<std::string> fresh_caller;
-  std::jthread t2 = spawn(fresh_caller, [&] {
+  sftest::jthread t2 = spawn(fresh_caller, [&] {
     return c.get_fresh("k", [&] {
       calls.fetch_add(1);
       return std::string("new");
@@ -475,7 +475,7 @@ TEST_CASE("get after invalidate does not join the load that started before it", 
   gate release_old;
   std::atomic<int> calls{0};
   result<std::string> old_caller;
-  std::jthread t1 = spawn(old_caller, [&] {
+  sftest::jthread t1 = spawn(old_caller, [&] {
     return c.get("k", [&] {
       calls.fetch_add(1);
       release_old.wait("old load released");
@@ -485,7 +485,7 @@ TEST_CASE("get after invalidate does not join the load that started before it", 
   must([&] { return calls.load() == 1; }, "old load running");
   c.invalidate("k");
   result<std::string> later;
-  std::jthread t2 = spawn(later, [&] {
+  sftest::jthread t2 = spawn(later, [&] {
     return c.get("k", [&] {
       calls.fetch_add(1);
       return std::string("after");
@@ -506,7 +506,7 @@ TEST_CASE("clear makes loads under way unpublishable", "[cache][c7]") {
   gate release;
   std::atomic<bool> loading{false};
   result<std::string> r;
-  std::jthread t = spawn(r, [&] {
+  sftest::jthread t = spawn(r, [&] {
     return c.get("b", [&] {
       loading = true;
       release.wait("origin released");
@@ -586,13 +586,13 @@ TEST_CASE("hits on distinct keys run while every shard is being written", "[cach
   std::atomic<bool> stop{false};
   std::atomic<long> reads{0};
   std::atomic<long> wrong{0};
-  std::jthread writer([&] {
+  sftest::jthread writer([&] {
     int round = 0;
     while (!stop) {
       for (int i = 0; i < 64; ++i) c.put("key-" + std::to_string(i), i + 1000 * (++round % 2));
     }
   });
-  std::jthread reader([&] {
+  sftest::jthread reader([&] {
     for (int n = 0; n < 20000; ++n) {
       const int i = n % 64;
       const int v = c.get("key-" + std::to_string(i), [] { return -1; });

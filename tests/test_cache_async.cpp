@@ -7,12 +7,12 @@
 #include <atomic>
 #include <memory>
 #include <stdexcept>
-#include <stop_token>
 #include <string>
 #include <thread>
 
 #include "support/catch.hpp"
 #include "support/coro.hpp"
+#include "support/jthread.hpp"
 #include "support/manual_clock.hpp"
 #include "support/sync.hpp"
 
@@ -42,7 +42,7 @@ struct origin_error : std::runtime_error {
 
 fire_task<std::string> co_read(
     scache& c, std::string key,
-    std::function<void(std::stop_token, sf::completion<std::string>)> load) {
+    std::function<void(sf::stop_token, sf::completion<std::string>)> load) {
   co_return co_await c.co_get(key, load);
 }
 
@@ -70,7 +70,7 @@ TEST_CASE("async_get of a miss is delivered where the async loader completes", "
   CHECK(!log.is_done());
   auto [st, done] = box.take("loader started");
   std::thread::id resolver;
-  std::jthread t([&, d = std::move(done)]() mutable {
+  sftest::jthread t([&, d = std::move(done)]() mutable {
     resolver = std::this_thread::get_id();
     d.set_value("loaded");
   });
@@ -143,7 +143,7 @@ TEST_CASE("co_get of a miss resumes where the loader completes", "[cache][async]
   CHECK(!task.done());
   auto [st, done] = box.take("loader started");
   std::thread::id resolver;
-  std::jthread t([&, d = std::move(done)]() mutable {
+  sftest::jthread t([&, d = std::move(done)]() mutable {
     resolver = std::this_thread::get_id();
     d.set_value("loaded");
   });
@@ -190,7 +190,7 @@ TEST_CASE("an async caller's completion may still run after the cache is destroy
   c->async_get("k", box.fn(), a.on_done());
   c->async_get("k", box.fn(), b.on_done());
   auto [st, done] = box.take("load started");
-  std::jthread resolver([d = std::move(done)]() mutable { d.set_value("v2"); });
+  sftest::jthread resolver([d = std::move(done)]() mutable { d.set_value("v2"); });
   in_a.wait("A's callback running");
   c->close();
   c.reset();
@@ -204,7 +204,7 @@ TEST_CASE("an async caller's completion may still run after the cache is destroy
 TEST_CASE("an async loader's synchronous throw fails the load for every caller", "[cache][async]") {
   manual_clock::reset();
   scache c(opts());
-  auto thrower = [](std::stop_token, sf::completion<std::string>) { throw origin_error(); };
+  auto thrower = [](sf::stop_token, sf::completion<std::string>) { throw origin_error(); };
   CHECK_THROWS_AS(c.get("k", thrower), origin_error);
   callback_log<std::string> log;
   c.async_get("k", thrower, log.on_done());

@@ -34,12 +34,12 @@
 #include <cstdlib>
 #include <random>
 #include <stdexcept>
-#include <stop_token>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/jthread.hpp"
 #include "support/manual_clock.hpp"
 #include "support/sync.hpp"
 
@@ -98,7 +98,7 @@ void run_soak(const char* name, sf::cache_options o, std::uint64_t seed) {
 
   // A loader for hot key k: reads the origin counter, and misbehaves at random.
   auto make_loader = [&w](int k, unsigned mode) {
-    return [&w, k, mode](std::stop_token st) -> sf::load_result<std::string> {
+    return [&w, k, mode](sf::stop_token st) -> sf::load_result<std::string> {
       w.loader_calls.fetch_add(1);
       if (w.running[k].fetch_add(1) != 0) w.overlaps.fetch_add(1);
       const long seen = w.origin[k].load();
@@ -112,7 +112,7 @@ void run_soak(const char* name, sf::cache_options o, std::uint64_t seed) {
     };
   };
 
-  std::vector<std::jthread> workers;
+  std::vector<sftest::jthread> workers;
   for (int t = 0; t < n_workers; ++t) {
     workers.emplace_back([&, t] {
       std::mt19937_64 rng(seed + static_cast<std::uint64_t>(t) * 7919);
@@ -122,7 +122,7 @@ void run_soak(const char* name, sf::cache_options o, std::uint64_t seed) {
         const int k = static_cast<int>(rng() % n_keys);
         const auto mode = static_cast<unsigned>(rng() % 1000);
         const std::string key = hot_key(k);
-        std::stop_source leave;
+        sf::stop_source leave;
         if (mode % 17 == 0) leave.request_stop();  // a caller already gone
         const long floor = w.floor[k].load();
         try {

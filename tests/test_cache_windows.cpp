@@ -12,13 +12,13 @@
 #include <exception>
 #include <functional>
 #include <stdexcept>
-#include <stop_token>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "support/catch.hpp"
 #include "support/coro.hpp"
+#include "support/jthread.hpp"
 #include "support/manual_clock.hpp"
 #include "support/sync.hpp"
 
@@ -67,7 +67,7 @@ struct held_origin {
   std::atomic<std::thread::id> thread{};
   std::string answer = "v2";
   auto fn() {
-    return [this](std::stop_token st) {
+    return [this](sf::stop_token st) {
       calls.fetch_add(1);
       thread = std::this_thread::get_id();
       release.wait("refresh origin released");
@@ -118,9 +118,9 @@ TEST_CASE(
   must([&] { return origin.calls.load() == 1; }, "refresh hanging");
   manual_clock::advance(500ms);  // ttl + swr reached
   CHECK(!c.peek("k"));
-  std::stop_source leave;
+  sf::stop_source leave;
   result<std::string> r;
-  std::jthread t = spawn(r, [&] { return c.get("k", origin.fn(), leave.get_token()); });
+  sftest::jthread t = spawn(r, [&] { return c.get("k", origin.fn(), leave.get_token()); });
   // The reader waits on the load (it joined the hanging refresh: it is the load).
   must([&] { return c.flight_stats().joins == 1; }, "reader joined the refresh");
   CHECK(!r.done);
@@ -141,7 +141,7 @@ TEST_CASE("a reader past the wall is bounded by flight.timeout while a refresh h
   c.put("k", "v1");
   manual_clock::advance(1500ms);
   std::atomic<bool> hung{false};
-  auto hang = [&](std::stop_token st) {
+  auto hang = [&](sf::stop_token st) {
     hung = true;
     while (!st.stop_requested()) std::this_thread::yield();
     return value("late");
@@ -150,7 +150,7 @@ TEST_CASE("a reader past the wall is bounded by flight.timeout while a refresh h
   must([&] { return hung.load(); }, "refresh hanging");
   manual_clock::advance(1s);
   result<std::string> r;
-  std::jthread t = spawn(r, [&] { return c.get("k", hang); });
+  sftest::jthread t = spawn(r, [&] { return c.get("k", hang); });
   sftest::finish(t, r, "reader bounded by the deadline");
   CHECK(r.threw<sf::timeout_error>());
 }
@@ -217,7 +217,7 @@ TEST_CASE("a background refresh is not cancelled by the stop of the reader that 
   c.put("k", "v1");
   manual_clock::advance(1500ms);
   held_origin origin;
-  std::stop_source reader;
+  sf::stop_source reader;
   CHECK(c.get("k", origin.fn(), reader.get_token()) == "v1");
   must([&] { return origin.calls.load() == 1; }, "refresh running");
   reader.request_stop();
@@ -267,7 +267,7 @@ TEST_CASE("close waits for a running background refresh and joins its thread", "
     scache c(swr());
     c.put("k", "v1");
     manual_clock::advance(1500ms);
-    CHECK(c.get("k", [&](std::stop_token st) {
+    CHECK(c.get("k", [&](sf::stop_token st) {
       running = true;
       while (!st.stop_requested()) std::this_thread::yield();  // until close() stops it
       returned = true;
@@ -287,7 +287,7 @@ TEST_CASE("a background refresh is bounded by flight.timeout", "[cache][c4]") {
   c.put("k", "v1");
   manual_clock::advance(1500ms);
   std::atomic<bool> saw_stop{false};
-  CHECK(c.get("k", [&](std::stop_token st) {
+  CHECK(c.get("k", [&](sf::stop_token st) {
     while (!st.stop_requested()) std::this_thread::yield();
     saw_stop = true;
     return value("late");
@@ -403,9 +403,9 @@ TEST_CASE("a cancelled reader gets cancelled_error, not the stale value", "[cach
   c.put("k", "v1");
   manual_clock::advance(2s);
   gate release;
-  std::stop_source leave;
+  sf::stop_source leave;
   result<std::string> r;
-  std::jthread t = spawn(r, [&] {
+  sftest::jthread t = spawn(r, [&] {
     return c.get(
         "k",
         [&] {

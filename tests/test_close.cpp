@@ -10,12 +10,12 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <stop_token>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/jthread.hpp"
 #include "support/sync.hpp"
 
 namespace {
@@ -70,7 +70,7 @@ TEST_CASE(
 
   sftest::result<int> caller;
   auto tc = sftest::spawn(caller, [&] {
-    return g.do_("k", [&](std::stop_token st) {
+    return g.do_("k", [&](sf::stop_token st) {
       fn_started = true;
       sftest::must([&] { return st.stop_requested(); }, "close() stops the token");
       fn_saw_stop = true;
@@ -138,7 +138,7 @@ TEST_CASE(
   std::atomic<bool> followers_done_while_fns_blocked{false};
 
   auto blocking = [&](sftest::gate& rel, std::atomic<bool>& returned) {
-    return [&](std::stop_token st) {
+    return [&](sf::stop_token st) {
       ++fns_started;
       sftest::must([&] { return st.stop_requested(); }, "close() stops each flight's token");
       ++fns_saw_stop;
@@ -155,7 +155,7 @@ TEST_CASE(
   auto tfa2 = sftest::spawn(fa2, [&] { return g.do_("a", [] { return -1; }); });
   sftest::must([&] { return g.stats().joins == 2; }, "two followers joined");
 
-  std::jthread opener([&] {
+  sftest::jthread opener([&] {
     sftest::must([&] { return fns_saw_stop == 2; }, "both fns saw their stop");
     // The followers are released by close() at once, not when fn returns.
     sftest::must([&] { return fa1.done.load() && fa2.done.load(); }, "followers released");
@@ -259,7 +259,7 @@ TEST_CASE("destroying the group while a flight runs stops and drains it", "[clos
   sf::options o = threads();
   o.owner = sf::ownership::group;  // the caller may leave; the work keeps running
   auto g = std::make_unique<group_t>(o);
-  std::stop_source caller_stop;
+  sf::stop_source caller_stop;
   std::atomic<bool> fn_started{false};
   std::atomic<bool> fn_returned{false};
   std::atomic<bool> worker_exited{false};
@@ -269,7 +269,7 @@ TEST_CASE("destroying the group while a flight runs stops and drains it", "[clos
   auto tc = sftest::spawn(caller, [&] {
     return g->do_(
         "k",
-        [&, result](std::stop_token st) {
+        [&, result](sf::stop_token st) {
           tls_exit_probe.exited = &worker_exited;
           fn_started = true;
           sftest::must([&] { return st.stop_requested(); }, "destructor stops the token");
@@ -305,7 +305,7 @@ TEST_CASE("close() draining a slow-to-stop worker", "[close][seed]") {
 
   sftest::result<int> caller;
   auto tc = sftest::spawn(caller, [&] {
-    return g.do_("k", [&](std::stop_token st) {
+    return g.do_("k", [&](sf::stop_token st) {
       fn_started = true;
       sftest::must([&] { return st.stop_requested(); }, "close() stops the worker");
       fn_saw_stop = true;
@@ -315,7 +315,7 @@ TEST_CASE("close() draining a slow-to-stop worker", "[close][seed]") {
     });
   });
   sftest::must([&] { return fn_started.load(); }, "worker started");
-  std::jthread opener([&] {
+  sftest::jthread opener([&] {
     sftest::must([&] { return fn_saw_stop.load(); }, "worker saw the stop");
     close_returned_early = sftest::becomes([&] { return close_returned.load(); }, 50ms);
     wound_down.open();
@@ -349,7 +349,7 @@ TEST_CASE("concurrent_close_returns_only_after_the_groups_threads_are_joined", "
 
   sftest::result<int> caller;
   auto tc = sftest::spawn(caller, [&] {
-    return g.do_("k", [&](std::stop_token st) {
+    return g.do_("k", [&](sf::stop_token st) {
       tls_exit_probe.exiting = &worker_exiting;
       tls_exit_probe.exited = &worker_exited;
       tls_exit_probe.hold = &hold_exit;
@@ -393,7 +393,7 @@ TEST_CASE("close_called_on_the_timer_thread_still_lets_the_destructor_join_it",
   o.timeout = 300ms;
   auto* g = new group_t{o};
   std::mutex m;
-  std::optional<std::stop_token> flight_token;
+  std::optional<sf::stop_token> flight_token;
   std::atomic<bool> token_published{false};
   std::atomic<bool> close_returned_in_callback{false};
   std::atomic<bool> timer_exited{false};
@@ -403,7 +403,7 @@ TEST_CASE("close_called_on_the_timer_thread_still_lets_the_destructor_join_it",
 
   sftest::result<int> leader;
   auto tl = sftest::spawn(leader, [&] {
-    return g->do_("k", [&](std::stop_token st) {
+    return g->do_("k", [&](sf::stop_token st) {
       {
         std::lock_guard<std::mutex> lk(m);
         flight_token = st;
@@ -414,7 +414,7 @@ TEST_CASE("close_called_on_the_timer_thread_still_lets_the_destructor_join_it",
     });
   });
   sftest::must([&] { return token_published.load(); }, "flight token published");
-  std::stop_token tok;
+  sf::stop_token tok;
   {
     std::lock_guard<std::mutex> lk(m);
     tok = *flight_token;
@@ -425,14 +425,14 @@ TEST_CASE("close_called_on_the_timer_thread_still_lets_the_destructor_join_it",
     close_returned_in_callback = true;
     callback_may_return.wait("timer's stop callback held");
   };
-  std::optional<std::stop_callback<decltype(on_stop)>> cb;
+  std::optional<sf::stop_callback<decltype(on_stop)>> cb;
   cb.emplace(tok, on_stop);
 
   sftest::must([&] { return close_returned_in_callback.load(); }, "close() on the timer returned");
   sftest::finish(tl, leader, "leader");
   CHECK(leader.threw<sf::timeout_error>());
 
-  std::jthread opener([&] {
+  sftest::jthread opener([&] {
     destroyed_early = sftest::becomes([&] { return destroyed.load(); }, 200ms);
     callback_may_return.open();
   });

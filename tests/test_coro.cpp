@@ -1,6 +1,6 @@
 // Coroutine waiters: `co_await group::co_do(key, fn, caller)`, with
 // synchronous fns (inline or on an executor) and asynchronous fns
-// (`void(std::stop_token, completion<T>)`), mixed with blocking and callback
+// (`void(singleflight::stop_token, completion<T>)`), mixed with blocking and callback
 // waiters. The coroutines are sftest::fire_task (support/coro.hpp): eager,
 // detached, recording their outcome, the thread of their last step and how
 // many co_awaits really suspended. One test case per contract point; each
@@ -13,7 +13,6 @@
 #include <exception>
 #include <memory>
 #include <optional>
-#include <stop_token>
 #include <string>
 #include <thread>
 #include <utility>
@@ -21,6 +20,7 @@
 
 #include "support/catch.hpp"
 #include "support/coro.hpp"
+#include "support/jthread.hpp"
 #include "support/sync.hpp"
 
 namespace {
@@ -41,7 +41,8 @@ using sftest::with;
 // A coroutine waiter: co_awaits the flight for `key` and returns its value.
 // Everything it uses is a parameter, so it lives in the coroutine's frame.
 template <class G, class F>
-fire_task<typename G::value_type> co_wait(G& g, std::string key, F fn, std::stop_token st = {}) {
+fire_task<typename G::value_type> co_wait(G& g, std::string key, F fn,
+                                          singleflight::stop_token st = {}) {
   co_return co_await g.co_do(key, fn, std::move(st));
 }
 
@@ -73,7 +74,7 @@ TEST_CASE(
   std::atomic<int> fn_calls{0};
   group_t g;
   completion_box<int> box;
-  auto fn = [&](std::stop_token st, sf::completion<int> c) {
+  auto fn = [&](singleflight::stop_token st, sf::completion<int> c) {
     fn_calls.fetch_add(1);
     box.put(std::move(st), std::move(c));
   };
@@ -161,7 +162,7 @@ TEST_CASE("immediate outcomes complete co_await without suspending, on the calli
     group_t g;
     completion_box<int> box;
     auto holder = co_wait(g, "k", box.fn());  // a flight it could have joined
-    std::stop_source s;
+    singleflight::stop_source s;
     s.request_stop();
     t.emplace(co_wait(g, "k", counting_fn, s.get_token()));
     REQUIRE(t->done());
@@ -217,7 +218,7 @@ TEST_CASE(
   std::atomic<bool> fn_entered{false}, leader_returned{false};
   gate release;
   group_t g;
-  std::jthread leader([&] {
+  sftest::jthread leader([&] {
     (void)g.do_("k", [&] {
       fn_entered = true;
       release.wait("fn released");
@@ -300,7 +301,7 @@ TEST_CASE("co_do with an async fn: resolved inside fn, thrown before returning, 
   group_t g;
   SECTION("resolved inside fn: the value, on fn's thread") {
     std::atomic<std::thread::id> fn_thread{};
-    auto t = co_wait(g, "k", [&](std::stop_token, sf::completion<int> c) {
+    auto t = co_wait(g, "k", [&](singleflight::stop_token, sf::completion<int> c) {
       fn_thread = std::this_thread::get_id();
       c.set_value(11);
     });
@@ -309,8 +310,8 @@ TEST_CASE("co_do with an async fn: resolved inside fn, thrown before returning, 
     CHECK(t.get().finished_on == fn_thread.load());
   }
   SECTION("fn throws before returning: that exception") {
-    auto t =
-        co_wait(g, "k", [](std::stop_token, sf::completion<int>) { throw not_an_exception{9}; });
+    auto t = co_wait(
+        g, "k", [](singleflight::stop_token, sf::completion<int>) { throw not_an_exception{9}; });
     t.wait("coroutine finished");
     CHECK(t.get().threw<not_an_exception>());
     CHECK_FALSE(t.get().threw<sf::broken_promise_error>());
@@ -365,7 +366,7 @@ TEST_CASE(
     "[coro][cancel]") {
   // Catches: a stopped coroutine left suspended until the flight ends,
   // resumed on another thread, or its stop ending the work for the others.
-  std::stop_source sa, sb;
+  singleflight::stop_source sa, sb;
   group_t g;
   completion_box<int> box;
   auto a = co_wait(g, "k", box.fn(), sa.get_token());
@@ -395,7 +396,7 @@ TEST_CASE(
     "[coro][cancel][ownership]") {
   // Catches: coroutine waiters not counted as owners of the work (the token
   // never stopped, or stopped while one still waits).
-  std::stop_source sa, sb;
+  singleflight::stop_source sa, sb;
   group_t g;
   completion_box<int> box;
   auto a = co_wait(g, "k", box.fn(), sa.get_token());
@@ -417,7 +418,7 @@ TEST_CASE(
 TEST_CASE("ownership::group: coroutines leaving do not stop the work; a newcomer joins it",
           "[coro][cancel][ownership]") {
   // Catches: group-owned work stopped or made unjoinable by coroutine waiters.
-  std::stop_source sa;
+  singleflight::stop_source sa;
   group_t g(with(sf::ownership::group));
   completion_box<int> box;
   auto a = co_wait(g, "k", box.fn(), sa.get_token());
@@ -440,7 +441,7 @@ TEST_CASE(
     "[coro][cancel][ownership]") {
   // Catches: a coroutine leader not recognised as the leader (its stop only
   // lets it go), or followers of any kind left waiting.
-  std::stop_source s_leader, s_f;
+  singleflight::stop_source s_leader, s_f;
   callback_log<int> cb;
   sftest::result<int> blocked;
   group_t g(with(sf::ownership::leader));
@@ -503,7 +504,7 @@ TEST_CASE("cancellation racing the settle: each coroutine resumes exactly once",
   std::vector<std::unique_ptr<callback_log<int>>> firsts;
   racers.reserve(iterations);
   std::optional<sf::completion<int>> cur_c;
-  std::optional<std::stop_source> cur_s;
+  std::optional<singleflight::stop_source> cur_s;
   std::atomic<int> go{0}, acted{0};
   group_t g;
   completion_box<int> box;
@@ -559,7 +560,7 @@ TEST_CASE("cancellation racing the settle: each coroutine resumes exactly once",
         auto item = box.take("fn parked its completion");
         sf::completion<int> c = std::move(item.second);
         bool racer_resumed_first = true;
-        std::stop_callback resolve_now(item.first, [&] {
+        singleflight::stop_callback resolve_now(item.first, [&] {
           racer_resumed_first = r.done();
           c.set_value(i);  // the flight was stopped: this only frees the key
         });
@@ -644,7 +645,8 @@ TEST_CASE(
   completion_box<int> box;
   auto a = co_wait(g, "k", box.fn());
   auto item = box.take("fn parked its completion");
-  std::stop_callback on_stop(item.first, [&] { stop_thread = std::this_thread::get_id(); });
+  singleflight::stop_callback on_stop(item.first,
+                                      [&] { stop_thread = std::this_thread::get_id(); });
   auto b = co_wait(g, "k", box.fn());
   a.wait("deadline resumed a");
   b.wait("deadline resumed b");
@@ -709,7 +711,7 @@ TEST_CASE("close() does not wait for a coroutine resumption already under way", 
   auto item = box.take("fn parked its completion");
   sftest::thread resolver([&] { item.second.set_value(1); });
   must([&] { return resumed.load(); }, "coroutine resumed");
-  std::jthread closer([&] {
+  sftest::jthread closer([&] {
     g.close();
     close_returned = true;
   });
@@ -854,10 +856,10 @@ TEST_CASE(
   // Catches: a coroutine newcomer starting a second fn while the stopped
   // flight's work is unresolved, or receiving the stopped flight's outcome.
   sftest::overlap_meter meter;
-  std::stop_source sa;
+  singleflight::stop_source sa;
   group_t g;
   completion_box<int> box;
-  auto metered = [&](std::stop_token st, sf::completion<int> c) {
+  auto metered = [&](singleflight::stop_token st, sf::completion<int> c) {
     meter.enter();
     box.put(std::move(st), std::move(c));
   };
@@ -920,7 +922,7 @@ TEST_CASE(
       for (int i = 0; i < per_thread; ++i) tasks[which].push_back(co_wait(g, "hot", box.fn()));
       starters_done.fetch_add(1);
     };
-    std::jthread t0(starter, 0), t1(starter, 1);
+    sftest::jthread t0(starter, 0), t1(starter, 1);
     must([&] { return starters_done.load() == 2; }, "both threads started their coroutines");
   }
   const auto joined = g.stats();

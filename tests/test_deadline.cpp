@@ -16,13 +16,13 @@
 #include <chrono>
 #include <deque>
 #include <mutex>
-#include <stop_token>
 #include <string>
 #include <thread>
 #include <utility>
 
 #include "support/catch.hpp"
 #include "support/coro.hpp"
+#include "support/jthread.hpp"
 #include "support/sync.hpp"
 
 namespace {
@@ -55,7 +55,7 @@ TEST_CASE(
   std::atomic<int> fn_calls{0};
   std::atomic<bool> fn2_overlapped{false};
 
-  auto slow = [&](std::stop_token st) {
+  auto slow = [&](sf::stop_token st) {
     ++fn_calls;
     fn_started = true;
     sftest::must([&] { return st.stop_requested(); }, "deadline stops the flight's token");
@@ -303,7 +303,7 @@ TEST_CASE("newcomer_wait_bound_counts_from_arrival_across_rounds_of_waiting", "[
   std::mutex m;
   std::deque<sf::task> tasks;
   std::atomic<bool> stop_on_submit{false};
-  std::stop_source sa;
+  sf::stop_source sa;
   sf::options o;
   o.timeout = limit;
   o.executor = [&](sf::task t) {
@@ -326,12 +326,12 @@ TEST_CASE("newcomer_wait_bound_counts_from_arrival_across_rounds_of_waiting", "[
     return t;
   };
   std::atomic<int> fn_calls{0};
-  const auto fn = [&](std::stop_token) { return fn_calls.fetch_add(1), 1; };
+  const auto fn = [&](sf::stop_token) { return fn_calls.fetch_add(1), 1; };
   sftest::callback_log<int> x, a, c;
   std::atomic<clock_t_::time_point> c_delivered{};
   c.probe = [&] { c_delivered = clock_t_::now(); };
   group_t g{o};
-  std::stop_source sx;
+  sf::stop_source sx;
   g.async_do("k", fn, x.on_done(), sx.get_token());  // E1: its task waits in the queue
   sx.request_stop();  // its only waiter leaves: E1 is stopped, its task still holds the key
   REQUIRE(x.threw<sf::cancelled_error>());
@@ -344,7 +344,7 @@ TEST_CASE("newcomer_wait_bound_counts_from_arrival_across_rounds_of_waiting", "[
   const auto before = clock_t_::now();
   sftest::result<int> n;
   std::atomic<clock_t_::time_point> n_returned{};
-  std::jthread tn;
+  sftest::jthread tn;
   const bool blocked_newcomer = GENERATE(true, false);
   CAPTURE(blocked_newcomer);
   struct unhook {
@@ -414,11 +414,11 @@ TEST_CASE("leader_times_out_first: under ownership::leader everyone gets cancell
   o.owner = sf::ownership::leader;
   if (with_executor) o.executor = sf::thread_executor{};
   group_t g{o};
-  std::stop_source leader_stop;
+  sf::stop_source leader_stop;
   std::atomic<bool> fn_started{false};
   std::atomic<bool> fn_saw_stop{false};
 
-  auto fn = [&](std::stop_token st) {
+  auto fn = [&](sf::stop_token st) {
     fn_started = true;
     sftest::must([&] { return st.stop_requested(); }, "leader's stop stops the flight");
     fn_saw_stop = true;
@@ -453,11 +453,11 @@ TEST_CASE(
     "[deadline][seed][ownership]") {
   group_t g{sf::options{.executor = sf::thread_executor{}}};
   sftest::gate release;
-  std::stop_source leader_stop;
+  sf::stop_source leader_stop;
   std::atomic<bool> fn_started{false};
   std::atomic<bool> token_stopped_at_return{true};
 
-  auto fn = [&](std::stop_token st) {
+  auto fn = [&](sf::stop_token st) {
     fn_started = true;
     release.wait("release fn");
     token_stopped_at_return = st.stop_requested();
@@ -489,14 +489,14 @@ TEST_CASE(
     "[deadline][seed][ownership]") {
   group_t g;
   sftest::gate release;
-  std::stop_source follower_stop;
+  sf::stop_source follower_stop;
   std::atomic<bool> fn_started{false};
   std::atomic<bool> fn_returned{false};
   std::atomic<bool> token_stopped_at_return{true};
 
   sftest::result<int> leader, follower;
   auto tl = sftest::spawn(leader, [&] {
-    return g.do_("k", [&](std::stop_token st) {
+    return g.do_("k", [&](sf::stop_token st) {
       fn_started = true;
       release.wait("release fn");
       token_stopped_at_return = st.stop_requested();

@@ -13,12 +13,12 @@
 #include <memory>
 #include <new>
 #include <stdexcept>
-#include <stop_token>
 #include <string>
 #include <thread>
 
 #include "support/alloc.hpp"  // this executable's operator new/delete
 #include "support/catch.hpp"
+#include "support/jthread.hpp"
 #include "support/sync.hpp"
 
 namespace {
@@ -276,7 +276,7 @@ TEST_CASE(
   catch_record rec[3];
 
   auto call = [&](int i) {
-    return std::jthread([&, i] {
+    return sftest::jthread([&, i] {
       try {
         (void)g.do_("k", [&]() -> int {
           fn_started = true;
@@ -300,10 +300,10 @@ TEST_CASE(
       rec[i].done = true;
     });
   };
-  std::jthread t0 = call(0);
+  sftest::jthread t0 = call(0);
   sftest::must([&] { return fn_started.load(); }, "fn started");
-  std::jthread t1 = call(1);
-  std::jthread t2 = call(2);
+  sftest::jthread t1 = call(1);
+  sftest::jthread t2 = call(2);
   sftest::must([&] { return g.stats().joins == 2; }, "two followers joined");
   throw_now = true;
   for (auto& r : rec) sftest::must([&] { return r.done.load(); }, "caller caught");
@@ -339,7 +339,7 @@ TEST_CASE("allocation failure at any point of an inline call leaves the group un
     bool threw = false;
     sftest::alloc::arm(n);
     try {
-      const int v = g.do_(k, [&](std::stop_token) {
+      const int v = g.do_(k, [&](sf::stop_token) {
         ++fn_calls;
         return 9;
       });
@@ -384,7 +384,7 @@ TEST_CASE("allocation failure at any point of a call with thread_executor fails 
     bool threw = false;
     sftest::alloc::arm(n);
     try {
-      const int v = g.do_(k, [&](std::stop_token) {
+      const int v = g.do_(k, [&](sf::stop_token) {
         ++fn_calls;
         return 9;
       });

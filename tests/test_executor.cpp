@@ -15,13 +15,13 @@
 #include <mutex>
 #include <optional>
 #include <stdexcept>
-#include <stop_token>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/jthread.hpp"
 #include "support/sync.hpp"
 
 namespace {
@@ -110,7 +110,7 @@ TEST_CASE("without an executor a leader whose token fires still returns only aft
           "[executor][inline]") {
   group_t g;
   sftest::gate release;
-  std::stop_source leader_stop;
+  sf::stop_source leader_stop;
   std::atomic<bool> fn_started{false};
   std::atomic<bool> fn_returned{false};
   std::atomic<bool> fn_returned_before_leader{false};
@@ -124,7 +124,7 @@ TEST_CASE("without an executor a leader whose token fires still returns only aft
     try {
       return g.do_(
           "k",
-          [&](std::stop_token st) {
+          [&](sf::stop_token st) {
             fn_thread = std::this_thread::get_id();
             fn_started = true;
             release.wait("release fn");  // ignores st while blocked
@@ -161,9 +161,9 @@ TEST_CASE("with an executor every caller, the first included, leaves at once on 
   std::atomic<bool> fn_returned{false};
   std::atomic<std::thread::id> fn_thread{};
   std::atomic<std::thread::id> first_thread{};
-  std::stop_source s0, s1, s2;
+  sf::stop_source s0, s1, s2;
   sf::call_info i0, i1, i2;
-  auto fn = [&](std::stop_token) {  // ignores its token: blocked until the test opens
+  auto fn = [&](sf::stop_token) {  // ignores its token: blocked until the test opens
     fn_thread = std::this_thread::get_id();
     fn_started = true;
     release.wait("release fn");
@@ -218,7 +218,7 @@ TEST_CASE("thread_executor runs fn on another thread and close() joins it", "[ex
   sftest::result<int> caller;
   auto tc = sftest::spawn(caller, [&] {
     caller_thread = std::this_thread::get_id();
-    return g.do_("k", [&](std::stop_token st) {
+    return g.do_("k", [&](sf::stop_token st) {
       tls_exit_marker.exited = &worker_exited;
       fn_thread = std::this_thread::get_id();
       fn_started = true;
@@ -232,7 +232,7 @@ TEST_CASE("thread_executor runs fn on another thread and close() joins it", "[ex
   sftest::must([&] { return fn_started.load(); }, "fn started");
 
   // Opens the gate only after checking that close() is still waiting for fn.
-  std::jthread opener([&] {
+  sftest::jthread opener([&] {
     sftest::must([&] { return fn_saw_stop.load(); }, "fn saw its token stopped");
     close_returned_early = sftest::becomes([&] { return close_returned.load(); }, 50ms);
     release.open();
@@ -402,7 +402,7 @@ TEST_CASE("an executor that runs the task synchronously inside the call works",
   CHECK(g.in_flight() == 0);
 
   // A second flight after the first, and the token variant of fn.
-  CHECK(g.do_("k", [](std::stop_token st) { return st.stop_requested() ? -1 : 6; }) == 6);
+  CHECK(g.do_("k", [](sf::stop_token st) { return st.stop_requested() ? -1 : 6; }) == 6);
   const auto s = g.stats();
   CHECK(s.flights == 3);
   CHECK(s.failures == 1);

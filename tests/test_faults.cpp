@@ -20,7 +20,6 @@
 #include <mutex>
 #include <new>
 #include <stdexcept>
-#include <stop_token>
 #include <string>
 #include <thread>
 #include <utility>
@@ -28,6 +27,7 @@
 
 #include "support/alloc.hpp"  // this executable's operator new/delete
 #include "support/catch.hpp"
+#include "support/jthread.hpp"
 #include "support/sync.hpp"
 
 namespace sf = singleflight;
@@ -76,7 +76,7 @@ TEST_CASE("deadline releases callers of a fn that ignores its token", "[faults]"
   gate fn_go;
   std::atomic<int> fn_calls{0};
   std::atomic<bool> fn_returned{false};
-  auto stubborn = [&](std::stop_token) {  // never looks at it
+  auto stubborn = [&](sf::stop_token) {  // never looks at it
     fn_calls.fetch_add(1);
     fn_go.wait("stubborn fn released");
     fn_returned = true;
@@ -139,7 +139,7 @@ TEST_CASE("close_for gives up on a fn that ignores its token; close drains it la
   std::atomic<bool> fn_started{false}, fn_returned{false};
   result<int> a;
   auto ta = spawn(a, [&] {
-    return g.do_("k", [&](std::stop_token) {
+    return g.do_("k", [&](sf::stop_token) {
       fn_started = true;
       fn_go.wait("stubborn fn released");
       fn_returned = true;
@@ -154,7 +154,7 @@ TEST_CASE("close_for gives up on a fn that ignores its token; close drains it la
   CHECK(g.in_flight() == 1);
   CHECK_FALSE(g.close_for(1ms));
   std::atomic<bool> closed{false};
-  std::jthread closer([&] {
+  sftest::jthread closer([&] {
     g.close();
     closed = true;
   });
@@ -283,7 +283,7 @@ TEST_CASE("allocation failure at each point of an inline leader's call leaves th
   SECTION("with a deadline") {
     sf::options o;
     o.timeout = 10s;
-    auto token_fn = [](std::stop_token) {  // stoppable: the flight owns a stop state
+    auto token_fn = [](sf::stop_token) {  // stoppable: the flight owns a stop state
       fault::pause p;
       return long_value;
     };
@@ -298,7 +298,7 @@ TEST_CASE("allocation failure at each point of an inline leader's call leaves th
   SECTION("do_fresh with a stop token and call_info") {
     const auto r = sweep([&](long n) {
       sf::group<std::string, std::string> g;
-      std::stop_source s;
+      sf::stop_source s;
       sf::call_info info{};
       const int k = armed_call(g, n, [&] { return g.do_fresh(long_key, fn, s.get_token(), info); });
       return k;
@@ -331,7 +331,7 @@ TEST_CASE("allocation failure at each point of an executor call leaves the group
     const auto r = sweep([&](long n) {
       std::mutex m;
       std::vector<sf::task> queue;
-      std::vector<std::jthread> runners;
+      std::vector<sftest::jthread> runners;
       sf::options o;
       o.executor = [&](sf::task t) {
         std::lock_guard<std::mutex> lk(m);
@@ -566,14 +566,14 @@ TEST_CASE("destroying a group while its flights run drains them first", "[faults
     constexpr int n = 8;
     auto g = std::make_unique<sf::group<int, int>>(with_threads(sf::ownership::group));
     std::atomic<int> started{0}, returned{0};
-    std::vector<std::stop_source> stops(n);
+    std::vector<sf::stop_source> stops(n);
     std::vector<result<int>> rs(n);
-    std::vector<std::jthread> ts;
+    std::vector<sftest::jthread> ts;
     for (int i = 0; i < n; ++i) {
       ts.push_back(spawn(rs[i], [&, i] {
         return g->do_(
             i,
-            [&](std::stop_token st) {
+            [&](sf::stop_token st) {
               started.fetch_add(1);
               must([&] { return st.stop_requested(); }, "token stopped by the destructor");
               for (int j = 0; j < 1000; ++j) std::this_thread::yield();  // widen the window
@@ -594,7 +594,7 @@ TEST_CASE("destroying a group while its flights run drains them first", "[faults
   SECTION("user executor: one task running, others queued, dropped during the destructor") {
     std::mutex m;
     std::vector<sf::task> queue;
-    std::vector<std::jthread> runners;
+    std::vector<sftest::jthread> runners;
     gate destructor_closing;
     sf::options o;
     o.owner = sf::ownership::group;
@@ -608,12 +608,12 @@ TEST_CASE("destroying a group while its flights run drains them first", "[faults
     };
     auto g = std::make_unique<sf::group<int, int>>(o);
     std::atomic<bool> first_started{false}, queued_ran{false};
-    std::stop_source s0, s1, s2;
+    sf::stop_source s0, s1, s2;
     result<int> r0, r1, r2;
     auto t0 = spawn(r0, [&] {
       return g->do_(
           0,
-          [&](std::stop_token st) {
+          [&](sf::stop_token st) {
             first_started = true;
             must([&] { return st.stop_requested(); }, "first fn stopped by the destructor");
             destructor_closing.open();
@@ -643,7 +643,7 @@ TEST_CASE("destroying a group while its flights run drains them first", "[faults
     sftest::finish(t1, r1, "caller 1 left");
     sftest::finish(t2, r2, "caller 2 left");
     std::atomic<bool> destroyed{false};
-    std::jthread destroyer([&] {
+    sftest::jthread destroyer([&] {
       g.reset();
       destroyed = true;
     });

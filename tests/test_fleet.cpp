@@ -11,7 +11,6 @@
 #include <memory>
 #include <optional>
 #include <stdexcept>
-#include <stop_token>
 #include <string>
 #include <thread>
 #include <vector>
@@ -500,12 +499,12 @@ TEST_CASE(
   points pb;
   pb.attach(b);
   sftest::gate started;
-  std::stop_source leave;
+  sf::stop_source leave;
   sftest::result<std::string> ra;
   auto ta = sftest::spawn(ra, [&] {
     return a.get(
         "k",
-        [&](std::stop_token st) -> std::string {
+        [&](sf::stop_token st) -> std::string {
           started.open();
           sftest::must([&] { return st.stop_requested(); }, "a's load is stopped");
           throw sf::cancelled_error();
@@ -539,7 +538,7 @@ TEST_CASE("a caller waiting for another process leaves at once on its own stop t
   sftest::result<std::string> ra;
   auto ta = sftest::spawn(ra, [&] { return a.get("k", origin.loader()); });
   origin.started.wait("a leads");
-  std::stop_source leave;
+  sf::stop_source leave;
   sftest::result<std::string> rb;
   auto tb = sftest::spawn(rb, [&] {
     return b.get(

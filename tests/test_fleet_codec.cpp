@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/jthread.hpp"
 #include "support/redis.hpp"
 #include "support/sync.hpp"
 
@@ -221,7 +222,7 @@ TEST_CASE(
   std::atomic<int> loads{0};
   sftest::gate release;
   std::vector<sftest::result<int>> r(4);
-  std::vector<std::jthread> callers;
+  std::vector<sftest::jthread> callers;
   for (auto& slot : r) {
     callers.push_back(sftest::spawn(slot, [&] {
       return f.get("k", [&] {

@@ -5,7 +5,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <stop_token>
 #include <string>
 #include <thread>
 

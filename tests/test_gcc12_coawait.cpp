@@ -18,7 +18,6 @@
 #include <atomic>
 #include <coroutine>
 #include <exception>
-#include <stop_token>
 #include <string>
 
 #include "support/catch.hpp"
@@ -61,20 +60,20 @@ using group_t = sf::group<std::string, int>;
 
 sftest::fire_task<int> named_lvalue(group_t& g) {
   const tracked t(1);
-  auto fetch = [t](std::stop_token) { return t.id; };
+  auto fetch = [t](sf::stop_token) { return t.id; };
   co_return co_await g.co_do(std::string("k"), fetch);
 }
 
 sftest::fire_task<int> named_moved(group_t& g) {
   const tracked t(2);
-  auto fetch = [t](std::stop_token) { return t.id; };
+  auto fetch = [t](sf::stop_token) { return t.id; };
   co_return co_await g.co_do(std::string("k"), std::move(fetch));
 }
 
 // Suspends: an async fn whose completion the test resolves later.
 sftest::fire_task<int> named_suspending(group_t& g, sftest::completion_box<int>& box) {
   const tracked t(3);
-  auto fetch = [t, &box](std::stop_token st, sf::completion<int> done) {
+  auto fetch = [t, &box](sf::stop_token st, sf::completion<int> done) {
     box.put(std::move(st), std::move(done));
   };
   co_return co_await g.co_do(std::string("k"), fetch);
@@ -96,7 +95,7 @@ struct plain_task {
 
 plain_task lambda_inside_co_await(group_t& g) {
   const tracked t(4);
-  co_return co_await g.co_do(std::string("k"), [t](std::stop_token) { return t.id; });
+  co_return co_await g.co_do(std::string("k"), [t](sf::stop_token) { return t.id; });
 }
 
 plain_task aggregate_key_inside_co_await(sf::group<agg_key, int, agg_hash>& g) {
@@ -108,7 +107,7 @@ plain_task aggregate_key_inside_co_await(sf::group<agg_key, int, agg_hash>& g) {
 // The workaround, with the same task type.
 plain_task named_before_co_await(group_t& g) {
   const tracked t(6);
-  auto fetch = [t](std::stop_token) { return t.id; };
+  auto fetch = [t](sf::stop_token) { return t.id; };
   co_return co_await g.co_do(std::string("k"), fetch);
 }
 

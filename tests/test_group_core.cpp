@@ -11,13 +11,13 @@
 #include <mutex>
 #include <optional>
 #include <stdexcept>
-#include <stop_token>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "support/catch.hpp"
 #include "support/coro.hpp"
+#include "support/jthread.hpp"
 #include "support/sync.hpp"
 
 namespace sf = singleflight;
@@ -61,7 +61,7 @@ TEST_CASE("concurrent callers of one key share one execution", "[g1]") {
   std::atomic<int> fn_calls{0};
   gate release;
   std::vector<result<int>> results(n);
-  std::vector<std::jthread> threads;
+  std::vector<sftest::jthread> threads;
   threads.push_back(spawn(results[0], [&] {
     return g.do_("k", [&] {
       fn_calls.fetch_add(1);
@@ -93,12 +93,12 @@ TEST_CASE("no_second_fn_while_stopped_fn_winds_down", "[g1]") {
   overlap_meter meter;
   gate first_may_return;
   std::atomic<bool> first_saw_stop{false};
-  std::stop_source a_stop;
+  sf::stop_source a_stop;
   result<int> a;
   auto ta = spawn(a, [&] {
     return g.do_(
         "k",
-        [&](std::stop_token st) {
+        [&](sf::stop_token st) {
           meter.enter();
           must([&] { return st.stop_requested(); }, "first fn sees its token stopped");
           first_saw_stop = true;
@@ -141,7 +141,7 @@ TEST_CASE("newcomers waiting on a stopped flight coalesce into one successor", "
   sf::group<std::string, int> g(with_threads());
   overlap_meter meter;
   gate first_may_return;
-  std::stop_source a_stop;
+  sf::stop_source a_stop;
   result<int> a;
   auto ta = spawn(a, [&] {
     return g.do_(
@@ -160,7 +160,7 @@ TEST_CASE("newcomers waiting on a stopped flight coalesce into one successor", "
 
   constexpr int n = 4;
   std::vector<result<int>> rs(n);
-  std::vector<std::jthread> ts;
+  std::vector<sftest::jthread> ts;
   gate second_may_return;
   for (int i = 0; i < n; ++i) {
     ts.push_back(spawn(rs[i], [&] {
@@ -279,13 +279,13 @@ TEST_CASE("in_flight returns to zero on every path", "[g3]") {
   }
   SECTION("cancellation, once the stopped fn returned") {
     sf::group<int, int> g(with_threads());
-    std::stop_source s;
+    sf::stop_source s;
     result<int> r;
     std::atomic<bool> fn_started{false}, fn_returned{false};
     auto t = spawn(r, [&] {
       return g.do_(
           1,
-          [&](std::stop_token st) {
+          [&](sf::stop_token st) {
             fn_started = true;
             must([&] { return st.stop_requested(); }, "token stopped");
             fn_returned = true;
@@ -306,7 +306,7 @@ TEST_CASE("in_flight returns to zero on every path", "[g3]") {
     o.timeout = 1ms;
     sf::group<int, int> g(o);
     CHECK_THROWS_AS(g.do_(1,
-                          [](std::stop_token st) {
+                          [](sf::stop_token st) {
                             must([&] { return st.stop_requested(); }, "deadline stops fn");
                             return 0;
                           }),
@@ -317,7 +317,7 @@ TEST_CASE("in_flight returns to zero on every path", "[g3]") {
     sf::group<int, int> g(with_threads());
     result<int> r;
     auto t = spawn(r, [&] {
-      return g.do_(1, [](std::stop_token st) {
+      return g.do_(1, [](sf::stop_token st) {
         must([&] { return st.stop_requested(); }, "close stops fn");
         return 0;
       });
@@ -393,7 +393,7 @@ TEST_CASE("each caller receives its own copy of T", "[g4]") {
     constexpr int n = 5;
     gate release;
     std::vector<result<counted>> rs(n);
-    std::vector<std::jthread> ts;
+    std::vector<sftest::jthread> ts;
     ts.push_back(spawn(rs[0], [&] {
       return g.do_(1, [&] {
         release.wait("origin released");
@@ -429,7 +429,7 @@ TEST_CASE("an exception of any type reaches every waiter as the same object", "[
   std::vector<std::atomic<std::size_t>> in_flight_when_woken(n);
   std::vector<std::exception_ptr> kept(n);  // one slot per thread, read after join
   std::atomic<int> done{0};
-  std::vector<std::jthread> ts;
+  std::vector<sftest::jthread> ts;
   for (int i = 0; i < n; ++i) {
     ts.emplace_back([&, i] {
       try {
@@ -465,7 +465,7 @@ TEST_CASE("an exception of any type reaches every waiter as the same object", "[
 
 TEST_CASE("a caller whose token is already stopped starts nothing", "[g5]") {
   sf::group<int, int> g;
-  std::stop_source s;
+  sf::stop_source s;
   s.request_stop();
   bool ran = false;
   CHECK_THROWS_AS(g.do_(
@@ -484,14 +484,14 @@ TEST_CASE("follower_times_out_first: a follower leaves at once, the work goes on
   std::atomic<bool> flight_token_stopped{false};
   result<int> leader, follower;
   auto tl = spawn(leader, [&] {
-    return g.do_(1, [&](std::stop_token st) {
+    return g.do_(1, [&](sf::stop_token st) {
       release.wait("origin released");
       flight_token_stopped = st.stop_requested();
       return 10;
     });
   });
   must([&] { return g.stats().flights == 1; }, "leader started");
-  std::stop_source follower_deadline;
+  sf::stop_source follower_deadline;
   auto tf = spawn(follower, [&] {
     return g.do_(
         1, [] { return -1; }, follower_deadline.get_token());
@@ -510,9 +510,9 @@ TEST_CASE("follower_times_out_first: a follower leaves at once, the work goes on
 TEST_CASE("ownership::waiters: the last waiter leaving stops the work", "[g5]") {
   sf::group<int, int> g(with_threads(sf::ownership::waiters));
   std::atomic<bool> started{false}, stopped{false};
-  std::stop_source sa, sb;
+  sf::stop_source sa, sb;
   result<int> a, b;
-  auto origin = [&](std::stop_token st) {
+  auto origin = [&](sf::stop_token st) {
     started = true;
     must([&] { return st.stop_requested(); }, "flight token stopped");
     stopped = true;
@@ -537,12 +537,12 @@ TEST_CASE("ownership::waiters: an inline leader is a waiter too", "[g5]") {
   sf::group<int, int> g;
   std::atomic<bool> stopped{false};
   gate follower_left;
-  std::stop_source sa, sb;
+  sf::stop_source sa, sb;
   result<int> a, b;
   auto ta = spawn(a, [&] {
     return g.do_(
         1,
-        [&](std::stop_token st) {
+        [&](sf::stop_token st) {
           follower_left.wait("follower left");
           must([&] { return st.stop_requested(); }, "leader's leave stops the work");
           stopped = true;
@@ -570,13 +570,13 @@ TEST_CASE("ownership::group: leaving only stops waiting; the flight stays joinab
   gate release;
   std::atomic<bool> token_stopped{false};
   std::atomic<int> fn_calls{0};
-  auto origin = [&](std::stop_token st) {
+  auto origin = [&](sf::stop_token st) {
     fn_calls.fetch_add(1);
     release.wait("origin released");
     token_stopped = st.stop_requested();
     return 5;
   };
-  std::stop_source sa;
+  sf::stop_source sa;
   result<int> a;
   auto ta = spawn(a, [&] { return g.do_(1, origin, sa.get_token()); });
   must([&] { return fn_calls == 1; }, "flight running");
@@ -603,8 +603,8 @@ TEST_CASE("leader_times_out_first: ownership::leader cancels the flight for ever
   // with cancelled_error (not a generic context error).
   sf::group<int, int> g(with_threads(sf::ownership::leader));
   std::atomic<bool> started{false}, stopped{false};
-  std::stop_source leader_deadline, follower_stop;
-  auto origin = [&](std::stop_token st) {
+  sf::stop_source leader_deadline, follower_stop;
+  auto origin = [&](sf::stop_token st) {
     started = true;
     must([&] { return st.stop_requested(); }, "work cancelled by the leader");
     stopped = true;
@@ -631,7 +631,7 @@ TEST_CASE("leader_times_out_first: ownership::leader cancels the flight for ever
 TEST_CASE("a caller's stop wakes only that caller", "[g5]") {
   sf::group<int, int> g(with_threads());
   gate release;
-  std::stop_source s1;
+  sf::stop_source s1;
   result<int> a, b;
   auto origin = [&] {
     release.wait("origin released");
@@ -688,7 +688,7 @@ TEST_CASE("blocked_follower_whose_stop_races_the_settle_is_counted_once", "[g5][
   enum schedule { claimed_then_stopped, stopped_then_settled, stop_and_settle, together };
   const auto schedule_of = [](int r) { return static_cast<schedule>(r % 4); };
   std::vector<result<int>> outs(rounds * m);  // follower j of round r: outs[(r - 1) * m + j]
-  std::vector<std::stop_source> stops(rounds * m);
+  std::vector<sf::stop_source> stops(rounds * m);
   std::vector<sftest::callback_log<int>> sentinel_logs(sentinels);
   auto g = std::make_unique<sf::group<std::string, int>>();
   auto box = std::make_unique<sftest::completion_box<int>>();
@@ -876,7 +876,7 @@ TEST_CASE("stampede: 100 callers across 40 ms share one 200 ms origin call", "[s
   gate origin_done;
   std::latch start(n);
   std::vector<result<std::shared_ptr<const std::string>>> rs(n);
-  std::vector<std::jthread> ts;
+  std::vector<sftest::jthread> ts;
   for (int i = 0; i < n; ++i) {
     ts.push_back(spawn(rs[i], [&, i] {
       start.arrive_and_wait();
@@ -914,7 +914,7 @@ TEST_CASE("a flight stopped while its task is queued never starts fn", "[g5]") {
   };
   sf::group<int, int> g(o);
   std::atomic<bool> ran{false};
-  std::stop_source s;
+  sf::stop_source s;
   result<int> r;
   auto t = spawn(r, [&] {
     return g.do_(

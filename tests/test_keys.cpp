@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <new>
-#include <stop_token>
 #include <string>
 #include <string_view>
 #include <thread>

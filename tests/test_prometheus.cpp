@@ -15,12 +15,12 @@
 #include <memory>
 #include <optional>
 #include <stdexcept>
-#include <stop_token>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/jthread.hpp"
 #include "support/sync.hpp"
 
 namespace {
@@ -189,7 +189,7 @@ TEST_CASE("a group's values are read from stats() at scrape time", "[prometheus]
   // A failure and a caller that was stopped before it arrived.
   REQUIRE_THROWS_AS(g.do_("e", []() -> int { throw std::runtime_error("origin down"); }),
                     std::runtime_error);
-  std::stop_source stopped;
+  sf::stop_source stopped;
   stopped.request_stop();
   REQUIRE_THROWS_AS(g.do_(
                         "c", [] { return 1; }, stopped.get_token()),
@@ -215,7 +215,7 @@ TEST_CASE("deadlines, overload and executor-stopped flights reach their counters
   sftest::gate entered;
   sftest::result<int> slow;
   auto t = sftest::spawn(slow, [&] {
-    return g.do_("slow", [&](std::stop_token st) {
+    return g.do_("slow", [&](sf::stop_token st) {
       entered.open();
       sftest::must([&] { return st.stop_requested(); }, "deadline stops fn");
       return 0;
@@ -368,11 +368,11 @@ TEST_CASE("destroying a registration waits for a scrape reading that source on a
     return sf::stats{};
   }));
   std::atomic<std::size_t> families{0};
-  std::jthread scraper([&] { families = c.Collect().size(); });
+  sftest::jthread scraper([&] { families = c.Collect().size(); });
   sftest::must([&] { return reading.load(); }, "scrape reading the source");
   std::atomic<bool> destroyed{false};
   std::atomic<bool> read_done_when_destroyed{false};
-  std::jthread remover([&] {
+  sftest::jthread remover([&] {
     r.reset();
     read_done_when_destroyed = read_done.load();
     destroyed = true;
@@ -394,7 +394,7 @@ TEST_CASE("scrapes race calls, registrations and removals", "[prometheus]") {
   std::atomic<int> scrapes{0};
   std::atomic<int> bad{0};
   {
-    std::vector<std::jthread> ts;
+    std::vector<sftest::jthread> ts;
     ts.emplace_back([&] {
       for (int i = 0; !stop; ++i) g.do_(i % 7, [i] { return i; });
     });

@@ -16,7 +16,6 @@
 #include <functional>
 #include <memory>
 #include <stdexcept>
-#include <stop_token>
 #include <string>
 #include <thread>
 #include <utility>
@@ -25,6 +24,7 @@
 #include "support/catch.hpp"
 #include "support/coro.hpp"
 #include "support/futex.hpp"
+#include "support/jthread.hpp"
 #include "support/sync.hpp"
 
 namespace sf = singleflight;
@@ -123,7 +123,7 @@ class schedule {
 
 // spawn() that tags the new thread first.
 template <class T, class F>
-std::jthread spawn_as(int tag, result<T>& r, F f) {
+sftest::jthread spawn_as(int tag, result<T>& r, F f) {
   return sftest::spawn(r, [tag, f = std::move(f)]() mutable {
     tl_tag = tag;
     return f();
@@ -241,13 +241,13 @@ TEST_CASE("replacement_call_does_not_overlap_winding_down_fn", "[schedule]") {
     }
   };
   gate old_may_return, new_may_return;
-  std::stop_source a_stop;
+  sf::stop_source a_stop;
   result<int> a, n, j;
   sf::call_info n_info{}, j_info{};
   auto ta = spawn_as(A, a, [&] {
     return g.do_(
         "k",
-        [&](std::stop_token) {  // ignores its token: winds down slowly
+        [&](sf::stop_token) {   // ignores its token: winds down slowly
           tl_tag = OLD_RUNNER;  // the executor's thread for this flight
           enter();
           old_may_return.wait("old fn released");
@@ -387,13 +387,13 @@ TEST_CASE("newcomer_does_not_join_flight_being_stopped", "[schedule]") {
   std::atomic<int> fn_calls{0};
   std::atomic<bool> old_saw_stop{false};
   gate old_may_return;
-  std::stop_source a_stop;
+  sf::stop_source a_stop;
   result<int> a, n;
   sf::call_info n_info{};
   auto ta = spawn_as(A, a, [&] {
     return g.do_(
         "k",
-        [&](std::stop_token st) {
+        [&](sf::stop_token st) {
           fn_calls.fetch_add(1);
           must([&] { return st.stop_requested(); }, "old fn's token stopped");
           old_saw_stop = true;
@@ -467,7 +467,7 @@ TEST_CASE("close_racing_new_caller_and_completing_flight_is_consistent", "[sched
   must([&] { return g.stats().flights == 1; }, "A leads");
   auto tb = spawn_as(B, b, [&] { return g.do_("k", [] { return -1; }); });
   must([&] { return g.stats().joins == 1; }, "B joined");
-  std::jthread closer([&] {
+  sftest::jthread closer([&] {
     tl_tag = CLOSER;
     g.close();
     fn_returned_before_close = fn_returned.load();
@@ -594,7 +594,7 @@ TEST_CASE("cancelled_waiter_does_not_delete_newer_entry", "[schedule][peer]") {
   park& b_exit = s.at(hp::caller_exiting, B, "B parked at caller_exiting");
   sf::group<std::string, int> g{sftest::numbered()};
   gate e1_returns, e2_returns;
-  std::stop_source b_stop;
+  sf::stop_source b_stop;
   result<int> a, b, c, d;
   sf::call_info b_info{}, d_info{};
   auto ta = spawn_as(A, a, [&] {
@@ -661,7 +661,7 @@ TEST_CASE("cancelled_executor_waiter_racing_settle_does_not_delete_newer_entry",
   park& b_exit = s.at(hp::caller_exiting, B, "B parked at caller_exiting");
   sf::group<std::string, int> g(sftest::numbered(with_threads()));
   gate e1_returns, e2_returns;
-  std::stop_source b_stop;
+  sf::stop_source b_stop;
   result<int> a, b, c, d;
   sf::call_info d_info{};
   auto ta = spawn_as(A, a, [&] {
@@ -780,7 +780,7 @@ TEST_CASE("blocked_follower_that_left_is_not_claimed_by_a_settle_queued_on_the_l
   for (int r = 1; r <= rounds; ++r) {
     INFO("round " << r);
     g.async_do("k", box.fn(), leaders[r - 1].on_done());
-    std::stop_source f_stop;
+    sf::stop_source f_stop;
     std::atomic<long> f_tid{0}, s_tid{0};
     result<int> f;
     auto tf = sftest::spawn(f, [&] {

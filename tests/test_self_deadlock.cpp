@@ -7,7 +7,6 @@
 #include <atomic>
 #include <chrono>
 #include <stdexcept>
-#include <stop_token>
 #include <string>
 #include <thread>
 
@@ -139,7 +138,7 @@ TEST_CASE(
   std::atomic<int> nested{not_called};
   sftest::result<int> leader;
   auto tl = sftest::spawn(leader, [&] {
-    return g.do_("k", [&](std::stop_token st) {
+    return g.do_("k", [&](sf::stop_token st) {
       sftest::must([&] { return st.stop_requested(); }, "deadline stops the token");
       // Waiting for itself would end, at the wait's own deadline, in
       // timeout_error rather than logic_error.

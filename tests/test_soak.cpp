@@ -46,7 +46,6 @@
 #include <mutex>
 #include <random>
 #include <stdexcept>
-#include <stop_token>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -182,16 +181,26 @@ struct soak {
 
 struct worker_slot {
   std::mutex m;
-  std::shared_ptr<std::stop_source> src;    // the current call's, while cancellable
+  std::shared_ptr<sf::stop_source> src;     // the current call's, while cancellable
   std::atomic<std::int64_t> op_started{0};  // steady ticks; 0 when idle
 };
 
 // Blocks until `st` is stopped; bounded (aborts past the bound).
-void block_until_stopped(const std::stop_token& st) {
+// (A stop_callback and a condition_variable: std::condition_variable_any's stop_token wait
+// takes only std::stop_token, which libc++ before 20 lacks.)
+void block_until_stopped(const sf::stop_token& st) {
   std::mutex m;
-  std::condition_variable_any cv;
+  std::condition_variable cv;
+  bool stopped = false;
+  // Runs in request_stop() (or here, when st is already stopped); ~stop_callback, after lk's
+  // destructor below, waits for a run on another thread.
+  sf::stop_callback wake(st, [&] {
+    const std::lock_guard<std::mutex> g(m);
+    stopped = true;
+    cv.notify_all();
+  });
   std::unique_lock<std::mutex> lk(m);
-  if (!cv.wait_for(lk, st, sftest::bound, [] { return false; }) && !st.stop_requested()) {
+  if (!cv.wait_for(lk, sftest::bound, [&] { return stopped; })) {
     sftest::hang("soak fn blocked until stopped: never stopped");
   }
 }
@@ -221,14 +230,14 @@ void run_worker(soak& s, worker_slot& slot, std::uint64_t seed, const std::atomi
                          : kr < 70 ? fn_kind::until_stopped
                                    : fn_kind::work;
     const int work = static_cast<int>(rng() % 200);
-    std::shared_ptr<std::stop_source> src;
-    if (pct() < 40) src = std::make_shared<std::stop_source>();
+    std::shared_ptr<sf::stop_source> src;
+    if (pct() < 40) src = std::make_shared<sf::stop_source>();
     {
       std::lock_guard<std::mutex> lk(slot.m);
       slot.src = src;
     }
     auto ctx = std::make_shared<call_ctx>();
-    auto fn = [&s, k, ctx, kind, work](std::stop_token st) -> long long {
+    auto fn = [&s, k, ctx, kind, work](sf::stop_token st) -> long long {
       const std::uint64_t seq = ctx->info.flight;  // written by lead() before fn runs
       s.fn_runs.fetch_add(1);
       s.fn_enter(k, seq);
@@ -259,7 +268,7 @@ void run_worker(soak& s, worker_slot& slot, std::uint64_t seed, const std::atomi
     const std::uint64_t started_before = s.started_floor[k].load();
     slot.op_started.store(steady::now().time_since_epoch().count(), std::memory_order_release);
     s.calls.fetch_add(1);
-    std::stop_token tok = src ? src->get_token() : std::stop_token{};
+    sf::stop_token tok = src ? src->get_token() : sf::stop_token{};
     std::uint64_t got = 0;  // outcome code; 0: cancelled / rejected
     bool was_cancelled = false;
     bool saw_closed = false;  // close() has begun: this worker is done after this call
@@ -371,7 +380,7 @@ void run_soak(const char* name, sf::options opts) {
       // Pacing only (how often cancellations land), never synchronisation.
       std::this_thread::sleep_for(std::chrono::microseconds(rng() % 300));
       worker_slot& w = slots[rng() % n_workers];
-      std::shared_ptr<std::stop_source> src;
+      std::shared_ptr<sf::stop_source> src;
       {
         std::lock_guard<std::mutex> lk(w.m);
         src = w.src;

@@ -10,12 +10,12 @@
 #include <mutex>
 #include <optional>
 #include <stdexcept>
-#include <stop_token>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/jthread.hpp"
 #include "support/sync.hpp"
 
 namespace {
@@ -38,7 +38,7 @@ TEST_CASE("stats count a scripted scenario", "[stats]") {
   std::atomic<bool> t_started{false};
   sftest::result<int> t_leader;
   auto tt = sftest::spawn(t_leader, [&] {
-    return g.do_("t", [&](std::stop_token st) {
+    return g.do_("t", [&](sf::stop_token st) {
       t_started = true;
       sftest::must([&] { return st.stop_requested(); }, "t's deadline");
       return 0;
@@ -49,7 +49,7 @@ TEST_CASE("stats count a scripted scenario", "[stats]") {
   // "x": a leader and two followers, one of which leaves.
   sftest::gate release_x;
   std::atomic<bool> x_started{false};
-  std::stop_source leaving;
+  sf::stop_source leaving;
   sftest::result<int> x0, x1, x2;
   auto tx0 = sftest::spawn(x0, [&] {
     return g.do_("x", [&] {
@@ -76,7 +76,7 @@ TEST_CASE("stats count a scripted scenario", "[stats]") {
   leaving.request_stop();
   sftest::finish(tx2, x2, "leaving follower");
   CHECK(x2.threw<sf::cancelled_error>());
-  std::stop_source stopped;
+  sf::stop_source stopped;
   stopped.request_stop();
   CHECK_THROWS_AS(g.do_(
                       "x", [] { return -1; }, stopped.get_token()),
@@ -126,9 +126,9 @@ TEST_CASE("calls == flights + joins + rejections after quiescence, under concurr
   constexpr int kCallsEach = 200;
   std::atomic<int> done{0};
   {
-    std::jthread threads[kThreads];
+    sftest::jthread threads[kThreads];
     for (int i = 0; i < kThreads; ++i) {
-      threads[i] = std::jthread([&, i] {
+      threads[i] = sftest::jthread([&, i] {
         go.wait("start");
         for (int j = 0; j < kCallsEach; ++j) {
           (void)g.do_(std::to_string((i + j) % 3), [&] {
@@ -206,7 +206,7 @@ TEST_CASE("call_info: role and flight number", "[stats][call_info]") {
   CHECK(failed.flight == 3);
 
   // A rejected call is role::none with no flight, whatever the struct held.
-  std::stop_source stopped;
+  sf::stop_source stopped;
   stopped.request_stop();
   sf::call_info rejected{sf::role::follower, 2};
   CHECK_THROWS_AS(g.do_(
@@ -245,7 +245,7 @@ TEST_CASE("fn_starts counts fns that ran: a flight stopped while queued is a fli
   std::atomic<int> fn_calls{0};
   {
     group_t g{o};
-    std::stop_source leave;
+    sf::stop_source leave;
     sftest::result<int> r;
     auto t = sftest::spawn(r, [&] {
       return g.do_(

@@ -5,9 +5,10 @@
 // std::stop_token & co. as the reference: both must behave alike. Under libc++ 14 (preset
 // libcxx) only the bundled ones exist, and singleflight::stop_token is them.
 //
-// This file uses no std::jthread or std::latch (libc++ 14 has neither) and so not
+// This file was written before the rest of the suite built with libc++ 14 and uses no
 // support/sync.hpp: the few helpers below are the same ideas (bounded waits that abort with a
-// name, a gate) on std::thread.
+// name, a gate) on std::thread. It also tests sftest::jthread (tests/support/jthread.hpp), the
+// suite's std::jthread: std::jthread itself where the library has it, else the support class.
 #include <singleflight/detail/stop_state.hpp>  // the bundled types, whatever the library has
 #include <singleflight/stop_token.hpp>
 
@@ -26,6 +27,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/jthread.hpp"
 
 namespace {
 
@@ -511,5 +513,56 @@ TEMPLATE_TEST_CASE("registration racing request_stop: every live callback runs e
         }
       }
     }
+  }
+}
+
+// ---- sftest::jthread ---------------------------------------------------------
+
+TEST_CASE("sftest::jthread passes its stop token, and stops and joins when destroyed",
+          "[stop_token][jthread]") {
+  // Catches a support jthread (libc++ before 20) that does not hand the callable its token,
+  // hands it a token of another source, or destroys without request_stop() (the thread would
+  // spin until the bound) or without join (saw_stop read before the thread wrote it).
+  std::atomic<bool> saw_stop{false};
+  singleflight::stop_token kept;
+  {
+    sftest::jthread t([&](singleflight::stop_token st) {
+      must([&] { return st.stop_requested(); }, "jthread's token stopped by its destructor");
+      saw_stop = true;
+    });
+    REQUIRE(t.joinable());
+    kept = t.get_stop_token();
+    CHECK(kept.stop_possible());
+    CHECK_FALSE(kept.stop_requested());
+    CHECK(t.get_stop_source().get_token() == kept);
+  }
+  CHECK(saw_stop.load());
+  CHECK(kept.stop_requested());
+
+  SECTION("a callable without a token parameter gets the arguments only") {
+    int got = 0;
+    {
+      sftest::jthread t([&](int x) { got = x; }, 7);
+    }
+    CHECK(got == 7);
+  }
+  SECTION("move-assignment stops and joins the thread it replaces") {
+    std::atomic<bool> first_saw_stop{false};
+    sftest::jthread t([&](singleflight::stop_token st) {
+      must([&] { return st.stop_requested(); }, "replaced jthread's token stopped");
+      first_saw_stop = true;
+    });
+    const singleflight::stop_token first = t.get_stop_token();
+    t = sftest::jthread([] {});
+    CHECK(first.stop_requested());
+    CHECK(first_saw_stop.load());
+    CHECK(t.joinable());
+    t.join();
+  }
+  SECTION("a default-constructed jthread has no thread and no stop state") {
+    sftest::jthread t;
+    CHECK_FALSE(t.joinable());
+    CHECK_FALSE(t.get_stop_token().stop_possible());
+    CHECK_FALSE(t.request_stop());
   }
 }

@@ -18,6 +18,7 @@
 
 #include "support/catch.hpp"
 #include "support/coro.hpp"
+#include "support/jthread.hpp"
 #include "support/sync.hpp"
 
 namespace {
@@ -142,7 +143,7 @@ TEST_CASE("thread_pool::shutdown runs the queued tasks before it returns", "[exe
           logs[static_cast<std::size_t>(i)].on_done());
     }
     CHECK(pool.queued() == 4);
-    std::jthread opener([&] { release.open(); });
+    sftest::jthread opener([&] { release.open(); });
     pool.shutdown();  // the group still uses it: its queued flights run first
     CHECK(ran == 4);
   }

@@ -8,7 +8,6 @@
 #include <chrono>
 #include <exception>
 #include <stdexcept>
-#include <stop_token>
 #include <string>
 #include <thread>
 
@@ -84,7 +83,7 @@ TEST_CASE("try_do reports cancelled, closed, overloaded and timeout as statuses 
           "[try_do]") {
   SECTION("cancelled: the caller's token already stopped") {
     group_t g;
-    std::stop_source s;
+    sf::stop_source s;
     s.request_stop();
     std::atomic<int> runs{0};
     sf::outcome<int> o(std::in_place, 0);
@@ -111,7 +110,7 @@ TEST_CASE("try_do reports cancelled, closed, overloaded and timeout as statuses 
       });
     });
     must([&] { return started.load(); }, "fn started");
-    std::stop_source s;
+    sf::stop_source s;
     sftest::result<sf::outcome<int>> follower;
     auto tf = sftest::spawn(follower, [&] {
       return g.try_do(
@@ -163,7 +162,7 @@ TEST_CASE("try_do reports cancelled, closed, overloaded and timeout as statuses 
     sftest::result<sf::outcome<int>> follower;
     sftest::result<int> leader;
     auto tl = sftest::spawn(leader, [&] {
-      return g.do_("k", [&](std::stop_token st) {
+      return g.do_("k", [&](sf::stop_token st) {
         started = true;
         must([&] { return st.stop_requested(); }, "the deadline stops fn");
         return 1;
@@ -233,7 +232,7 @@ TEST_CASE("async_do's outcome tells each caller its role and the flight number",
   };
   g.async_do("k", box.fn(), capture(lead_log, lead_info));
   g.async_do("k", box.fn(), capture(follow_log, follow_info));
-  std::stop_source stopped;
+  sf::stop_source stopped;
   stopped.request_stop();
   g.async_do("k", box.fn(), capture(rejected_log, rejected_info), stopped.get_token());
   box.take("fn parked").second.set_value(3);

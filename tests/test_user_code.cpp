@@ -14,6 +14,8 @@
 #include <singleflight/singleflight.hpp>
 
 #include <pthread.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -22,13 +24,13 @@
 #include <mutex>
 #include <optional>
 #include <stdexcept>
-#include <stop_token>
 #include <string>
 #include <thread>
 #include <utility>
 
 #include "support/catch.hpp"
 #include "support/coro.hpp"
+#include "support/jthread.hpp"
 #include "support/sync.hpp"
 
 namespace {
@@ -49,7 +51,7 @@ sf::options with_timeout(std::chrono::nanoseconds d) {
 
 // fn that runs until its token is stopped, then returns `v`.
 auto until_stopped(std::atomic<bool>& started, int v = 1) {
-  return [&started, v](std::stop_token st) {
+  return [&started, v](sf::stop_token st) {
     started = true;
     must([&] { return st.stop_requested(); }, "fn waits for its token");
     return v;
@@ -74,12 +76,12 @@ TEST_CASE("C1: close() from on_done while an outer close() delivers closed_error
     inner_returned = true;
   };
   // The leader runs its sync fn inline, on this thread.
-  std::jthread lead([&] { g->async_do("k", until_stopped(started), leader.on_done()); });
+  sftest::jthread lead([&] { g->async_do("k", until_stopped(started), leader.on_done()); });
   must([&] { return started.load(); }, "fn started");
   g->async_do("k", until_stopped(started), joiner.on_done());
   REQUIRE(g->stats().joins == 1);
   std::atomic<bool> outer_returned{false};
-  std::jthread closer([&] {
+  sftest::jthread closer([&] {
     g->close();
     outer_returned = true;
   });
@@ -103,7 +105,7 @@ TEST_CASE("C2: close() from on_done delivered by a deadline does not hang",
     g->close();
     inner_returned = true;
   };
-  std::jthread lead([&] { g->async_do("k", until_stopped(started), leader.on_done()); });
+  sftest::jthread lead([&] { g->async_do("k", until_stopped(started), leader.on_done()); });
   must([&] { return started.load(); }, "fn started");
   g->async_do("k", until_stopped(started), joiner.on_done());
   must([&] { return inner_returned.load(); }, "close() inside the deadline's on_done returned");
@@ -124,7 +126,7 @@ TEST_CASE(
   o.owner = sf::ownership::leader;
   group_t g(o);
   std::atomic<bool> started{false};
-  std::stop_source leader_stop;
+  sf::stop_source leader_stop;
   sftest::result<int> leader;
   auto tl = sftest::spawn(
       leader, [&] { return g.do_("k", until_stopped(started), leader_stop.get_token()); });
@@ -135,7 +137,7 @@ TEST_CASE(
   follower.probe = [&] { retried = g.do_("k", [] { return 2; }); };
   g.async_do("k", until_stopped(started), follower.on_done());
   REQUIRE(g.stats().joins == 1);
-  std::jthread stopper([&] { leader_stop.request_stop(); });
+  sftest::jthread stopper([&] { leader_stop.request_stop(); });
   follower.wait("the follower's on_done (with its retry) returned");
   stopper.join();
   sftest::finish(tl, leader, "leader");
@@ -161,7 +163,7 @@ TEST_CASE(
   completion_box<int> box;
   g.async_do(
       "a",
-      [&](std::stop_token st, sf::completion<int> c) {
+      [&](sf::stop_token st, sf::completion<int> c) {
         a_started = true;
         box.put(st, std::move(c));
       },
@@ -170,7 +172,7 @@ TEST_CASE(
   auto a_item = box.take("a's completion");
   // The thread that stops a's token at the deadline is the timer thread.
   auto note_timer = [&] { timer_thread = std::this_thread::get_id(); };
-  std::stop_callback<decltype(note_timer)> cb(a_item.first, note_timer);
+  sf::stop_callback<decltype(note_timer)> cb(a_item.first, note_timer);
   must([&] { return timer_thread.load() != std::thread::id{}; }, "a's deadline fired");
 
   // Flight "b" starts after a's deadline fired, so its deadline comes later;
@@ -326,7 +328,7 @@ TEST_CASE("D: close_for(nanoseconds::max()) and close_for(hours::max()) wait for
   std::atomic<bool> stopped{false};
   sftest::result<int> leader;
   auto tl = sftest::spawn(leader, [&] {
-    return g.do_("k", [&](std::stop_token st) {
+    return g.do_("k", [&](sf::stop_token st) {
       must([&] { return st.stop_requested(); }, "close() stops fn");
       stopped = true;
       release.wait("fn ignores its stop for a while");
@@ -335,7 +337,7 @@ TEST_CASE("D: close_for(nanoseconds::max()) and close_for(hours::max()) wait for
   });
   must([&] { return g.in_flight() == 1; }, "fn running");
   std::atomic<int> closed{-1};
-  std::jthread closer([&] {
+  sftest::jthread closer([&] {
     closed = hours ? g.close_for(std::chrono::hours::max())
                    : g.close_for(std::chrono::nanoseconds::max());
   });
@@ -393,10 +395,46 @@ TEST_CASE("G: async_do with a T whose move throws delivers the value without mov
 
 // ---- I: forced unwinding through fn -------------------------------------------------
 
+// Whether this platform survives pthread_exit through a C++ frame that has a destructor, probed
+// in a child process. Debian 12's libc++ 14 does not: glibc's forced unwind runs in libgcc_s,
+// which calls libc++abi's personality routine, which calls LLVM libunwind's
+// _Unwind_GetLanguageSpecificData on libgcc's context and crashes (a three-line program with no
+// singleflight in it segfaults the same way). libstdc++ always does; it is probed only under
+// libc++.
+namespace {
+bool forced_unwind_works() {
+#if defined(_LIBCPP_VERSION)
+  const pid_t pid = fork();
+  if (pid == 0) {
+    std::thread t([] {
+      struct with_destructor {
+        ~with_destructor() { std::atomic_signal_fence(std::memory_order_seq_cst); }
+      } d;
+      pthread_exit(nullptr);
+    });
+    t.join();
+    _exit(0);
+  }
+  int status = 0;
+  if (pid < 0 || waitpid(pid, &status, 0) != pid) return false;
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+#else
+  return true;
+#endif
+}
+}  // namespace
+
 TEST_CASE(
     "I: fn that ends its thread with pthread_exit fails the flight for the others and frees "
     "the key",
     "[user-code][unwind]") {
+  if (!forced_unwind_works()) {
+    WARN(
+        "skipped: pthread_exit through a C++ frame with a destructor crashes on this platform "
+        "(libc++ with LLVM libunwind and glibc's libgcc_s forced unwind), with or without "
+        "singleflight");
+    return;
+  }
   const bool with_executor = GENERATE(false, true);
   sf::options o;
   if (with_executor) o.executor = sf::thread_executor{};

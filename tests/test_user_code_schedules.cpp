@@ -11,7 +11,6 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
-#include <stop_token>
 #include <string>
 #include <thread>
 #include <utility>
@@ -52,12 +51,12 @@ struct stage {
   group_t& g;
   completion_box<int> box;
   callback_log<int> x, a1, b2;
-  std::stop_source sx, s2;
+  sf::stop_source sx, s2;
   std::atomic<int> a1_fn_runs{0};
 
   explicit stage(group_t& grp) : g(grp) {}
 
-  std::pair<std::stop_token, sf::completion<int>> setup() {
+  std::pair<sf::stop_token, sf::completion<int>> setup() {
     g.async_do("k", box.fn(), x.on_done(), sx.get_token());
     auto first = box.take("first flight started");
     sx.request_stop();  // ownership::waiters: stopped, its completion still held

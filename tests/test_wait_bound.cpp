@@ -9,7 +9,6 @@
 #include <atomic>
 #include <chrono>
 #include <stdexcept>
-#include <stop_token>
 #include <string>
 #include <thread>
 
@@ -39,7 +38,7 @@ struct held_fn {
   std::atomic<bool>* started;
   std::atomic<bool>* stopped;
   gate* release;
-  int operator()(std::stop_token st) const {
+  int operator()(sf::stop_token st) const {
     *started = true;
     must([&] { return st.stop_requested() || release->is_open(); }, "held fn");
     *stopped = st.stop_requested();

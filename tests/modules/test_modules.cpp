@@ -11,6 +11,7 @@
 
 #include "modules.hpp"
 #include "support/catch.hpp"
+#include "support/jthread.hpp"
 #include "support/sync.hpp"
 
 namespace sf = singleflight;
@@ -30,7 +31,7 @@ TEST_CASE("H: close() from inside fn with fn and close() in different modules do
           "[user-code][modules][close]") {
   sfmod::group_t g;
   std::atomic<int> result{0};  // -1: closed_error (close() settled fn's own flight)
-  std::jthread t([&] { result = call(g, &sfmod::b_close); });
+  sftest::jthread t([&] { result = call(g, &sfmod::b_close); });
   sftest::must([&] { return result.load() != 0; }, "a_do with close() inside returned");
   CHECK(result == -1);
   CHECK_THROWS_AS(g.do_(std::string("k"), [] { return 0; }), sf::closed_error);
@@ -40,7 +41,7 @@ TEST_CASE("H: fn in module A calling do_ for its own key from module B is a logi
           "[user-code][modules][self-deadlock]") {
   sfmod::group_t g;
   std::atomic<int> state{0};  // 1: returned, 2: logic_error
-  std::jthread t([&] {
+  sftest::jthread t([&] {
     try {
       (void)sfmod::a_do(g, "k", &sfmod::b_same_key);
       state = 1;
@@ -57,7 +58,7 @@ TEST_CASE("H: close() from a nested fn in the other module waits for neither of 
           "[user-code][modules][close]") {
   sfmod::group_t g;
   std::atomic<int> result{0};
-  std::jthread t([&] { result = call(g, &sfmod::b_close_from_do); });
+  sftest::jthread t([&] { result = call(g, &sfmod::b_close_from_do); });
   sftest::must([&] { return result.load() != 0; }, "nested close() returned");
   CHECK(result == -1);
 }

@@ -33,11 +33,11 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <stop_token>
 #include <thread>
 #include <type_traits>
 #include <utility>
 
+#include "jthread.hpp"
 #include "support/sync.hpp"
 
 namespace sftest {
@@ -245,7 +245,7 @@ struct callback_log {
 template <class T>
 class completion_box {
  public:
-  void put(std::stop_token st, singleflight::completion<T> c) {
+  void put(singleflight::stop_token st, singleflight::completion<T> c) {
     std::lock_guard<std::mutex> lk(m_);
     items_.push_back({std::move(st), std::move(c)});
   }
@@ -254,7 +254,7 @@ class completion_box {
     return items_.size();
   }
   // Waits (bounded) for the next completion and takes it.
-  std::pair<std::stop_token, singleflight::completion<T>> take(const char* name) {
+  std::pair<singleflight::stop_token, singleflight::completion<T>> take(const char* name) {
     must([&] { return size() > 0; }, name);
     std::lock_guard<std::mutex> lk(m_);
     entry e = std::move(items_.front());
@@ -263,14 +263,14 @@ class completion_box {
   }
   // An async fn that parks its completion here.
   auto fn() {
-    return [this](std::stop_token st, singleflight::completion<T> c) {
+    return [this](singleflight::stop_token st, singleflight::completion<T> c) {
       put(std::move(st), std::move(c));
     };
   }
 
  private:
   struct entry {
-    std::stop_token st;
+    singleflight::stop_token st;
     singleflight::completion<T> c;
   };
   mutable std::mutex m_;
@@ -309,7 +309,7 @@ class manual_executor {
 template <class F>
 std::thread::id on_new_thread(F f, const char* name) {
   std::atomic<bool> done{false};
-  std::jthread t([&] {
+  sftest::jthread t([&] {
     f();
     done.store(true, std::memory_order_release);
   });

@@ -33,6 +33,7 @@
 #include <string>
 #include <thread>
 #include <vector>
+#include "jthread.hpp"
 
 namespace {
 
@@ -119,7 +120,7 @@ int main(int argc, char** argv) {
   std::vector<std::exception_ptr> errors;
   long max_ms = 0;
   {
-    std::vector<std::jthread> callers;
+    std::vector<sftest::jthread> callers;
     for (int t = 0; t < threads; ++t) {
       callers.emplace_back([&] {
         const auto t0 = std::chrono::steady_clock::now();

@@ -25,6 +25,7 @@
 #include <utility>
 
 #include <singleflight/options.hpp>
+#include "jthread.hpp"
 
 namespace sftest {
 
@@ -119,8 +120,8 @@ struct result {
 
 // Runs `f` on a new thread, recording its value or exception in `r`.
 template <class T, class F>
-std::jthread spawn(result<T>& r, F f) {
-  return std::jthread([&r, f = std::move(f)]() mutable {
+sftest::jthread spawn(result<T>& r, F f) {
+  return sftest::jthread([&r, f = std::move(f)]() mutable {
     try {
       r.value.emplace(f());
     } catch (...) {
@@ -132,7 +133,7 @@ std::jthread spawn(result<T>& r, F f) {
 
 // Waits (bounded, by name) for a spawned call to finish, then joins it.
 template <class T>
-void finish(std::jthread& t, const result<T>& r, const char* name) {
+void finish(sftest::jthread& t, const result<T>& r, const char* name) {
   must([&] { return r.done.load(std::memory_order_acquire); }, name);
   t.join();
 }
