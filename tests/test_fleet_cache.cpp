@@ -12,12 +12,12 @@
 #include <chrono>
 #include <functional>
 #include <optional>
-#include <stop_token>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/jthread.hpp"
 #include "support/manual_clock.hpp"
 #include "support/redis.hpp"
 #include "support/sync.hpp"
@@ -77,7 +77,7 @@ struct process {
   // background refresh, so the key and the origin are held by value.
   template <class Origin>
   auto through_fleet(std::string key, Origin origin) {
-    return [this, key = std::move(key), origin = std::move(origin)](std::stop_token st) {
+    return [this, key = std::move(key), origin = std::move(origin)](sf::stop_token st) {
       return fleet.get(key, origin, std::move(st));
     };
   }
@@ -160,7 +160,7 @@ TEST_CASE(
   held_origin origin("v");
   constexpr int per_process = 3;
   std::vector<sftest::result<std::string>> results(2 * per_process);
-  std::vector<std::jthread> readers;
+  std::vector<sftest::jthread> readers;
   for (int i = 0; i < 2 * per_process; ++i) {
     process& p = i < per_process ? a : b;
     readers.push_back(
