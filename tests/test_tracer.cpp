@@ -20,7 +20,6 @@
 #include <mutex>
 #include <set>
 #include <stdexcept>
-#include <stop_token>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -236,12 +235,12 @@ TEST_CASE("the last waiter leaving under ownership::waiters is reported cancelle
   o.executor = sf::thread_executor{};
   group_t g{sftest::numbered(traced(rec, o))};
   std::atomic<bool> in_fn{false};
-  std::stop_source caller;
+  sf::stop_source caller;
   sftest::result<int> a;
   auto ta = sftest::spawn(a, [&] {
     return g.do_(
         "k",
-        [&](std::stop_token st) {
+        [&](sf::stop_token st) {
           in_fn = true;
           sftest::must([&] { return st.stop_requested(); }, "flight stopped");
           return 1;
@@ -268,7 +267,7 @@ TEST_CASE("a flight settled before its task ran is reported with fn_started fals
   o.executor = ex.executor();
   group_t g{sftest::numbered(traced(rec, o))};
   std::atomic<int> fn_calls{0};
-  std::stop_source caller;
+  sf::stop_source caller;
   sftest::result<int> a;
   auto ta = sftest::spawn(a, [&] {
     return g.do_(
@@ -303,7 +302,7 @@ TEST_CASE("a deadline is reported timeout, off the timer thread", "[tracer][dead
   const auto t0 = steady::now();
   std::exception_ptr caught;
   try {
-    (void)g.do_("k", [](std::stop_token st) {
+    (void)g.do_("k", [](sf::stop_token st) {
       sftest::must([&] { return st.stop_requested(); }, "deadline stops fn");
       return 1;
     });
@@ -333,14 +332,14 @@ TEST_CASE(
   auto rec = std::make_shared<recorder>();
   group_t g{sftest::numbered(traced(rec))};
   std::atomic<bool> in_fn{false};
-  std::stop_source caller;
+  sf::stop_source caller;
   std::thread::id leader_thread{};
   sftest::result<int> a;
   auto ta = sftest::spawn(a, [&] {
     leader_thread = std::this_thread::get_id();
     return g.do_(
         "k",
-        [&](std::stop_token st) {
+        [&](sf::stop_token st) {
           in_fn = true;
           sftest::must([&] { return st.stop_requested(); }, "flight stopped");
           return 1;
@@ -368,7 +367,7 @@ TEST_CASE("close() is reported closed, on the closing thread, before close() ret
   std::atomic<bool> in_fn{false};
   sftest::result<int> a;
   auto ta = sftest::spawn(a, [&] {
-    return g.do_("k", [&](std::stop_token st) {
+    return g.do_("k", [&](sf::stop_token st) {
       in_fn = true;
       sftest::must([&] { return st.stop_requested(); }, "close stops fn");
       return 1;
@@ -481,7 +480,7 @@ TEST_CASE("close() from on_start does not wait for the flight being started", "[
   rec->at_start = [&](const sf::flight_event&) { g.close(); };
   std::atomic<bool> fn_saw_stop{false};
   CHECK_THROWS_AS(g.do_("k",
-                        [&](std::stop_token st) {
+                        [&](sf::stop_token st) {
                           fn_saw_stop = st.stop_requested();
                           return 1;
                         }),
