@@ -18,6 +18,7 @@
 
 #include "support/catch.hpp"
 #include "support/jthread.hpp"
+#include "support/keys.hpp"
 #include "support/manual_clock.hpp"
 #include "support/redis.hpp"
 #include "support/sync.hpp"
@@ -98,7 +99,7 @@ struct process {
 struct counting_origin {
   std::atomic<int> calls{0};
   auto loader() {
-    return [this] { return "v" + std::to_string(calls.fetch_add(1) + 1); };
+    return [this] { return sftest::stem_key("v", calls.fetch_add(1) + 1); };
   }
 };
 

@@ -18,6 +18,7 @@
 #include "support/catch.hpp"
 #include "support/coro.hpp"
 #include "support/jthread.hpp"
+#include "support/keys.hpp"
 #include "support/sync.hpp"
 
 namespace sf = singleflight;
@@ -694,7 +695,7 @@ TEST_CASE("blocked_follower_whose_stop_races_the_settle_is_counted_once", "[g5][
   auto box = std::make_unique<sftest::completion_box<int>>();
   auto sentinel_box = std::make_unique<sftest::completion_box<int>>();
   for (int k = 0; k < sentinels; ++k) {
-    g->async_do("s" + std::to_string(k), sentinel_box->fn(), sentinel_logs[k].on_done());
+    g->async_do(sftest::stem_key("s", k), sentinel_box->fn(), sentinel_logs[k].on_done());
   }
   REQUIRE(sentinel_box->size() == sentinels);
 

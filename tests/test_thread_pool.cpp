@@ -19,6 +19,7 @@
 #include "support/catch.hpp"
 #include "support/coro.hpp"
 #include "support/jthread.hpp"
+#include "support/keys.hpp"
 #include "support/sync.hpp"
 
 namespace {
@@ -64,7 +65,7 @@ TEST_CASE("thread_pool runs every flight on one of its threads", "[executor][poo
   std::mutex m;
   std::set<std::thread::id> seen;
   for (int i = 0; i < 20; ++i) {
-    const int v = g.do_("k" + std::to_string(i), [&] {
+    const int v = g.do_(sftest::stem_key("k", i), [&] {
       std::lock_guard<std::mutex> lk(m);
       seen.insert(std::this_thread::get_id());
       return 1;
@@ -135,7 +136,7 @@ TEST_CASE("thread_pool::shutdown runs the queued tasks before it returns", "[exe
     must([&] { return holding.load(); }, "the pool's only thread is held");
     for (int i = 1; i < 5; ++i) {
       g.async_do(
-          "k" + std::to_string(i),
+          sftest::stem_key("k", i),
           [&, i] {
             ++ran;
             return i;
