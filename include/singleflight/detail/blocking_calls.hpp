@@ -58,7 +58,6 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
   struct ticket {
     ref_t f;
     kind outcome = kind::pending;
-    bool sole = false;       // the value is in the leader's own `local`, not in f
     bool stop = false;       // request_stop on f once the lock is released
     bool rejected = false;   // neither started nor joined
     bool accounted = false;  // claimed by a settler, who did the bookkeeping
@@ -202,9 +201,10 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
   static T result_of(ticket& t, std::optional<T>& local) {
     switch (t.outcome) {
       case kind::value:
-        // `local` is engaged exactly when t.sole (lead_inline); testing the
-        // optional itself lets GCC see that its payload is initialized here
-        // (-O3 -Wmaybe-uninitialized otherwise, in the caller's code).
+        // `local` is engaged exactly when the leader ran fn inline and no one
+        // else reads the flight (lead_inline); testing the optional itself
+        // lets GCC see that its payload is initialized here (-O3
+        // -Wmaybe-uninitialized otherwise, in the caller's code).
         if (local) return std::move(*local);
         return *t.f->value;  // each caller's own copy, made outside the lock
       case kind::fn_error:
@@ -481,10 +481,10 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
                 : w.bound_fired                              ? kind::timeout
                                                              : f->kind;
     if (sole && local) {
-      t.sole = true;
       this->recycle(s, mine);  // no one else can reach it: keep it for the next start
+    } else {
+      local.reset();  // callers read f->value; `local` stays engaged only for the sole leader
     }
-    if (!t.sole) local.reset();
     t.f = std::move(mine);
     return t;
   }
