@@ -687,13 +687,21 @@ class cache_core {
     }
     // A fresh value already stored (the double check): no load needed.
     bool shortcut(loaded_t& out) const noexcept {
-      if (!short_) return false;
-      out = *short_;
+      if (!has_short_) return false;
+      out = short_;
       return true;
     }
-    std::optional<loaded_t> short_;
+    void set_shortcut(loaded_t l) noexcept {
+      short_ = std::move(l);
+      has_short_ = true;
+    }
 
    private:
+    // Not a std::optional: moved into a load's completion (run_async), a
+    // disengaged optional's payload reads as "maybe uninitialized" to g++ 12
+    // at -O3 with -fsanitize=thread, and -Werror fails the build.
+    loaded_t short_{};
+    bool has_short_ = false;
     cache_core* c_;
     node_t* n_;
     std::uint64_t v_;
@@ -717,7 +725,7 @@ class cache_core {
     n->load_version = n->version;
     if (foreground && n->kind == detail::held::value && now < n->fresh_until &&
         n->fresh_waiters == 0) {
-      r.short_.emplace(loaded_t{n->value, n->version, n->written});
+      r.set_shortcut(loaded_t{n->value, n->version, n->written});
     } else {
       ++s.loads;
     }
