@@ -61,6 +61,7 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
     bool stop = false;       // request_stop on f once the lock is released
     bool rejected = false;   // neither started nor joined
     bool accounted = false;  // claimed by a settler, who did the bookkeeping
+    bool early = false;      // rejected before entering the group (call_with)
     wake_batch wake;         // waiters this call claimed, to notify after unlocking
   };
 
@@ -134,48 +135,19 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
     const std::uint64_t m = base::mix(this->hash_(key));  // user code: outside the lock
     shard& s = this->shard_of(m);
     blocking_waiter w;
-    ticket t;
     SINGLEFLIGHT_HOOK(caller_entering);
-    {
-      std::unique_lock<std::mutex> lk(s.mu);
-      ++s.st.calls;
-      if (s.closed || caller.stop_requested() || expired) {
-        t = rejected(s.closed                  ? kind::closed
-                     : caller.stop_requested() ? kind::cancelled
-                                               : kind::timeout);
-        ++s.st.rejections;
-        if (t.outcome == kind::cancelled) ++s.st.cancellations;
-        if (t.outcome == kind::timeout) ++s.st.wait_timeouts;
-        return t;
-      }
-      this->enter_user(s);
-      try {
-        t = route(lk, s, key, m, std::forward<F>(fn), caller, fresh, w, local, info, bound);
-      }
-      // fn ended this thread (an inline leader): lead_inline settled the
-      // flight and gave back this call's count.
-      catch (...) {
-        SINGLEFLIGHT_RETHROW_FOREIGN();
-        // Every throw inside route() happens under the lock and before the
-        // call attached to anything: nothing to roll back but the counts.
-        if (!lk.owns_lock()) lk.lock();
-        ++s.st.rejections;
-        this->exit_user(s);
-        throw;
-      }
-      if (!t.accounted) {
-        if (t.rejected) ++s.st.rejections;
-        if (t.outcome == kind::cancelled) ++s.st.cancellations;
-        this->exit_user(s);
-      }
-    }
+    // Built in place through every layer below (each returns a prvalue or
+    // its one named ticket): no ticket is moved on the leader path.
+    ticket t = locked_call(s, key, m, std::forward<F>(fn), caller, fresh, w, local, info, bound,
+                           expired);
+    if (t.early) return t;  // rejected before entering: nothing claimed, nothing to stop
     // No longer a user: only the flight (t.f) and the waiters in t.wake.
     SINGLEFLIGHT_HOOK(caller_exiting);
     if (t.stop) {  // stop first, then notify: a notified waiter may wait for this fn
       SINGLEFLIGHT_HOOK(stop_requesting);
       t.f->stop.request_stop();
     }
-    base::notify(this, s, t.wake);
+    if (!t.wake.empty()) base::notify(this, s, t.wake);
     return t;
   }
 
@@ -225,6 +197,72 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
   }
 
  private:
+  // call_with's part under s's lock: the early rejections (closed, an already
+  // stopped caller, a bound already passed), or entering as a user, routing
+  // and the bookkeeping of a call nobody claimed. Returns with the lock
+  // released.
+  template <class P, class F>
+  ticket locked_call(shard& s, const P& key, std::uint64_t m, F&& fn, const stop_token& caller,
+                     bool fresh, blocking_waiter& w, std::optional<T>& local, call_info* info,
+                     const steady::time_point* bound, bool expired) {
+    std::unique_lock<std::mutex> lk(s.mu);
+    ++s.st.calls;
+    if (s.closed || caller.stop_requested() || expired) {
+      const kind k = s.closed                  ? kind::closed
+                     : caller.stop_requested() ? kind::cancelled
+                                               : kind::timeout;
+      ++s.st.rejections;
+      if (k == kind::cancelled) ++s.st.cancellations;
+      if (k == kind::timeout) ++s.st.wait_timeouts;
+      return early_rejection(k);
+    }
+    this->enter_user(s);
+    return counted_route(lk, s, key, m, std::forward<F>(fn), caller, fresh, w, local, info, bound);
+  }
+
+  // route() for a call counted as a user; gives the count back unless a
+  // settler claimed the call (and did it). Called with `lk` held.
+  template <class P, class F>
+  ticket counted_route(std::unique_lock<std::mutex>& lk, shard& s, const P& key, std::uint64_t m,
+                       F&& fn, const stop_token& caller, bool fresh, blocking_waiter& w,
+                       std::optional<T>& local, call_info* info, const steady::time_point* bound) {
+    ticket t = route_or_unwind(lk, s, key, m, std::forward<F>(fn), caller, fresh, w, local, info,
+                               bound);
+    if (!t.accounted) {
+      if (t.rejected) ++s.st.rejections;
+      if (t.outcome == kind::cancelled) ++s.st.cancellations;
+      this->exit_user(s);
+    }
+    return t;
+  }
+
+  template <class P, class F>
+  ticket route_or_unwind(std::unique_lock<std::mutex>& lk, shard& s, const P& key, std::uint64_t m,
+                         F&& fn, const stop_token& caller, bool fresh, blocking_waiter& w,
+                         std::optional<T>& local, call_info* info,
+                         const steady::time_point* bound) {
+    try {
+      return route(lk, s, key, m, std::forward<F>(fn), caller, fresh, w, local, info, bound);
+    }
+    // fn ended this thread (an inline leader): lead_inline settled the
+    // flight and gave back this call's count.
+    catch (...) {
+      SINGLEFLIGHT_RETHROW_FOREIGN();
+      // Every throw inside route() happens under the lock and before the
+      // call attached to anything: nothing to roll back but the counts.
+      if (!lk.owns_lock()) lk.lock();
+      ++s.st.rejections;
+      this->exit_user(s);
+      throw;
+    }
+  }
+
+  static ticket early_rejection(kind k) {
+    ticket t = rejected(k);
+    t.early = true;
+    return t;
+  }
+
   // Finds, joins, waits for or starts the flight. Called with `lk` held;
   // returns with it held unless the ticket is `accounted`; throws only while
   // holding it and before attaching.
