@@ -152,6 +152,14 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
   }
 
   // to_outcome(t, local, info): the same as an outcome, without a throw.
+  // g++ 12 at -O1 (the tsan preset) reports `local`'s payload as maybe
+  // uninitialized once this is inlined into try_do, though it is read only
+  // when engaged (GCC's -Wmaybe-uninitialized false positives on
+  // std::optional, e.g. PR 80635).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
   static outcome<T> to_outcome(ticket& t, std::optional<T>& local, const call_info& info) noexcept {
     switch (t.outcome) {
       case kind::value:
@@ -168,6 +176,9 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
         return outcome<T>(from_flight, info, status_of(t.outcome), shared_error(t.outcome));
     }
   }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
   // result_of(t, local): this caller's copy of the value, or the rethrow.
   static T result_of(ticket& t, std::optional<T>& local) {
