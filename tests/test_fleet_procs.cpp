@@ -141,10 +141,13 @@ TEST_CASE(
   constexpr int n = 3;
   constexpr int t = 2;
   const std::string prefix = sftest::unique_prefix("stop");
-  sftest::worker_fleet procs(
-      n, with(base_args(uri, prefix, t), {"lease_ms=1000", "slice_ms=150", "load_ms=1500"}));
+  sftest::worker_fleet procs(n, with(base_args(uri, prefix, t), {"lease_ms=1000", "slice_ms=150",
+                                                                 "load_ms=1500", "gather=1"}));
   procs.wait_ready();
   procs.send_all("go");
+  // gather=1: the loader announces itself only once the process's other callers have joined
+  // its flight, so all t of them are stopped with it (none can come later and read the
+  // second leader's value).
   procs.until([&] { return !procs.origins().empty(); }, "a leader loads");
   const pid_t paused = procs.origins()[0];
   auto& stopped = procs.proc_of(paused);

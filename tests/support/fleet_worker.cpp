@@ -3,7 +3,7 @@
 //
 //   fleet_worker uri=tcp://127.0.0.1:PORT prefix=P key=K threads=T [mode=fleet|group|naive]
 //                [load_ms=L] [hold=1] [fail=1] [lease_ms=..] [slice_ms=..] [max_wait_ms=..]
-//                [timeout_ms=..] [value_ttl_ms=..] [error_ttl_ms=..] [breaker=N]
+//                [timeout_ms=..] [value_ttl_ms=..] [error_ttl_ms=..] [breaker=N] [gather=1]
 //
 // Protocol (lines):
 //   stdout  "ready <pid>"                          once the fleet is constructed
@@ -15,7 +15,12 @@
 //   stdin   "release"                              with hold=1: the loader returns now (it
 //                                                  blocks until then)
 //   stdout  "done ok=N err=N value=V error=E ms=M <fleet_stats fields as name=value>"
-// then the process closes the fleet and exits 0. The loader sleeps load_ms (the origin's
+// then the process closes the fleet and exits 0. With gather=1 (mode=fleet) the T threads
+// meet in a group of the worker's own in front of the fleet, and the loader announces itself
+// on fd 3 only once the other T - 1 have joined that flight (counted under the group's lock:
+// stats().joins), so a test that stops the process on "O <pid>" knows every caller of the
+// process is in its flight (a thread still starting would otherwise call later and read the
+// value another process stored meanwhile). The loader sleeps load_ms (the origin's
 // latency, not synchronisation) or blocks on stdin (hold=1), then returns "v-<pid>" or throws
 // std::runtime_error("origin failed in <pid>") (fail=1).
 #include <singleflight/fleet.hpp>
@@ -24,6 +29,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -69,7 +75,18 @@ void write_all(int fd, const std::string& s) {
 
 std::string loader_value() { return "v-" + std::to_string(::getpid()); }
 
+singleflight::group<std::string, std::string>* gather_group = nullptr;  // gather=1
+int gather_threads = 0;
+
 std::string load() {
+  if (gather_group != nullptr) {
+    // Bounded: a caller that never joins fails the test on its own (origin pipe, "done").
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (gather_group->stats().joins < static_cast<std::uint64_t>(gather_threads - 1) &&
+           std::chrono::steady_clock::now() < until) {
+      std::this_thread::yield();
+    }
+  }
   write_all(3, "O " + std::to_string(::getpid()) + "\n");
   if (num("hold", 0) != 0) {
     while (read_line() != "release") {
@@ -110,6 +127,10 @@ int main(int argc, char** argv) {
   singleflight::fleet<std::string, std::string> fleet(o);
   singleflight::group<std::string, std::string> local;
 
+  if (mode == "fleet" && num("gather", 0) != 0) {
+    gather_group = &local;
+    gather_threads = threads;
+  }
   write_all(1, "ready " + std::to_string(::getpid()) + "\n");
   if (read_line() != "go") return 4;
 
@@ -127,7 +148,9 @@ int main(int argc, char** argv) {
         std::string v;
         std::exception_ptr e;
         try {
-          if (mode == "fleet") {
+          if (mode == "fleet" && gather_group != nullptr) {
+            v = local.do_(key, [&] { return fleet.get(key, [] { return load(); }); });
+          } else if (mode == "fleet") {
             v = fleet.get(key, [] { return load(); });
           } else if (mode == "group") {
             v = local.do_(key, [] { return load(); });
