@@ -138,8 +138,8 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
     SINGLEFLIGHT_HOOK(caller_entering);
     // Built in place through every layer below (each returns a prvalue or
     // its one named ticket): no ticket is moved on the leader path.
-    ticket t = locked_call(s, key, m, std::forward<F>(fn), caller, fresh, w, local, info, bound,
-                           expired);
+    ticket t =
+        locked_call(s, key, m, std::forward<F>(fn), caller, fresh, w, local, info, bound, expired);
     if (t.early) return t;  // rejected before entering: nothing claimed, nothing to stop
     // No longer a user: only the flight (t.f) and the waiters in t.wake.
     SINGLEFLIGHT_HOOK(caller_exiting);
@@ -237,8 +237,8 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
   ticket counted_route(std::unique_lock<std::mutex>& lk, shard& s, const P& key, std::uint64_t m,
                        F&& fn, const stop_token& caller, bool fresh, blocking_waiter& w,
                        std::optional<T>& local, call_info* info, const steady::time_point* bound) {
-    ticket t = route_or_unwind(lk, s, key, m, std::forward<F>(fn), caller, fresh, w, local, info,
-                               bound);
+    ticket t =
+        route_or_unwind(lk, s, key, m, std::forward<F>(fn), caller, fresh, w, local, info, bound);
     if (!t.accounted) {
       if (t.rejected) ++s.st.rejections;
       if (t.outcome == kind::cancelled) ++s.st.cancellations;
