@@ -19,6 +19,7 @@
 #include "support/alloc.hpp"  // this executable's operator new/delete
 #include "support/catch.hpp"
 #include "support/jthread.hpp"
+#include "support/pool.hpp"
 #include "support/sync.hpp"
 
 namespace {
@@ -48,7 +49,15 @@ struct key {
   key(const key& o) : id(o.id), poison_hash(o.poison_hash), poison_eq(o.poison_eq) {
     if (o.poison_copy) throw copy_failure{};
   }
-  key& operator=(const key&) = default;
+  // A copy too: a thread's pooled flight takes its next key by assignment.
+  key& operator=(const key& o) {
+    if (o.poison_copy) throw copy_failure{};
+    id = o.id;
+    poison_hash = o.poison_hash;
+    poison_eq = o.poison_eq;
+    poison_copy = false;
+    return *this;
+  }
 };
 
 struct key_hash {
@@ -195,6 +204,16 @@ TEST_CASE("a KeyEqual that throws while comparing leaves the group unchanged",
 
 TEST_CASE("a Key whose copy throws on insertion leaves the group unchanged",
           "[exception_safety][key_copy]") {
+  // Cold: this thread has no pooled flight, the key is copy-constructed into
+  // a new one. Warm: the thread's pooled flight takes the key by assignment.
+  const bool cold = GENERATE(true, false);
+  CAPTURE(cold);
+  if (cold) {
+    sftest::empty_flight_pool<key_group>();
+  } else {
+    key_group warm;
+    CHECK(warm.do_(key{4}, [] { return 4; }) == 4);  // leaves a flight in this thread's pool
+  }
   key_group g{sftest::numbered()};
   std::atomic<int> fn_calls{0};
   auto fn = [&] {
@@ -334,7 +353,9 @@ TEST_CASE("allocation failure at any point of an inline call leaves the group un
   bool succeeded = false;
   for (int n = 1; n <= 64 && !succeeded; ++n) {
     CAPTURE(n);
-    sf::group<std::string, int> g;  // fresh: the first insertion allocates buckets too
+    sf::group<std::string, int> g;
+    // A cold start: the flight, its stop state and the key's storage are new.
+    sftest::empty_flight_pool<sf::group<std::string, int>>();
     std::atomic<int> fn_calls{0};
     bool threw = false;
     sftest::alloc::arm(n);
@@ -363,7 +384,7 @@ TEST_CASE("allocation failure at any point of an inline call leaves the group un
     CHECK(g.close_for(sftest::bound));
   }
   CHECK(succeeded);
-  CHECK(failures >= 3);  // at least the flight, its stop state, the map node
+  CHECK(failures >= 3);  // at least the flight, its stop state, the key's storage
 }
 
 TEST_CASE("allocation failure at any point of a call with thread_executor fails cleanly",

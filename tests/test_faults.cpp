@@ -28,6 +28,7 @@
 #include "support/alloc.hpp"  // this executable's operator new/delete
 #include "support/catch.hpp"
 #include "support/jthread.hpp"
+#include "support/pool.hpp"
 #include "support/sync.hpp"
 
 namespace sf = singleflight;
@@ -246,9 +247,11 @@ TEST_CASE("allocation failure at each point of an inline leader's call leaves th
     fault::pause p;  // fn's own allocations are not the library's
     return long_value;
   };
-  SECTION("cold group") {
+  using group_t = sf::group<std::string, std::string>;
+  SECTION("cold group, cold thread") {
     const auto r = sweep([&](long n) {
-      sf::group<std::string, std::string> g;
+      group_t g;
+      sftest::empty_flight_pool<group_t>();  // no flight of this thread to reuse
       return armed_call(g, n, [&] { return g.do_(long_key, fn); });
     });
     WARN("allocation points " << r.points << ", faulted " << r.faults << ", absorbed "
@@ -256,17 +259,34 @@ TEST_CASE("allocation failure at each point of an inline leader's call leaves th
     CHECK(r.points >= 2);
     CHECK(r.faults == r.points);
   }
-  SECTION("warm group, another key before (one shard: its recycled flight and key storage)") {
+  SECTION("cold group, warm thread (another group's flight and key storage)") {
     const auto r = sweep([&](long n) {
-      sf::group<std::string, std::string> g(sftest::numbered());  // one shard
+      {
+        group_t other;
+        (void)other.do_(std::string(long_key.rbegin(), long_key.rend()), fn);
+      }
+      group_t g;
+      return armed_call(g, n, [&] { return g.do_(long_key, fn); });
+    });
+    WARN("allocation points " << r.points << ", faulted " << r.faults << ", absorbed "
+                              << r.absorbed);
+    CHECK(r.faults == r.points);
+    // A thread keeps the flights it finished, whatever group they were in:
+    // a new group's first uncontended call allocates nothing.
+    CHECK(r.points == 0);
+  }
+  SECTION("warm group, another key before (one shard: this thread's flight and key storage)") {
+    const auto r = sweep([&](long n) {
+      group_t g(sftest::numbered());  // one shard
       (void)g.do_(std::string(long_key.rbegin(), long_key.rend()), fn);
       return armed_call(g, n, [&] { return g.do_(long_key, fn); });
     });
     WARN("allocation points " << r.points << ", faulted " << r.faults << ", absorbed "
                               << r.absorbed);
     CHECK(r.faults == r.points);
-    // The documented steady state: a recycled flight of the shard (and the
-    // key's storage in it) make an uncontended leader's call allocation-free.
+    // The documented steady state: the flight this thread finished last (and
+    // the key's storage in it) make an uncontended leader's call
+    // allocation-free.
     CHECK(r.points == 0);
   }
   SECTION("warm group, the same key before (default shards)") {
@@ -278,7 +298,7 @@ TEST_CASE("allocation failure at each point of an inline leader's call leaves th
     WARN("allocation points " << r.points << ", faulted " << r.faults << ", absorbed "
                               << r.absorbed);
     CHECK(r.faults == r.points);
-    CHECK(r.points == 0);  // spares are per shard: the key's shard is warm
+    CHECK(r.points == 0);
   }
   SECTION("with a deadline") {
     sf::options o;

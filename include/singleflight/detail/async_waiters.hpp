@@ -258,7 +258,7 @@ class async_calls : public blocking_calls<Key, T, Hash, KeyEqual> {
     kind immediate = kind::pending;
     try {
       if (first) {
-        ++s.st.calls;
+        ++s.calls;
       } else {
         n->rearm();  // then read the stop flag: see waiter::state
       }

@@ -217,7 +217,7 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
                      bool fresh, blocking_waiter& w, std::optional<T>& local, call_info* info,
                      const steady::time_point* bound, bool expired) {
     std::unique_lock<std::mutex> lk(s.mu);
-    ++s.st.calls;
+    ++s.calls;
     if (s.closed || caller.stop_requested() || expired) {
       const kind k = s.closed                  ? kind::closed
                      : caller.stop_requested() ? kind::cancelled
@@ -475,7 +475,7 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
       w.is_leader = true;
       this->link_bound(s, w, /*as_observer=*/false);
     }
-    ++s.st.fn_starts;
+    ++s.fn_starts;
     f->fn_started = true;
     // While fn runs: this thread runs f (self-deadlock check) and holds this
     // call's count (close() from inside fn does not wait for it).
@@ -530,7 +530,7 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
                 : w.bound_fired                              ? kind::timeout
                                                              : f->kind;
     if (sole && local) {
-      this->recycle(s, mine);  // no one else can reach it: keep it for the next start
+      this->recycle(mine);  // no one else can reach it: keep it for this thread's next start
     } else {
       local.reset();  // callers read f->value; `local` stays engaged only for the sole leader
     }

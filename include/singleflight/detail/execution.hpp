@@ -165,7 +165,7 @@ class execution : public lifecycle<Key, T, Hash, KeyEqual> {
         this->finish(s, f, f->kind, wake);
         this->exit_user(s);
       } else {
-        ++s.st.fn_starts;
+        ++s.fn_starts;
         f->fn_started = true;
         f->runner = std::this_thread::get_id();
         s.frames.push(fr);

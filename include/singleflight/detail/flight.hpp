@@ -117,8 +117,10 @@ class flight_base {
     fn_done = fn_started = submitting = dropped_in_submit = starting = broken_in_start = false;
     runner = std::thread::id{};
   }
-  // Readies a finished flight for the pool: drops its stop state (a token
-  // handed to the previous fn may still be referenced) and its error.
+  // Readies a finished flight for a thread's pool (flight_pool.hpp): drops
+  // its stop state (a token handed to the previous fn may still be
+  // referenced) and its error. (A traced flight never gets here: its report
+  // holds a reference until after the recycle is decided.)
   void retire() noexcept {
     stop = stop_source(nostopstate);
     error = nullptr;
@@ -160,7 +162,7 @@ class flight final : public flight_value<T> {
   std::size_t hash = 0;
   flight* bucket_prev = nullptr;
   flight* bucket_next = nullptr;
-  flight* spare_next = nullptr;  // the shard's pool of finished flights
+  flight* spare_next = nullptr;  // a thread's pool of finished flights (flight_pool.hpp)
 
  private:
   ~flight() = default;

@@ -8,7 +8,8 @@
 //     flight carries its key and is its own node), so an entry is erased by
 //     unlinking that very flight, never by key: a late finisher cannot evict
 //     a newer flight for the same key (golang/go#31420);
-//   * recycling: finished flights, with their key's storage, kept per shard;
+//   * recycling: finished flights, with their key's storage, kept by the
+//     thread that finished them (flight_pool.hpp);
 //   * the settle/finish bookkeeping (what happens under the lock when a
 //     flight gets its outcome and when its fn returns), the drain count
 //     (`users`) and the statistics.
@@ -19,6 +20,13 @@
 // together in index order (stats(), close()); the timer gate's mutex is
 // taken last. User code never runs under a shard's lock, except KeyEqual
 // (lookups) and Key's copy or assignment (a new entry).
+//
+// Sharing between cores: a call for a key that is not in flight writes two
+// cache lines of its shard (the lock and the chain head; the counters, the
+// drain count, the live and frame lists) and nothing else shared (its flight
+// comes from its own thread's pool). Two threads on distinct keys only meet
+// when their keys share a shard, so the shard count is what spreads them
+// (options::shards).
 #pragma once
 
 #include <algorithm>
@@ -39,6 +47,7 @@
 #include "claim.hpp"
 #include "deadline_list.hpp"
 #include "flight.hpp"
+#include "flight_pool.hpp"
 #include "frames.hpp"
 #include "observers.hpp"
 #include "outcomes.hpp"
@@ -55,32 +64,37 @@ class flight_table {
   using kind = outcome_kind;
   using clock = std::chrono::steady_clock;
 
-  // Finished flights kept per shard for the next start (with their keys'
-  // storage), so a steady uncontended leader path allocates nothing.
-  static constexpr std::size_t spare_limit = 8;
-
-  // One shard: every key whose hash selects it, under one lock. Aligned so
-  // that two shards never share a cache line (128: x86 prefetches pairs).
+  // One shard: every key whose hash selects it, under one lock. Its first
+  // two cache lines hold what every call writes (a shard that another core
+  // wrote costs one transfer per line); the rest is touched only by bounded
+  // waits, deadlines, notification loops, close() and rarer counters.
+  // Aligned so that two shards never share a cache line (128: x86 prefetches
+  // pairs of lines).
   struct alignas(128) shard {
+    // ---- line 0: the lock and the table ----
     std::mutex mu;
-    std::vector<flight_t*> buckets;  // chains through flight::bucket_prev/next
-    unsigned bucket_bits = 0;        // buckets.size() == 1 << bucket_bits (0: none yet)
-    std::size_t size = 0;            // entries: flights whose fn has not returned
-    flight_t* spare = nullptr;
-    std::size_t spare_count = 0;
-    singleflight::stats st{};  // this shard's counters (in_flight unused)
-    std::uint64_t seq = 0;     // flights started here
+    flight_t* chain = nullptr;  // the only bucket while bucket_bits == 0
+    std::size_t size = 0;       // entries: flights whose fn has not returned
+    std::uint64_t seq = 0;      // flights started here (stats::flights)
+    // ---- line 1: per-call bookkeeping ----
     // The drain count: calls inside the group, unfinished tasks, unresolved
     // completions, registered notification loops. close() waits for it.
     std::size_t users = 0;
-    bool closed = false;
+    std::uint64_t calls = 0;      // stats::calls
+    std::uint64_t fn_starts = 0;  // stats::fn_starts
     flight_base* live = nullptr;  // flights whose fn has not returned
+    record_list<frame> frames;
+    unsigned bucket_bits = 0;  // 0: `chain` only; else buckets.size() == 1 << bucket_bits
+    std::uint32_t index = 0;
+    bool closed = false;
+    // ---- the rest ----
+    std::vector<flight_t*> buckets;  // chains through flight::bucket_prev/next
+    // The other counters (calls, flights, fn_starts and in_flight unused).
+    singleflight::stats st{};
     deadline_list deadlines;
     bound_list bounds;
-    record_list<frame> frames;
     record_list<loop_record> loops;
     std::condition_variable drain_cv;
-    std::uint32_t index = 0;
   };
 
   explicit flight_table(options opts) : opts_(std::move(opts)) {
@@ -101,16 +115,7 @@ class flight_table {
   flight_table(const flight_table&) = delete;
   flight_table& operator=(const flight_table&) = delete;
 
-  ~flight_table() {
-    for (std::size_t i = 0; i < shard_count_; ++i) {
-      shard& s = shards_[i];
-      while (s.spare != nullptr) {
-        flight_t* f = s.spare;
-        s.spare = f->spare_next;
-        f->release();
-      }
-    }
-  }
+  ~flight_table() = default;
 
   // ---- shards ---------------------------------------------------------------
 
@@ -141,7 +146,7 @@ class flight_table {
   template <class P>
   flight_t* find(shard& s, const P& key, std::uint64_t m) const {
     if (s.size == 0) return nullptr;
-    for (flight_t* f = s.buckets[bucket_of(s, m)]; f != nullptr; f = f->bucket_next) {
+    for (flight_t* f = head_of(s, m); f != nullptr; f = f->bucket_next) {
       if (f->hash == m && eq_(*f->key, key)) return f;
     }
     return nullptr;
@@ -161,8 +166,12 @@ class flight_table {
       f->key.emplace(key);
     }
     f->hash = m;
-    if (s.size + 1 > s.buckets.size()) rehash(s, s.buckets.empty() ? 8 : 2 * s.buckets.size());
-    flight_t*& head = s.buckets[bucket_of(s, m)];
+    // One chain in the shard's first line up to chain_limit entries (no
+    // bucket array to fetch), then buckets; rehash may throw (allocation)
+    // before anything changed.
+    if (s.size + 1 > std::max(chain_limit, s.buckets.size()))
+      rehash(s, s.buckets.empty() ? 2 * chain_limit : 2 * s.buckets.size());
+    flight_t*& head = head_of(s, m);
     f->bucket_prev = nullptr;
     f->bucket_next = head;
     if (head != nullptr) head->bucket_prev = f;
@@ -174,7 +183,7 @@ class flight_table {
   // Unlinks this very flight (identity, never by key). Never throws, runs
   // neither Hash nor KeyEqual.
   void erase(shard& s, flight_t* f) noexcept {
-    (f->bucket_prev != nullptr ? f->bucket_prev->bucket_next : s.buckets[bucket_of(s, f->hash)]) =
+    (f->bucket_prev != nullptr ? f->bucket_prev->bucket_next : head_of(s, f->hash)) =
         f->bucket_next;
     if (f->bucket_next != nullptr) f->bucket_next->bucket_prev = f->bucket_prev;
     f->bucket_prev = f->bucket_next = nullptr;
@@ -198,10 +207,11 @@ class flight_table {
 
   // ---- recycling --------------------------------------------------------------
 
-  // A flight object for a new start in shard s: a spare one when there is one.
-  // Throws (allocation) with nothing changed.
+  // A flight object for a new start in shard s: one from this thread's pool
+  // when there is one. Throws (allocation, a stop state) with nothing
+  // changed.
   flight_t* acquire(shard& s, bool stoppable) {
-    flight_t* f = s.spare;
+    flight_t* f = flight_pool<flight_t>::take();
     if (f == nullptr) {
       f = new flight_t();
       if (stoppable) {
@@ -213,25 +223,24 @@ class flight_table {
         }
       }
     } else {
-      f->reuse(stoppable);  // may throw (the stop state): f stays spare
-      s.spare = f->spare_next;
-      f->spare_next = nullptr;
-      --s.spare_count;
+      try {
+        f->reuse(stoppable);  // may throw (the stop state)
+      } catch (...) {
+        flight_pool<flight_t>::put_back(f);
+        throw;
+      }
     }
     f->shard = s.index;
     return f;
   }
 
-  // Keeps a settled, unlinked flight that nobody else references for the
-  // next start, or releases it.
-  void recycle(shard& s, ref_t& mine) noexcept {
+  // Keeps a settled, unlinked flight that nobody else references for this
+  // thread's next start, or leaves `mine` to release it.
+  void recycle(ref_t& mine) noexcept {
     flight_t* f = mine.get();
-    if (s.spare_count >= spare_limit || !f->unique() || f->value || f->error) return;
+    if (!f->unique() || f->value || f->error) return;
     f->retire();
-    mine.detach();
-    f->spare_next = s.spare;
-    s.spare = f;
-    ++s.spare_count;
+    if (flight_pool<flight_t>::give(f)) mine.detach();
   }
 
   // ---- the drain count --------------------------------------------------------
@@ -248,7 +257,6 @@ class flight_table {
   // live list, its deadline. Returns its number.
   std::uint64_t started(shard& s, flight_t* f) noexcept {
     f->seq = ++s.seq;
-    ++s.st.flights;
     f->waiters = 1;
     f->live_prev = nullptr;
     f->live_next = s.live;
@@ -328,9 +336,9 @@ class flight_table {
     lock_all();
     for (std::size_t i = 0; i < shard_count_; ++i) {
       const shard& s = shards_[i];
-      sum.calls += s.st.calls;
-      sum.flights += s.st.flights;
-      sum.fn_starts += s.st.fn_starts;
+      sum.calls += s.calls;
+      sum.flights += s.seq;
+      sum.fn_starts += s.fn_starts;
       sum.joins += s.st.joins;
       sum.rejections += s.st.rejections;
       sum.failures += s.st.failures;
@@ -359,26 +367,42 @@ class flight_table {
   timer_gate gate_;
 
  private:
+  // Entries a shard keeps in its one chain before it allocates buckets.
+  static constexpr std::size_t chain_limit = 4;
+
+  // The chain head that `m` selects: the shard's own while it has no
+  // buckets.
+  flight_t*& head_of(shard& s, std::uint64_t m) const noexcept {
+    return s.bucket_bits == 0 ? s.chain : s.buckets[bucket_of(s, m)];
+  }
+  flight_t* head_of(const shard& s, std::uint64_t m) const noexcept {
+    return s.bucket_bits == 0 ? s.chain : s.buckets[bucket_of(s, m)];
+  }
   std::size_t bucket_of(const shard& s, std::uint64_t m) const noexcept {
     // The top bits below the shard's (a multiplicative hash's best bits),
     // independent of which shard was picked. bucket_bits >= 3 here.
     return static_cast<std::size_t>((m << shard_bits_) >> (64 - s.bucket_bits));
   }
 
+  // Moves every entry of s into n buckets (from its one chain the first
+  // time). Throws (allocation) with nothing changed.
   void rehash(shard& s, std::size_t n) {
     std::vector<flight_t*> next(n, nullptr);  // may throw: nothing changed yet
     std::swap(s.buckets, next);
+    flight_t* const first = s.bucket_bits == 0 ? std::exchange(s.chain, nullptr) : nullptr;
     s.bucket_bits = static_cast<unsigned>(std::countr_zero(n));
-    for (flight_t* chain : next) {
-      while (chain != nullptr) {
-        flight_t* f = chain;
-        chain = f->bucket_next;
-        flight_t*& head = s.buckets[bucket_of(s, f->hash)];
-        f->bucket_prev = nullptr;
-        f->bucket_next = head;
-        if (head != nullptr) head->bucket_prev = f;
-        head = f;
-      }
+    relink(s, first);
+    for (flight_t* chain : next) relink(s, chain);
+  }
+  void relink(shard& s, flight_t* chain) noexcept {
+    while (chain != nullptr) {
+      flight_t* f = chain;
+      chain = f->bucket_next;
+      flight_t*& head = s.buckets[bucket_of(s, f->hash)];
+      f->bucket_prev = nullptr;
+      f->bucket_next = head;
+      if (head != nullptr) head->bucket_prev = f;
+      head = f;
     }
   }
 
