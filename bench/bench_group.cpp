@@ -38,6 +38,7 @@
 #include <stop_token>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "baselines.hpp"
@@ -238,12 +239,21 @@ void bm_leader_distinct(benchmark::State& state) {
 
 // ---------------------------------------------------------------------------
 // 2. Distinct keys on all cores: one group, each thread its own 1,024 keys.
+//    `shards` (the library only; 0: the default) sets options::shards: two
+//    threads meet in a shard when their keys share one, so the spread of
+//    keys over shards is what the scaling depends on.
 // ---------------------------------------------------------------------------
 template <template <class, class> class Impl>
-void bm_distinct_mt(benchmark::State& state) {
+void bm_distinct_mt(benchmark::State& state, std::size_t shards = 0) {
   static std::unique_ptr<Impl<std::string, value_t>> g;
   if (state.thread_index() == 0) {
-    g = std::make_unique<Impl<std::string, value_t>>();
+    if constexpr (std::is_constructible_v<Impl<std::string, value_t>, singleflight::options>) {
+      singleflight::options o;
+      o.shards = shards;
+      g = std::make_unique<Impl<std::string, value_t>>(std::move(o));
+    } else {
+      g = std::make_unique<Impl<std::string, value_t>>();
+    }
     sfbench::alloc::g_enabled.store(false, std::memory_order_relaxed);
   }
   const std::vector<std::string> keys = make_keys(1024, state.thread_index());
@@ -664,6 +674,20 @@ void register_distinct_mt() {
   for (int t : counts) b->Threads(t);
 }
 
+// The library with a chosen shard count, at 1 and 2 threads (the scaling the
+// README reports against the shard count).
+void register_distinct_mt_shards() {
+  for (std::size_t n : {256u, 4096u, 16384u}) {
+    benchmark::RegisterBenchmark(
+        nm<lib_impl>("distinct_keys_mt_shards:" + std::to_string(n)).c_str(),
+        [n](benchmark::State& s) { bm_distinct_mt<lib_impl>(s, n); })
+        ->UseRealTime()
+        ->MinTime(0.2)
+        ->Threads(1)
+        ->Threads(2);
+  }
+}
+
 template <template <class, class> class Impl>
 void register_coalescing() {
   for (int n : {16, 128}) {
@@ -785,6 +809,7 @@ const bool registered = [] {
   register_distinct_mt<lib_impl>();
   register_distinct_mt<future_impl>();
   register_distinct_mt<cv_impl>();
+  register_distinct_mt_shards();
 
   register_inflight<lib_impl>();
   register_inflight<lib_tok_impl>();

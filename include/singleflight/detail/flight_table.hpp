@@ -103,9 +103,9 @@ class flight_table {
     std::size_t n = opts_.shards;
     if (n == 0) {
       const std::size_t cores = std::max(1u, std::thread::hardware_concurrency());
-      n = std::clamp<std::size_t>(8 * cores, 8, 256);
+      n = std::clamp<std::size_t>(32 * cores, 32, 1024);
     }
-    n = std::bit_ceil(std::clamp<std::size_t>(n, 1, 1024));
+    n = std::bit_ceil(std::clamp<std::size_t>(n, 1, max_shards));
     shard_bits_ = static_cast<unsigned>(std::countr_zero(n));
     shard_count_ = n;
     shards_ = std::make_unique<shard[]>(n);
@@ -116,6 +116,9 @@ class flight_table {
   flight_table& operator=(const flight_table&) = delete;
 
   ~flight_table() = default;
+
+  // The most shards a group can have (options::shards is clamped to it).
+  static constexpr std::size_t max_shards = std::size_t{1} << 16;
 
   // ---- shards ---------------------------------------------------------------
 
