@@ -19,22 +19,12 @@
 #include <thread>
 #include <vector>
 
+#include "support/alloc.hpp"  // this executable's operator new/delete
 #include "support/catch.hpp"
 #include "support/coro.hpp"
 #include "support/jthread.hpp"
 #include "support/manual_clock.hpp"
 #include "support/sync.hpp"
-
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-#define SFT_OWN_NEW 0
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
-#define SFT_OWN_NEW 0
-#endif
-#endif
-#ifndef SFT_OWN_NEW
-#define SFT_OWN_NEW 1
-#endif
 
 namespace sf = singleflight;
 using sftest::gate;
@@ -61,39 +51,6 @@ struct origin_error : std::runtime_error {
 };
 
 }  // namespace
-
-// Allocation counting for the hit path: every operator new of this binary
-// goes through here (not under a sanitizer, whose runtime owns operator new).
-#if SFT_OWN_NEW
-namespace {
-thread_local long t_allocs = 0;
-void* counted_alloc(std::size_t n) {
-  ++t_allocs;
-  void* p = std::malloc(n == 0 ? 1 : n);
-  if (p == nullptr) throw std::bad_alloc();
-  return p;
-}
-}  // namespace
-void* operator new(std::size_t n) { return counted_alloc(n); }
-void* operator new[](std::size_t n) { return counted_alloc(n); }
-void* operator new(std::size_t n, std::align_val_t a) {
-  ++t_allocs;
-  std::size_t al =
-      static_cast<std::size_t>(a) < sizeof(void*) ? sizeof(void*) : static_cast<std::size_t>(a);
-  void* p = std::aligned_alloc(al, ((n == 0 ? 1 : n) + al - 1) / al * al);
-  if (p == nullptr) throw std::bad_alloc();
-  return p;
-}
-void* operator new[](std::size_t n, std::align_val_t a) { return operator new(n, a); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
-#endif
 
 // ---- 1. hits and coalesced misses ---------------------------------------------
 
@@ -559,7 +516,10 @@ TEST_CASE("a scan of one-hit keys does not flush the hot keys (S3-FIFO)", "[cach
 // ---- 10. the hit path -----------------------------------------------------------
 
 TEST_CASE("the hit path allocates nothing", "[cache][c10]") {
-#if SFT_OWN_NEW
+  if (!sftest::alloc::replaced) {
+    WARN("allocation counting is not available under ThreadSanitizer");
+    return;
+  }
   manual_clock::reset();
   icache c(opts(1h));
   c.put("tenant-7|user-42|en-GB|v3", 42);
@@ -567,14 +527,11 @@ TEST_CASE("the hit path allocates nothing", "[cache][c10]") {
   auto load = [] { return -1; };
   const std::string_view k = "tenant-7|user-42|en-GB|v3";
   sum += c.get(k, load);  // warm: a thread's first call picks its stripe
-  const long before = t_allocs;
-  for (int i = 0; i < 1000; ++i) sum += c.get(k, load);
-  const long allocs = t_allocs - before;
+  const long allocs = sftest::alloc::allocations_during([&] {
+    for (int i = 0; i < 1000; ++i) sum += c.get(k, load);
+  });
   CHECK(allocs == 0);
   CHECK(sum == 42 * 1001);
-#else
-  WARN("skipped under a sanitizer: it owns operator new, which this test replaces");
-#endif
 }
 
 TEST_CASE("hits on distinct keys run while every shard is being written", "[cache][c10]") {
