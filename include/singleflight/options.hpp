@@ -63,12 +63,14 @@ struct options {
   // lines of its shard and nothing else shared, so threads on different
   // keys slow each other down only when their keys share a shard: the more
   // shards there are for the keys in use, the better calls scale across
-  // cores (README, Performance, has the figures). 0 (the default) picks 32
-  // per hardware thread (at least 32, at most 1,024); any other value is
+  // cores (README, Performance, has the figures). 0 (the default) picks 8
+  // per hardware thread (at least 8, at most 256); any other value is
   // rounded up to a power of two, at most 65,536 (1: one lock for the whole
   // group). A shard takes 384 bytes (libstdc++). stats(), in_flight() and
   // close() lock every shard at once, in order, so they stay exact (and take
-  // longer with more shards).
+  // longer with more shards). ThreadSanitizer's deadlock detector follows at
+  // most 64 locks held by one thread and aborts past that: with 64 shards or
+  // more, run TSan with TSAN_OPTIONS=detect_deadlocks=0.
   std::size_t shards = 0;
 
   // Reports each flight's start and settle (status, duration, joins, whether

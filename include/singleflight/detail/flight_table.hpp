@@ -103,7 +103,7 @@ class flight_table {
     std::size_t n = opts_.shards;
     if (n == 0) {
       const std::size_t cores = std::max(1u, std::thread::hardware_concurrency());
-      n = std::clamp<std::size_t>(32 * cores, 32, 1024);
+      n = std::clamp<std::size_t>(8 * cores, 8, 256);
     }
     n = std::bit_ceil(std::clamp<std::size_t>(n, 1, max_shards));
     shard_bits_ = static_cast<unsigned>(std::countr_zero(n));
