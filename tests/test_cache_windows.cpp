@@ -3,6 +3,7 @@
 // background refreshes owned by the cache, the identity-checked refresh mark
 // and TTL jitter (issue 10, semantics 2, 3, 4, 5, 8). Time is a manual clock;
 // interleavings are forced with gates; every wait is bounded.
+#define SINGLEFLIGHT_TEST_HOOKS  // two deadlines are held until their refresh has started
 #include <singleflight/cache.hpp>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include "support/jthread.hpp"
 #include "support/manual_clock.hpp"
 #include "support/sync.hpp"
+#include "support/timer_hold.hpp"
 
 namespace sf = singleflight;
 using sftest::gate;
@@ -140,9 +142,14 @@ TEST_CASE("a reader past the wall is bounded by flight.timeout while a refresh h
   scache c(o);
   c.put("k", "v1");
   manual_clock::advance(1500ms);
+  // The refresh's task waits for a refresh thread; a deadline passing before
+  // it starts would skip the loader (sftest::hold_timer).
+  gate refresh_started;
+  const sftest::hold_timer timer(refresh_started);
   std::atomic<bool> hung{false};
   auto hang = [&](sf::stop_token st) {
     hung = true;
+    refresh_started.open();
     while (!st.stop_requested()) std::this_thread::yield();
     return value("late");
   };
@@ -286,8 +293,11 @@ TEST_CASE("a background refresh is bounded by flight.timeout", "[cache][c4]") {
   scache c(o);
   c.put("k", "v1");
   manual_clock::advance(1500ms);
+  gate refresh_started;  // as above: the deadline cannot pass before the loader starts
+  const sftest::hold_timer timer(refresh_started);
   std::atomic<bool> saw_stop{false};
   CHECK(c.get("k", [&](sf::stop_token st) {
+    refresh_started.open();
     while (!st.stop_requested()) std::this_thread::yield();
     saw_stop = true;
     return value("late");

@@ -9,6 +9,7 @@
 // by the current thread throws std::bad_alloc. ThreadSanitizer's runtime
 // defines operator new itself, so under TSan the replacement is compiled out
 // and those test cases only say that they were skipped.
+#define SINGLEFLIGHT_TEST_HOOKS  // the deadline timer is held until a queued fn has started
 #include <singleflight/singleflight.hpp>
 
 #include <algorithm>
@@ -30,6 +31,7 @@
 #include "support/jthread.hpp"
 #include "support/pool.hpp"
 #include "support/sync.hpp"
+#include "support/timer_hold.hpp"
 
 namespace sf = singleflight;
 using sftest::gate;
@@ -74,11 +76,16 @@ TEST_CASE("deadline releases callers of a fn that ignores its token", "[faults]"
   sf::options o = with_threads();
   o.timeout = 20ms;
   sf::group<std::string, int> g(o);
-  gate fn_go;
+  gate fn_go, fn_started;
+  // fn runs on thread_executor's thread. A deadline passing while its task
+  // is still queued skips fn altogether (not this test's subject): the timer
+  // waits for fn to start. Under ASan on a loaded machine it once did not.
+  const sftest::hold_timer timer(fn_started);
   std::atomic<int> fn_calls{0};
   std::atomic<bool> fn_returned{false};
   auto stubborn = [&](sf::stop_token) {  // never looks at it
     fn_calls.fetch_add(1);
+    fn_started.open();
     fn_go.wait("stubborn fn released");
     fn_returned = true;
     return 1;
