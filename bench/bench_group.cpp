@@ -277,6 +277,23 @@ void bm_distinct_mt(benchmark::State& state, std::size_t shards = 0) {
   }
 }
 
+// The same work with nothing shared: each thread its own group (the library,
+// default options) and its own 1,024 keys. Two threads against one here is
+// what this machine gives a table that two cores never both write: the
+// ceiling for distinct_keys_mt's scaling.
+void bm_distinct_own_group(benchmark::State& state) {
+  const std::vector<std::string> keys = make_keys(1024, state.thread_index());
+  lib_impl<std::string, value_t> g;
+  value_t x = 0;
+  auto fn = [&x] { return ++x; };
+  std::size_t i = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(g.do_(keys[i], fn));
+    i = (i + 1) & 1023;
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
 // ---------------------------------------------------------------------------
 // 3. Join path: a flight held open by a fn blocked on a gate; N callers join
 //    it; the gate opens; everyone returns. Per join: CPU time of the joining
@@ -686,6 +703,12 @@ void register_distinct_mt_shards() {
         ->Threads(1)
         ->Threads(2);
   }
+  benchmark::RegisterBenchmark(nm<lib_impl>("distinct_keys_mt_own_group").c_str(),
+                               [](benchmark::State& s) { bm_distinct_own_group(s); })
+      ->UseRealTime()
+      ->MinTime(0.2)
+      ->Threads(1)
+      ->Threads(2);
 }
 
 template <template <class, class> class Impl>
