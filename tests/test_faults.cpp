@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -334,6 +335,35 @@ TEST_CASE("allocation failure at each point of an inline leader's call leaves th
                               << r.absorbed);
     CHECK(r.faults == r.points);
   }
+}
+
+TEST_CASE("a thread keeps at most flight_pool::limit finished flights, and starts from them",
+          "[faults][pool]") {
+  // Catches: a pool without its bound (memory a thread keeps growing with the
+  // depth of nested leaders: each fn below starts the next key's flight on
+  // this thread, and all of them finish on it); a pool that is filled but
+  // never taken from.
+  using group_t = sf::group<std::string, int>;
+  constexpr std::size_t limit = sftest::flight_pool_limit<group_t>;
+  constexpr int depth = static_cast<int>(limit) + 3;
+  sftest::empty_flight_pool<group_t>();
+  group_t g;
+  std::function<int(int)> nest = [&](int d) -> int {
+    if (d == 0) return 0;
+    return g.do_("nested-" + std::to_string(d), [&] { return nest(d - 1) + 1; });
+  };
+  CHECK(nest(depth) == depth);
+  CHECK(sftest::pooled_flights<group_t>() == limit);
+  CHECK(g.stats().flights == static_cast<std::uint64_t>(depth));
+  // The next start on this thread takes one of them; its finish puts it back.
+  std::size_t during = 0;
+  CHECK(g.do_("again", [&] {
+    during = sftest::pooled_flights<group_t>();
+    return 1;
+  }) == 1);
+  CHECK(during == limit - 1);
+  CHECK(sftest::pooled_flights<group_t>() == limit);
+  check_consistent(g);
 }
 
 TEST_CASE("allocation failure at each point of an executor call leaves the group consistent",

@@ -10,6 +10,8 @@
 
 #include <singleflight/group.hpp>
 
+#include <cstddef>
+
 namespace sftest {
 
 // Releases this thread's pooled flights of group type G: its next start on
@@ -19,5 +21,19 @@ void empty_flight_pool() noexcept {
   using flight_t = singleflight::detail::flight<typename G::key_type, typename G::value_type>;
   singleflight::detail::flight_pool<flight_t>::clear();
 }
+
+// How many finished flights of group type G this thread keeps for its next
+// starts (at most singleflight::detail::flight_pool<...>::limit).
+template <class G>
+std::size_t pooled_flights() noexcept {
+  using flight_t = singleflight::detail::flight<typename G::key_type, typename G::value_type>;
+  return singleflight::detail::flight_pool<flight_t>::size();
+}
+
+// The most flights of group type G a thread keeps.
+template <class G>
+constexpr std::size_t flight_pool_limit =
+    singleflight::detail::flight_pool<
+        singleflight::detail::flight<typename G::key_type, typename G::value_type>>::limit;
 
 }  // namespace sftest

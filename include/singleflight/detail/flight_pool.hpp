@@ -67,6 +67,9 @@ class flight_pool {
   // Releases this thread's pooled flights (tests use it to start cold).
   static void clear() noexcept { mine().clear(); }
 
+  // How many flights this thread keeps now (tests check the bound).
+  static std::size_t size() noexcept { return mine().count; }
+
  private:
   struct list {
     list() = default;
