@@ -204,6 +204,7 @@ sweep_result sweep(One one) {
       break;
     }
   }
+  WARN("allocation points " << r.points << ", faulted " << r.faults << ", absorbed " << r.absorbed);
   return r;
 }
 
@@ -262,8 +263,6 @@ TEST_CASE("allocation failure at each point of an inline leader's call leaves th
       sftest::empty_flight_pool<group_t>();  // no flight of this thread to reuse
       return armed_call(g, n, [&] { return g.do_(long_key, fn); });
     });
-    WARN("allocation points " << r.points << ", faulted " << r.faults << ", absorbed "
-                              << r.absorbed);
     CHECK(r.points >= 2);
     CHECK(r.faults == r.points);
   }
@@ -276,8 +275,6 @@ TEST_CASE("allocation failure at each point of an inline leader's call leaves th
       group_t g;
       return armed_call(g, n, [&] { return g.do_(long_key, fn); });
     });
-    WARN("allocation points " << r.points << ", faulted " << r.faults << ", absorbed "
-                              << r.absorbed);
     CHECK(r.faults == r.points);
     // A thread keeps the flights it finished, whatever group they were in:
     // a new group's first uncontended call allocates nothing.
@@ -289,8 +286,6 @@ TEST_CASE("allocation failure at each point of an inline leader's call leaves th
       (void)g.do_(std::string(long_key.rbegin(), long_key.rend()), fn);
       return armed_call(g, n, [&] { return g.do_(long_key, fn); });
     });
-    WARN("allocation points " << r.points << ", faulted " << r.faults << ", absorbed "
-                              << r.absorbed);
     CHECK(r.faults == r.points);
     // The documented steady state: the flight this thread finished last (and
     // the key's storage in it) make an uncontended leader's call
@@ -303,8 +298,6 @@ TEST_CASE("allocation failure at each point of an inline leader's call leaves th
       (void)g.do_(long_key, fn);
       return armed_call(g, n, [&] { return g.do_(long_key, fn); });
     });
-    WARN("allocation points " << r.points << ", faulted " << r.faults << ", absorbed "
-                              << r.absorbed);
     CHECK(r.faults == r.points);
     CHECK(r.points == 0);
   }
@@ -319,8 +312,6 @@ TEST_CASE("allocation failure at each point of an inline leader's call leaves th
       sf::group<std::string, std::string> g(o);
       return armed_call(g, n, [&] { return g.do_(long_key, token_fn); });
     });
-    WARN("allocation points " << r.points << ", faulted " << r.faults << ", absorbed "
-                              << r.absorbed);
     CHECK(r.faults == r.points);
   }
   SECTION("do_fresh with a stop token and call_info") {
@@ -331,8 +322,6 @@ TEST_CASE("allocation failure at each point of an inline leader's call leaves th
       const int k = armed_call(g, n, [&] { return g.do_fresh(long_key, fn, s.get_token(), info); });
       return k;
     });
-    WARN("allocation points " << r.points << ", faulted " << r.faults << ", absorbed "
-                              << r.absorbed);
     CHECK(r.faults == r.points);
   }
 }
@@ -379,8 +368,6 @@ TEST_CASE("allocation failure at each point of an executor call leaves the group
       sf::group<std::string, std::string> g(with_threads());
       return armed_call(g, n, [&] { return g.do_(long_key, fn); });
     });
-    WARN("allocation points " << r.points << ", faulted " << r.faults << ", absorbed "
-                              << r.absorbed);
     CHECK(r.points >= 2);
     CHECK(r.faults == r.points);
   }
@@ -405,8 +392,6 @@ TEST_CASE("allocation failure at each point of an executor call leaves the group
       for (auto& t : runners) t.join();
       return k;
     });
-    WARN("allocation points " << r.points << ", faulted " << r.faults << ", absorbed "
-                              << r.absorbed);
     CHECK(r.faults + r.absorbed == r.points);
   }
 }
@@ -459,7 +444,6 @@ TEST_CASE("allocation failure in a follower's copy of the value fails only that 
     CHECK(g.do_(long_key, [] { return std::string("after"); }) == "after");
     return follower_hit ? 1 : 0;
   });
-  WARN("allocation points " << r.points << ", faulted " << r.faults);
   CHECK(r.points >= 1);
 }
 

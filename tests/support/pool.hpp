@@ -32,8 +32,7 @@ std::size_t pooled_flights() noexcept {
 
 // The most flights of group type G a thread keeps.
 template <class G>
-constexpr std::size_t flight_pool_limit =
-    singleflight::detail::flight_pool<
-        singleflight::detail::flight<typename G::key_type, typename G::value_type>>::limit;
+constexpr std::size_t flight_pool_limit = singleflight::detail::flight_pool<
+    singleflight::detail::flight<typename G::key_type, typename G::value_type>>::limit;
 
 }  // namespace sftest

@@ -14,7 +14,8 @@
 #pragma once
 
 #ifndef SINGLEFLIGHT_TEST_HOOKS
-#error "tests/support/timer_hold.hpp needs SINGLEFLIGHT_TEST_HOOKS defined before including singleflight"
+#error \
+    "tests/support/timer_hold.hpp needs SINGLEFLIGHT_TEST_HOOKS defined before including singleflight"
 #endif
 
 #include <singleflight/group.hpp>
@@ -43,7 +44,8 @@ class hold_timer {
  private:
   static void on_hook(singleflight::detail::hook_point p, const void*) {
     if (p != singleflight::detail::hook_point::timer_due) return;
-    if (const gate* g = held_.load(std::memory_order_acquire)) g->wait("timer held until fn started");
+    if (const gate* g = held_.load(std::memory_order_acquire))
+      g->wait("timer held until fn started");
   }
   // The gate outlives the hook's window: the destructor removes the hook
   // first. A timer already inside on_hook holds a gate that the test opened.
