@@ -35,50 +35,11 @@
 #include "../stats.hpp"
 #include "../stop_token.hpp"
 #include "cache_clock.hpp"
+#include "cache_loader.hpp"
 #include "cache_table.hpp"
 #include "unwind.hpp"
 
 namespace singleflight::detail {
-
-// A loader that finishes through a completion (asynchronous).
-template <class L, class R>
-concept async_loader_for = std::invocable<L&, stop_token, completion<R>> &&
-    std::is_void_v<std::invoke_result_t<L&, stop_token, completion<R>>>;
-
-// What kind of loader L is, for a cache of T.
-template <class L, class T>
-struct loader_traits {
-  static constexpr bool async_value = async_loader_for<L, T>;
-  static constexpr bool async_result = !async_value && async_loader_for<L, load_result<T>>;
-  static constexpr bool is_async = async_value || async_result;
-  static constexpr bool takes_token = !is_async && std::invocable<L&, stop_token>;
-  static constexpr bool plain = !is_async && !takes_token && std::invocable<L&>;
-
-  static auto sync_result_type() {
-    if constexpr (takes_token) {
-      return std::type_identity<std::invoke_result_t<L&, stop_token>>{};
-    } else if constexpr (plain) {
-      return std::type_identity<std::invoke_result_t<L&>>{};
-    } else {
-      return std::type_identity<void>{};
-    }
-  }
-  using sync_result = typename decltype(sync_result_type())::type;
-  static constexpr bool returns_result =
-      std::same_as<std::remove_cvref_t<sync_result>, load_result<T>>;
-  static constexpr bool valid =
-      is_async ||
-      ((takes_token || plain) &&
-       (returns_result || (!std::is_void_v<sync_result> && std::convertible_to<sync_result, T>)));
-};
-
-// What one load hands to every caller of its flight.
-template <class T, class Clock>
-struct loaded {
-  std::shared_ptr<const T> value;  // null: not found
-  std::uint64_t version = 0;       // the key's version the load saw when it started
-  typename Clock::time_point written{};
-};
 
 template <class Key, class T, class Hash, class KeyEqual, class Clock>
 class cache_core {
@@ -891,12 +852,12 @@ class cache_core {
     std::optional<std::chrono::nanoseconds> ttl_override;
     try {
       if constexpr (traits::returns_result) {
-        load_result<T> res = call(loader, st);
+        load_result<T> res = call_loader<T>(loader, st);
         found = res.loaded.has_value();
         ttl_override = res.ttl;
         if (found) box = std::make_shared<const T>(std::move(*res.loaded));
       } else {
-        box = std::make_shared<const T>(call(loader, st));
+        box = std::make_shared<const T>(call_loader<T>(loader, st));
       }
     }
     // A forced unwind (the loader ended this thread): the registration cleans up.
@@ -906,15 +867,6 @@ class cache_core {
       throw;
     }
     return r.publish(std::move(box), found, ttl_override);
-  }
-
-  template <class L>
-  static decltype(auto) call(L& loader, const stop_token& st) {
-    if constexpr (detail::loader_traits<L, T>::takes_token) {
-      return std::invoke(loader, st);
-    } else {
-      return std::invoke(loader);
-    }
   }
 
   // run_async(key, m, loader, st, done, foreground): an asynchronous loader
