@@ -81,6 +81,9 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
   std::unique_ptr<group<Key, T, Hash, KeyEqual>> raw_value;
   std::unique_ptr<group<Key, load_result<T>, Hash, KeyEqual>> raw_result;
 
+  // raw<X>(): the raw group of loaders that finish through a completion<X>
+  // (X is T or load_result<T>), made on first use. Throws closed_error once
+  // close_raw() has run. Thread-safe (raw_mu).
   template <class X>
   auto& raw() {
     std::lock_guard<std::mutex> lk(raw_mu);
@@ -94,6 +97,9 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
     }
   }
 
+  // close_raw(wait): no raw group is made after this; the ones made close,
+  // waiting for their flights (wait) or not. Thread-safe; raw_mu is released
+  // before a group closes.
   void close_raw(bool wait) {
     group<Key, T, Hash, KeyEqual>* v = nullptr;
     group<Key, load_result<T>, Hash, KeyEqual>* r = nullptr;
@@ -184,6 +190,12 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
     return r;
   }
 
+  // finish_load(n, v, box, found, ttl_override, t0, e, abandoned): a load
+  // registered with version `v` is over (once per registration). Unless
+  // abandoned, its outcome is recorded if the key's version is still `v` — a
+  // value (found), "not found", or the failure `e` — and counted as a
+  // rejected publish otherwise. Returns what the load's flight hands its
+  // callers.
   loaded_t finish_load(node_t* n, std::uint64_t v, std::shared_ptr<const T> box, bool found,
                        std::optional<std::chrono::nanoseconds> ttl_override, time_point t0,
                        std::exception_ptr e, bool abandoned) noexcept {

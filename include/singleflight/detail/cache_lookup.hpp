@@ -52,6 +52,9 @@ class cache_lookup {
   using shard_lock = typename table_t::shard_lock;
   using garbage_t = garbage<node_t>;
 
+  // verdict: what an entry's state at a given moment calls for (classify()):
+  // serve it (fresh, stale, stale_on_error; the *_refresh ones also start a
+  // refresh), answer "not found" or the cached failure, or load.
   enum class verdict : std::uint8_t {
     fresh,
     fresh_refresh,
@@ -69,6 +72,9 @@ class cache_lookup {
   struct no_copy {};
   using copied_t = std::conditional_t<copy_inside, std::optional<T>, no_copy>;
 
+  // decision: what lookup() decided for one get, with what it pinned for
+  // the caller (a value to copy, a node to refresh or to serve from on
+  // error; the caller unpins the nodes).
   struct decision {
     enum class act : std::uint8_t { serve, not_found, failed, load, load_fresh };
     act what = act::load;
@@ -112,6 +118,8 @@ class cache_lookup {
         beta(o.early_refresh_beta),
         table(o.max_entries) {}
 
+  // The options (cache_options.hpp says what each means), in Clock's
+  // duration. Immutable: read by any thread, with or without a lock.
   const duration ttl;
   const double jitter;
   const duration swr;
@@ -121,6 +129,8 @@ class cache_lookup {
   const duration throttle;
   const double beta;
   [[no_unique_address]] KeyEqual eq{};
+  // table: the entries, in shards (cache_table.hpp: the shards' mutexes,
+  // the read gate, the per-stripe counters).
   table_t table;
 
   // -- classification (read section or mutex) --
@@ -279,10 +289,20 @@ class cache_lookup {
     return true;
   }
 
+  // draws(n, now, sc): XFetch's test for n (cache_clock.hpp), on random
+  // numbers from the caller's stripe. Inside a read section or under the
+  // shard's mutex.
   bool draws(const node_t& n, time_point now, detail::stripe_counters& sc) const {
     return detail::xfetch_fires(n.fresh_until - now, n.cost, beta, [&] { return sc.draw(); });
   }
 
+  // lookup_locked(key, m, si, now, early, sc): lookup() under the shard's
+  // mutex, for what the read section could not decide (the gate was closed,
+  // or the verdict needs a write): a refresh to start (the node's refresh
+  // mark and a pin), or a load, pinning a value that may yet serve as
+  // stale-if-error. `early`: XFetch's draw already fired for this call.
+  // Memory ordering: relaxed for refresh_id and versions (cache_table.hpp
+  // says why).
   template <class P>
   decision lookup_locked(const P& key, std::uint64_t m, std::size_t si, time_point now, bool early,
                          detail::stripe_counters& sc) {

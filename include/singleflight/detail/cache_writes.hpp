@@ -88,6 +88,8 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
     n->kind = detail::held::nothing;
   }
 
+  // erase_if_unused(s, n, g): unlinks n if it holds nothing and nobody holds
+  // its address; `g` frees it after the lock. Readers locked out.
   static void erase_if_unused(shard_t& s, node_t* n, garbage_t& g) noexcept {
     if (n->kind == detail::held::nothing && n->pins == 0) {
       s.unlink(n);
@@ -131,6 +133,8 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
     }
   }
 
+  // set_windows(s, n, now, d): the windows of a write at `now` whose fresh
+  // window lasts `d` (jittered), with no throttle. Readers locked out.
   void set_windows(shard_t& s, node_t* n, time_point now, duration d) noexcept {
     n->written = now;
     n->fresh_until = detail::sat_add(now, detail::jittered(d, jitter, s.rng.next()));
@@ -139,6 +143,8 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
     n->throttle_until = time_point::min();
   }
 
+  // put(key, m, box): key holds `box`, fresh from now, under a new version
+  // (returned). Clears the refresh mark, so that a new refresh may start.
   template <class P>
   std::uint64_t put(const P& key, std::uint64_t m, std::shared_ptr<const T> box) {
     std::exception_ptr old_error;  // destroyed after the lock (declared before it)
@@ -160,6 +166,8 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
     return v;
   }
 
+  // invalidate(key, m): key holds no entry, under a new version (returned)
+  // that a load already running cannot publish over.
   template <class P>
   std::uint64_t invalidate(const P& key, std::uint64_t m) {
     garbage_t g;
@@ -177,6 +185,8 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
     return v;
   }
 
+  // clear(): invalidate() for every key, shard by shard (each shard's mutex
+  // in turn: not one atomic step across shards).
   void clear() {
     for (std::size_t si = 0; si < table.shard_total(); ++si) {
       garbage_t g;
@@ -196,6 +206,8 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
     }
   }
 
+  // size(): the entries held, summed without a lock. Memory ordering:
+  // relaxed; a snapshot, possibly of different moments for different shards.
   std::size_t size() const noexcept {
     std::size_t n = 0;
     for (std::size_t si = 0; si < table.shard_total(); ++si) {
@@ -204,6 +216,8 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
     return n;
   }
 
+  // stats(): the counters: the stripes' without a lock (relaxed: statistics),
+  // each shard's under its mutex in turn.
   cache_stats stats() {
     cache_stats st;
     st.hits = table.gate().hits();
