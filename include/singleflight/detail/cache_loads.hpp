@@ -73,6 +73,7 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
   using base::table;
   using base::throttle;
   using base::ttl;
+  using base::unpin;
 
   // Loaders of async-loader caches run as flights of these (created on first
   // use): the group creates the completion<X> they finish through.
@@ -266,33 +267,17 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
     return n;
   }
   void fresh_leave(node_t* n) noexcept {
-    garbage_t g;
-    const std::size_t si = table.shard_index(n->fingerprint);
-    auto& s = table.at(si);
-    shard_lock lk(table, si);
-    --n->fresh_waiters;
-    --n->pins;
-    if (n->kind == detail::held::nothing && n->pins == 0) {
-      lk.write();
-      erase_if_unused(s, n, g);
-    }
+    unpin(n, [n]() noexcept { --n->fresh_waiters; });
   }
 
   // refresh_done(n, id): a background refresh is over, on every path.
   // Clears the key's refresh mark only if it is still this refresh's.
   void refresh_done(node_t* n, std::uint64_t id) noexcept {
-    garbage_t g;
-    const std::size_t si = table.shard_index(n->fingerprint);
-    auto& s = table.at(si);
-    shard_lock lk(table, si);
-    if (n->refresh_id.load(std::memory_order_relaxed) == id) {
-      n->refresh_id.store(0, std::memory_order_relaxed);
-    }
-    --n->pins;
-    if (n->kind == detail::held::nothing && n->pins == 0) {
-      lk.write();
-      erase_if_unused(s, n, g);
-    }
+    unpin(n, [n, id]() noexcept {
+      if (n->refresh_id.load(std::memory_order_relaxed) == id) {
+        n->refresh_id.store(0, std::memory_order_relaxed);
+      }
+    });
   }
 
   // serve_on_error(n, e): the stale-if-error answer for a caller whose load

@@ -5,7 +5,8 @@
 // load's outcome, and the pieces loads write with:
 //   * records: find_or_make() (a key's node, created if missing), drop() (a
 //     node stops holding an entry), erase_if_unused() (a node that holds
-//     nothing and is pinned by nobody leaves its shard), unpin();
+//     nothing and is pinned by nobody leaves its shard), unpin() (a holder
+//     of a node's address lets go of it);
 //   * entries: admit() (into the shard's S3-FIFO policy, evicting first and
 //     sweeping dead entries after) and set_windows() (the windows of a write);
 //   * put(), invalidate(), clear(): each gives the key a new version, so that
@@ -243,12 +244,20 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
     return st;
   }
 
-  // unpin(n): a holder of n's address is done with it.
+  // unpin(n): a holder of n's address is done with it. unpin(n, also): the
+  // same, after also() (noexcept) has run under the same lock: a change of
+  // fields the readers never need locked out for (mutex fields, the relaxed
+  // refresh_id hint).
   void unpin(node_t* n) noexcept {
+    unpin(n, []() noexcept {});
+  }
+  template <class Also>
+  void unpin(node_t* n, Also also) noexcept {
     garbage_t g;
     const std::size_t si = table.shard_index(n->fingerprint);
     auto& s = table.at(si);
     shard_lock lk(table, si);
+    also();
     --n->pins;
     if (n->kind == detail::held::nothing && n->pins == 0) {
       lk.write();
