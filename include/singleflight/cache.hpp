@@ -36,10 +36,14 @@
 // — and the choices made where the contract was silent.
 //
 // Files: the options and result types are in cache_options.hpp (included
-// here); the entry table and what reads and writes it in detail/cache_core.hpp,
-// detail/cache_table.hpp (shards), detail/read_gate.hpp (the lock-free hit
-// path), detail/cache_policy.hpp (S3-FIFO), detail/cache_clock.hpp (jitter,
-// XFetch) and detail/refresh_threads.hpp (the cache's own threads).
+// here); the entry table and what reads and writes it in detail/cache_core.hpp
+// (the shared core, a chain of layers: detail/cache_lookup.hpp, the lookup
+// decisions; detail/cache_writes.hpp, put / invalidate / clear and eviction;
+// detail/cache_loads.hpp, the life of a load; detail/cache_loader.hpp, the
+// loader traits), detail/cache_table.hpp (shards), detail/read_gate.hpp (the
+// lock-free hit path), detail/cache_policy.hpp (S3-FIFO),
+// detail/cache_clock.hpp (jitter, XFetch) and detail/refresh_threads.hpp (the
+// cache's own threads).
 //
 // Thread safety: every member may be called concurrently from any number of
 // threads, except the destructor (not concurrently with anything, not from a

@@ -19,7 +19,7 @@
 // Nothing in this file runs user code under the mutex except KeyEqual (in
 // find) and allocation (a new bucket array). Keys, values and exceptions are
 // destroyed after the mutex is released (see garbage and the `old_*` locals
-// in cache.hpp).
+// in cache_writes.hpp and cache_loads.hpp).
 #pragma once
 
 #include <algorithm>

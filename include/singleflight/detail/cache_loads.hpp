@@ -1,0 +1,419 @@
+// singleflight/detail/cache_loads.hpp -- internal; do not include directly.
+//
+// cache_loads<Key, T, Hash, KeyEqual, Clock>: the top layer of cache_core
+// (see cache_core.hpp), on cache_writes: the life of a load.
+//   * begin_load() registers a load on its key's node (a pin, and the
+//     version it saw) and makes the double check; the registration it
+//     returns ends the load exactly once: publish(), fail(), or its
+//     destructor on any other exit, each through finish_load(), which
+//     records the outcome only if the key's version is still the one the
+//     load saw;
+//   * run_sync() / run_async(): a loader called inside a flight, between
+//     begin_load() and publish() / fail(); asynchronous loaders run as
+//     flights of the raw groups (raw(), close_raw());
+//   * fresh_enter() / fresh_leave(): get_fresh callers announce themselves
+//     on the key; refresh_done(): a background refresh is over;
+//   * serve_on_error() / applies(): the stale-if-error answer for a caller
+//     whose load failed;
+//   * entry_of(): what a caller of a finished load receives.
+//
+// Locking: the key's shard mutex around every change of a node, with the
+// readers locked out for anything they may see (finish_load() always). raw_mu
+// guards the raw groups' pointers and raw_closed; it is never held with a
+// shard's mutex, nor while a group closes. The loader, T's copies and the
+// completion a load resolves run with no lock held.
+#pragma once
+
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <type_traits>
+#include <utility>
+
+#include "../cache_options.hpp"
+#include "../completion.hpp"
+#include "../errors.hpp"
+#include "../group.hpp"
+#include "../outcome.hpp"
+#include "../stats.hpp"
+#include "../stop_token.hpp"
+#include "cache_clock.hpp"
+#include "cache_loader.hpp"
+#include "cache_writes.hpp"
+#include "unwind.hpp"
+
+namespace singleflight::detail {
+
+template <class Key, class T, class Hash, class KeyEqual, class Clock>
+class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
+  using base = cache_writes<Key, T, KeyEqual, Clock>;
+
+ public:
+  using typename base::duration;
+  using typename base::garbage_t;
+  using typename base::node_t;
+  using typename base::shard_lock;
+  using typename base::time_point;
+  using loaded_t = loaded<T, Clock>;
+
+  using base::base;
+
+  using base::admit;
+  using base::drop;
+  using base::erase_if_unused;
+  using base::error_ttl;
+  using base::find_or_make;
+  using base::not_found_ttl;
+  using base::set_windows;
+  using base::table;
+  using base::throttle;
+  using base::ttl;
+  using base::unpin;
+
+  // Loaders of async-loader caches run as flights of these (created on first
+  // use): the group creates the completion<X> they finish through.
+  std::mutex raw_mu;
+  bool raw_closed = false;
+  std::unique_ptr<group<Key, T, Hash, KeyEqual>> raw_value;
+  std::unique_ptr<group<Key, load_result<T>, Hash, KeyEqual>> raw_result;
+
+  // raw<X>(): the raw group of loaders that finish through a completion<X>
+  // (X is T or load_result<T>), made on first use. Throws closed_error once
+  // close_raw() has run. Thread-safe (raw_mu).
+  template <class X>
+  auto& raw() {
+    std::lock_guard<std::mutex> lk(raw_mu);
+    if (raw_closed) throw closed_error();
+    if constexpr (std::same_as<X, T>) {
+      if (!raw_value) raw_value = std::make_unique<group<Key, T, Hash, KeyEqual>>();
+      return *raw_value;
+    } else {
+      if (!raw_result) raw_result = std::make_unique<group<Key, load_result<T>, Hash, KeyEqual>>();
+      return *raw_result;
+    }
+  }
+
+  // close_raw(wait): no raw group is made after this; the ones made close,
+  // waiting for their flights (wait) or not. Thread-safe; raw_mu is released
+  // before a group closes.
+  void close_raw(bool wait) {
+    group<Key, T, Hash, KeyEqual>* v = nullptr;
+    group<Key, load_result<T>, Hash, KeyEqual>* r = nullptr;
+    {
+      std::lock_guard<std::mutex> lk(raw_mu);
+      raw_closed = true;
+      v = raw_value.get();
+      r = raw_result.get();
+    }
+    if (wait) {
+      if (v != nullptr) v->close();
+      if (r != nullptr) r->close();
+    } else {
+      if (v != nullptr) (void)v->close_for(std::chrono::nanoseconds::zero());
+      if (r != nullptr) (void)r->close_for(std::chrono::nanoseconds::zero());
+    }
+  }
+
+  // -- loads --
+
+  // A load's claim on its node: registered at its start (the version it
+  // saw), released by publish / fail, or by the destructor on any other exit.
+  class registration {
+   public:
+    registration(cache_loads* c, node_t* n, std::uint64_t v, time_point t0) noexcept
+        : c_(c), n_(n), v_(v), t0_(t0) {}
+    registration(registration&& o) noexcept
+        : c_(std::exchange(o.c_, nullptr)), n_(o.n_), v_(o.v_), t0_(o.t0_) {}
+    registration& operator=(registration&&) = delete;
+    registration(const registration&) = delete;
+    registration& operator=(const registration&) = delete;
+    ~registration() {
+      if (c_ != nullptr) c_->finish_load(n_, v_, nullptr, false, std::nullopt, t0_, nullptr, true);
+    }
+    loaded_t publish(std::shared_ptr<const T> box, bool found,
+                     std::optional<std::chrono::nanoseconds> entry_ttl) {
+      cache_loads* c = std::exchange(c_, nullptr);
+      return c->finish_load(n_, v_, std::move(box), found, entry_ttl, t0_, nullptr, false);
+    }
+    void fail(std::exception_ptr e, bool stopped) noexcept {
+      cache_loads* c = std::exchange(c_, nullptr);
+      (void)c->finish_load(n_, v_, nullptr, false, std::nullopt, t0_, std::move(e), stopped);
+    }
+    // A fresh value already stored (the double check): no load needed.
+    bool shortcut(loaded_t& out) const noexcept {
+      if (!has_short_) return false;
+      out = short_;
+      return true;
+    }
+    void set_shortcut(loaded_t l) noexcept {
+      short_ = std::move(l);
+      has_short_ = true;
+    }
+
+   private:
+    // Not a std::optional: moved into a load's completion (run_async), a
+    // disengaged optional's payload reads as "maybe uninitialized" to g++ 12
+    // at -O3 with -fsanitize=thread, and -Werror fails the build.
+    loaded_t short_{};
+    bool has_short_ = false;
+    cache_loads* c_;
+    node_t* n_;
+    std::uint64_t v_;
+    time_point t0_;
+  };
+
+  // begin_load(key, m, foreground): registers a load. A foreground load
+  // (its caller found no usable value) first checks again: if a fresh value
+  // was stored meanwhile and no get_fresh caller is waiting on the key, the
+  // flight answers with it and calls no loader (the double check inside the
+  // flight).
+  template <class P>
+  registration begin_load(const P& key, std::uint64_t m, bool foreground) {
+    shard_lock lk(table, table.shard_index(m));
+    node_t* n = find_or_make(key, m, lk);
+    auto& s = table.at(table.shard_index(m));
+    const time_point now = Clock::now();
+    registration r(this, n, n->version, now);
+    ++n->pins;
+    ++n->loading;
+    n->load_version = n->version;
+    if (foreground && n->kind == detail::held::value && now < n->fresh_until &&
+        n->fresh_waiters == 0) {
+      r.set_shortcut(loaded_t{n->value, n->version, n->written});
+    } else {
+      ++s.loads;
+    }
+    return r;
+  }
+
+  // finish_load(n, v, box, found, ttl_override, t0, e, abandoned): a load
+  // registered with version `v` is over (once per registration). Unless
+  // abandoned, its outcome is recorded if the key's version is still `v` — a
+  // value (found), "not found", or the failure `e` — and counted as a
+  // rejected publish otherwise. Returns what the load's flight hands its
+  // callers.
+  loaded_t finish_load(node_t* n, std::uint64_t v, std::shared_ptr<const T> box, bool found,
+                       std::optional<std::chrono::nanoseconds> ttl_override, time_point t0,
+                       std::exception_ptr e, bool abandoned) noexcept {
+    const time_point t1 = Clock::now();
+    loaded_t out{box, v, t1};
+    std::exception_ptr old_error;
+    garbage_t g;
+    const std::size_t si = table.shard_index(n->fingerprint);
+    auto& s = table.at(si);
+    shard_lock lk(table, si);
+    lk.write();
+    --n->loading;
+    --n->pins;
+    if (abandoned) {
+      // Stopped, dropped or unwound: nothing to record.
+    } else if (n->version != v) {
+      ++s.rejected_publishes;
+      if (e) ++s.load_failures;
+    } else if (e) {
+      ++s.load_failures;
+      // A value not yet dead stays, and the failure throttles the key's
+      // loads; with none, the failure itself may be cached.
+      if (n->kind == detail::held::value && (t1 < n->stale_until || t1 < n->error_until)) {
+        old_error = std::exchange(n->error, e);
+        n->throttle_until = detail::sat_add(t1, throttle);
+      } else if (error_ttl > duration::zero()) {
+        drop(s, n);
+        box = std::exchange(n->value, nullptr);  // freed after the lock
+        old_error = std::exchange(n->error, e);
+        n->kind = detail::held::error;
+        n->written = t1;
+        n->throttle_until = detail::sat_add(t1, error_ttl);
+        admit(s, n, t1, g);
+      }
+    } else if (found) {
+      n->kind = detail::held::value;
+      n->value.swap(box);  // the old value leaves with `box`, after the lock
+      old_error = std::exchange(n->error, nullptr);
+      n->cost = t1 > t0 ? t1 - t0 : duration::zero();
+      set_windows(s, n, t1, ttl_override ? detail::to_duration<duration>(*ttl_override) : ttl);
+      admit(s, n, t1, g);
+    } else {
+      const duration nf =
+          ttl_override ? detail::to_duration<duration>(*ttl_override) : not_found_ttl;
+      drop(s, n);
+      box = std::exchange(n->value, nullptr);
+      old_error = std::exchange(n->error, nullptr);
+      if (nf > duration::zero()) {
+        n->kind = detail::held::not_found;
+        n->cost = t1 > t0 ? t1 - t0 : duration::zero();
+        set_windows(s, n, t1, nf);
+        n->stale_until = n->error_until = n->fresh_until;
+        admit(s, n, t1, g);
+      }
+    }
+    erase_if_unused(s, n, g);
+    return out;
+  }
+
+  // fresh_enter / fresh_leave: get_fresh callers announce themselves on
+  // the key's node, so that no flight they may join answers from the cache.
+  template <class P>
+  node_t* fresh_enter(const P& key, std::uint64_t m) {
+    shard_lock lk(table, table.shard_index(m));
+    node_t* n = find_or_make(key, m, lk);
+    ++n->pins;
+    ++n->fresh_waiters;
+    return n;
+  }
+  void fresh_leave(node_t* n) noexcept {
+    unpin(n, [n]() noexcept { --n->fresh_waiters; });
+  }
+
+  // refresh_done(n, id): a background refresh is over, on every path.
+  // Clears the key's refresh mark only if it is still this refresh's.
+  void refresh_done(node_t* n, std::uint64_t id) noexcept {
+    unpin(n, [n, id]() noexcept {
+      if (n->refresh_id.load(std::memory_order_relaxed) == id) {
+        n->refresh_id.store(0, std::memory_order_relaxed);
+      }
+    });
+  }
+
+  // serve_on_error(n, e): the stale-if-error answer for a caller whose load
+  // failed with `e`, if n (pinned by the caller) still has a value within
+  // stale_if_error. Also throttles the key's loads (a failure the load
+  // itself did not record: a deadline, overload).
+  std::optional<cached<T>> serve_on_error(node_t* n, const std::exception_ptr& e) {
+    if (n == nullptr || !applies(e)) return std::nullopt;
+    const time_point now = Clock::now();
+    std::shared_ptr<const T> v;
+    std::exception_ptr old_error;
+    cached<T> out;
+    {
+      const std::size_t si = table.shard_index(n->fingerprint);
+      shard_lock lk(table, si);
+      if (n->kind != detail::held::value || now >= n->error_until) return std::nullopt;
+      v = n->value;
+      out.version = n->version;
+      out.age = std::chrono::duration_cast<std::chrono::nanoseconds>(
+          now > n->written ? now - n->written : duration::zero());
+      if (now >= n->throttle_until) {
+        lk.write();
+        n->throttle_until = detail::sat_add(now, throttle);
+        old_error = std::exchange(n->error, e);
+      }
+    }
+    auto& sc = table.stripe(table.gate().my_stripe());
+    sc.add(sc.stale_on_error);
+    out.value.emplace(*v);  // user code: no lock
+    out.state = freshness::stale_on_error;
+    return out;
+  }
+
+  // Failures a stale value may stand in for: anything but the caller's own
+  // cancellation and the cache closing.
+  static bool applies(const std::exception_ptr& e) noexcept {
+    try {
+      std::rethrow_exception(e);
+    } catch (const cancelled_error&) {
+      return false;
+    } catch (const closed_error&) {
+      return false;
+    } catch (...) {
+      return true;
+    }
+  }
+
+  // What a caller of a finished load receives.
+  static cached<T> entry_of(const loaded_t& r, role taken) {
+    cached<T> e;
+    if (r.value) e.value.emplace(*r.value);  // this caller's copy: no lock
+    e.state = freshness::fresh;
+    const time_point now = Clock::now();
+    e.age = std::chrono::duration_cast<std::chrono::nanoseconds>(
+        now > r.written ? now - r.written : duration::zero());
+    e.taken_as = taken;
+    e.version = r.version;
+    return e;
+  }
+
+  // -- running loaders --
+
+  // run_sync(key, m, loader, st, foreground): a synchronous loader inside a
+  // flight: register, call, publish. Rethrows what the loader threw.
+  template <class P, class L>
+  loaded_t run_sync(const P& key, std::uint64_t m, L& loader, const stop_token& st,
+                    bool foreground) {
+    using traits = detail::loader_traits<L, T>;
+    registration r = begin_load(key, m, foreground);
+    loaded_t out;
+    if (r.shortcut(out)) {
+      r.fail(nullptr, true);  // release the claim; nothing to record
+      return out;
+    }
+    std::shared_ptr<const T> box;
+    bool found = true;
+    std::optional<std::chrono::nanoseconds> ttl_override;
+    try {
+      if constexpr (traits::returns_result) {
+        load_result<T> res = call_loader<T>(loader, st);
+        found = res.loaded.has_value();
+        ttl_override = res.ttl;
+        if (found) box = std::make_shared<const T>(std::move(*res.loaded));
+      } else {
+        box = std::make_shared<const T>(call_loader<T>(loader, st));
+      }
+    }
+    // A forced unwind (the loader ended this thread): the registration cleans up.
+    catch (...) {
+      SINGLEFLIGHT_RETHROW_FOREIGN();
+      r.fail(std::current_exception(), st.stop_requested());
+      throw;
+    }
+    return r.publish(std::move(box), found, ttl_override);
+  }
+
+  // run_async(key, m, loader, st, done, foreground): an asynchronous loader
+  // runs as a flight of a raw group (which makes the completion it needs);
+  // its outcome is published, then `done` is resolved. Throws only before
+  // the raw flight started (then `done` is left to the caller).
+  template <class P, class L>
+  void run_async(const P& key, std::uint64_t m, L loader, stop_token st, completion<loaded_t>& done,
+                 bool foreground) {
+    using traits = detail::loader_traits<L, T>;
+    using X = std::conditional_t<traits::async_value, T, load_result<T>>;
+    registration r = begin_load(key, m, foreground);
+    loaded_t out;
+    if (r.shortcut(out)) {
+      r.fail(nullptr, true);
+      done.set_value(std::move(out));
+      return;
+    }
+    auto& g = raw<X>();
+    auto finish = [r = std::move(r), st, d = std::move(done)](outcome<X> o) mutable noexcept {
+      try {
+        if (!o.has_value()) {
+          r.fail(o.error(), st.stop_requested());
+          d.set_exception(o.error());
+          return;
+        }
+        if constexpr (std::same_as<X, T>) {
+          d.set_value(
+              r.publish(std::make_shared<const T>(std::move(o).value()), true, std::nullopt));
+        } else {
+          load_result<T> res = std::move(o).value();
+          const bool found = res.loaded.has_value();
+          std::shared_ptr<const T> box;
+          if (found) box = std::make_shared<const T>(std::move(*res.loaded));
+          d.set_value(r.publish(std::move(box), found, res.ttl));
+        }
+      } catch (...) {
+        if (d) d.set_exception(std::current_exception());
+      }
+    };
+    g.async_do(key, std::move(loader), std::move(finish), std::move(st));
+  }
+};
+
+}  // namespace singleflight::detail

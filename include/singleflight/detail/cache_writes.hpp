@@ -1,0 +1,269 @@
+// singleflight/detail/cache_writes.hpp -- internal; do not include directly.
+//
+// cache_writes<Key, T, KeyEqual, Clock>: the second layer of cache_core (see
+// cache_core.hpp), on cache_lookup. Every change to the table that is not a
+// load's outcome, and the pieces loads write with:
+//   * records: find_or_make() (a key's node, created if missing), drop() (a
+//     node stops holding an entry), erase_if_unused() (a node that holds
+//     nothing and is pinned by nobody leaves its shard), unpin() (a holder
+//     of a node's address lets go of it);
+//   * entries: admit() (into the shard's S3-FIFO policy, evicting first and
+//     sweeping dead entries after) and set_windows() (the windows of a write);
+//   * put(), invalidate(), clear(): each gives the key a new version, so that
+//     a load that started before it cannot publish over it;
+//   * size(), stats(): the counters, summed.
+//
+// Locking: one shard's mutex at a time (clear() and stats() take them in
+// turn); anything a reader may look at changes with the shard's readers
+// locked out (shard_lock::write()). Nodes, values and exceptions leave under
+// the mutex and are destroyed after it (garbage_t and the `old_*` locals are
+// declared before the lock). No user code runs under the mutex except
+// KeyEqual; find_or_make() copies Key with the mutex released.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <utility>
+
+#include "../cache_options.hpp"
+#include "cache_clock.hpp"
+#include "cache_lookup.hpp"
+#include "cache_policy.hpp"
+
+namespace singleflight::detail {
+
+template <class Key, class T, class KeyEqual, class Clock>
+class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
+  using base = cache_lookup<Key, T, KeyEqual, Clock>;
+
+ public:
+  using typename base::duration;
+  using typename base::garbage_t;
+  using typename base::node_t;
+  using typename base::shard_lock;
+  using typename base::shard_t;
+  using typename base::time_point;
+
+  using base::base;
+
+  using base::eq;
+  using base::is_dead;
+  using base::jitter;
+  using base::sie;
+  using base::swr;
+  using base::table;
+  using base::ttl;
+
+  // -- records --
+
+  // find_or_make(key, m, lk): the node for key, created if missing (Key's
+  // copy and the allocation happen with `lk` released). `lk` holds the
+  // key's shard; returns with it held and the readers locked out.
+  template <class P>
+  node_t* find_or_make(const P& key, std::uint64_t m, shard_lock& lk) {
+    auto& s = table.at(table.shard_index(m));
+    lk.write();
+    if (node_t* n = s.find(key, m, eq)) return n;
+    lk.unlock();
+    auto made = std::make_unique<node_t>(key, m);  // user code: no lock
+    lk.lock();
+    lk.write();
+    if (node_t* n = s.find(key, m, eq)) return n;  // `made` is freed after the lock
+    s.reserve_one();
+    made->version = s.versions.load(std::memory_order_relaxed);  // only grows, per key too
+    made->throttle_until = time_point::min();
+    node_t* n = made.release();
+    s.link(n);
+    return n;
+  }
+
+  // drop(n): n stops holding an entry. Its value and error stay in the node
+  // (destroyed when it is rewritten or freed, never under the lock).
+  static void drop(shard_t& s, node_t* n) noexcept {
+    if (n->kind == detail::held::nothing) return;
+    s.policy.remove(n);
+    s.entries.fetch_sub(1, std::memory_order_relaxed);
+    n->kind = detail::held::nothing;
+  }
+
+  // erase_if_unused(s, n, g): unlinks n if it holds nothing and nobody holds
+  // its address; `g` frees it after the lock. Readers locked out.
+  static void erase_if_unused(shard_t& s, node_t* n, garbage_t& g) noexcept {
+    if (n->kind == detail::held::nothing && n->pins == 0) {
+      s.unlink(n);
+      g.add(n);
+    }
+  }
+
+  // admit(s, n, now, g): n (readers locked out) now holds an entry. A new
+  // entry first makes room (evicting, dead entries first), so that size()
+  // never exceeds max_entries, not even for a moment; then a couple of dead
+  // entries are swept (no timer does it).
+  void admit(shard_t& s, node_t* n, time_point now, garbage_t& g) {
+    const auto dead = [now](const detail::policy_hook* h) {
+      return is_dead(*static_cast<const node_t*>(h), now);
+    };
+    const auto remove = [&](node_t* v) {
+      s.entries.fetch_sub(1, std::memory_order_relaxed);
+      v->kind = detail::held::nothing;
+      erase_if_unused(s, v, g);
+    };
+    if (n->queue == detail::s3fifo::none) {
+      while (s.policy.capacity() != 0 && s.policy.size() >= s.policy.capacity()) {
+        auto* v = static_cast<node_t*>(s.policy.evict(dead));
+        if (v == nullptr) break;
+        ++s.evictions;
+        remove(v);
+      }
+      s.policy.insert(n);
+      s.entries.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      s.policy.rewritten(n);
+    }
+    for (int i = 0; i < 2; ++i) {
+      auto* v = static_cast<node_t*>(s.policy.sweep_one(dead));
+      if (v == nullptr) break;
+      if (v == n) {  // n itself cannot be dead: it was just written
+        s.policy.insert(n);
+        break;
+      }
+      remove(v);
+    }
+  }
+
+  // set_windows(s, n, now, d): the windows of a write at `now` whose fresh
+  // window lasts `d` (jittered), with no throttle. Readers locked out.
+  void set_windows(shard_t& s, node_t* n, time_point now, duration d) noexcept {
+    n->written = now;
+    n->fresh_until = detail::sat_add(now, detail::jittered(d, jitter, s.rng.next()));
+    n->stale_until = detail::sat_add(n->fresh_until, swr);
+    n->error_until = detail::sat_add(n->fresh_until, sie);
+    n->throttle_until = time_point::min();
+  }
+
+  // put(key, m, box): key holds `box`, fresh from now, under a new version
+  // (returned). Clears the refresh mark, so that a new refresh may start.
+  template <class P>
+  std::uint64_t put(const P& key, std::uint64_t m, std::shared_ptr<const T> box) {
+    std::exception_ptr old_error;  // destroyed after the lock (declared before it)
+    garbage_t g;
+    shard_lock lk(table, table.shard_index(m));
+    node_t* n = find_or_make(key, m, lk);
+    auto& s = table.at(table.shard_index(m));
+    const time_point now = Clock::now();
+    n->version = s.next_version();
+    n->kind = detail::held::value;
+    n->value.swap(box);  // the old value leaves with `box`, after the lock
+    old_error = std::exchange(n->error, nullptr);
+    set_windows(s, n, now, ttl);
+    n->refresh_id.store(0, std::memory_order_relaxed);  // let a new refresh start
+    admit(s, n, now, g);
+    const std::uint64_t v = n->version;
+    erase_if_unused(s, n, g);  // evicted at once (a tiny max_entries)
+    lk.unlock();
+    return v;
+  }
+
+  // invalidate(key, m): key holds no entry, under a new version (returned)
+  // that a load already running cannot publish over.
+  template <class P>
+  std::uint64_t invalidate(const P& key, std::uint64_t m) {
+    garbage_t g;
+    const std::size_t si = table.shard_index(m);
+    auto& s = table.at(si);
+    shard_lock lk(table, si);
+    const std::uint64_t v = s.next_version();
+    if (node_t* n = s.find(key, m, eq)) {
+      lk.write();
+      n->version = v;
+      n->refresh_id.store(0, std::memory_order_relaxed);
+      drop(s, n);
+      erase_if_unused(s, n, g);
+    }
+    return v;
+  }
+
+  // clear(): invalidate() for every key, shard by shard (each shard's mutex
+  // in turn: not one atomic step across shards).
+  void clear() {
+    for (std::size_t si = 0; si < table.shard_total(); ++si) {
+      garbage_t g;
+      auto& s = table.at(si);
+      shard_lock lk(table, si);
+      lk.write();
+      for (std::size_t b = 0; s.buckets != nullptr && b <= s.mask; ++b) {
+        for (node_t* n = s.buckets[b]; n != nullptr;) {
+          node_t* next = n->chain;
+          n->version = s.next_version();
+          n->refresh_id.store(0, std::memory_order_relaxed);
+          drop(s, n);
+          erase_if_unused(s, n, g);
+          n = next;
+        }
+      }
+    }
+  }
+
+  // size(): the entries held, summed without a lock. Memory ordering:
+  // relaxed; a snapshot, possibly of different moments for different shards.
+  std::size_t size() const noexcept {
+    std::size_t n = 0;
+    for (std::size_t si = 0; si < table.shard_total(); ++si) {
+      n += table.at(si).entries.load(std::memory_order_relaxed);
+    }
+    return n;
+  }
+
+  // stats(): the counters: the stripes' without a lock (relaxed: statistics),
+  // each shard's under its mutex in turn.
+  cache_stats stats() {
+    cache_stats st;
+    st.hits = table.gate().hits();
+    for (std::size_t i = 0; i < table.stripe_total(); ++i) {
+      const auto& c = table.stripe(i);
+      st.hits += c.hits.load(std::memory_order_relaxed);
+      st.stale_hits += c.stale_hits.load(std::memory_order_relaxed);
+      st.negative_hits += c.negative_hits.load(std::memory_order_relaxed);
+      st.misses += c.misses.load(std::memory_order_relaxed);
+      st.stale_on_error += c.stale_on_error.load(std::memory_order_relaxed);
+    }
+    for (std::size_t si = 0; si < table.shard_total(); ++si) {
+      auto& s = table.at(si);
+      shard_lock lk(table, si);
+      st.loads += s.loads;
+      st.load_failures += s.load_failures;
+      st.early_refreshes += s.early_refreshes;
+      st.background_refreshes += s.background_refreshes;
+      st.evictions += s.evictions;
+      st.rejected_publishes += s.rejected_publishes;
+      st.size += s.entries.load(std::memory_order_relaxed);
+    }
+    return st;
+  }
+
+  // unpin(n): a holder of n's address is done with it. unpin(n, also): the
+  // same, after also() (noexcept) has run under the same lock: a change of
+  // fields the readers never need locked out for (mutex fields, the relaxed
+  // refresh_id hint).
+  void unpin(node_t* n) noexcept {
+    unpin(n, []() noexcept {});
+  }
+  template <class Also>
+  void unpin(node_t* n, Also also) noexcept {
+    garbage_t g;
+    const std::size_t si = table.shard_index(n->fingerprint);
+    auto& s = table.at(si);
+    shard_lock lk(table, si);
+    also();
+    --n->pins;
+    if (n->kind == detail::held::nothing && n->pins == 0) {
+      lk.write();
+      erase_if_unused(s, n, g);
+    }
+  }
+};
+
+}  // namespace singleflight::detail
