@@ -265,14 +265,19 @@ class flight_table {
     f->live_next = s.live;
     if (s.live != nullptr) s.live->live_prev = f;
     s.live = f;
-    if (opts_.timeout > std::chrono::nanoseconds::zero()) {
-      f->deadline = after(clock::now(), opts_.timeout);
+    const bool timed = opts_.timeout > std::chrono::nanoseconds::zero();
+    if (!timed && !opts_.tracer) return f->seq;
+    // One reading of the clock for both: a traced flight's reported duration
+    // is then at least options.timeout when its deadline settles it.
+    const clock::time_point now = clock::now();
+    if (timed) {
+      f->deadline = after(now, opts_.timeout);
       s.deadlines.push(*f);
       gate_.linked(f->deadline);
     }
     if (opts_.tracer) {
       f->trace.begin(opts_.tracer, (f->seq - 1) * shard_count_ + s.index + 1, s.index, *f->key,
-                     clock::now());
+                     now);
     }
     return f->seq;
   }
