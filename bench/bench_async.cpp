@@ -84,7 +84,7 @@
 #include <utility>
 #include <vector>
 
-// include/singleflight/detail/flight.hpp may trip -Wshadow (see bench_group.cpp);
+// include/singleflight/detail/group/flight.hpp may trip -Wshadow (see bench_group.cpp);
 // the bench is built with -Werror -Wshadow.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wshadow"

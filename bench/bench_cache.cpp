@@ -51,7 +51,7 @@
 #include <unordered_map>
 #include <vector>
 
-// include/singleflight/detail/flight.hpp trips -Wshadow (see bench_group.cpp).
+// include/singleflight/detail/group/flight.hpp trips -Wshadow (see bench_group.cpp).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wshadow"
 #include "singleflight/cache.hpp"

@@ -1,6 +1,6 @@
 #define SINGLEFLIGHT_TEST_HOOKS
 // Schedules where the order of two threads decides the outcome, reproduced
-// step by step with the test-only hook seam (detail/hooks.hpp): a thread is
+// step by step with the test-only hook seam (detail/group/hooks.hpp): a thread is
 // parked at a named hook point on a gate while the test drives the others to
 // a chosen state, then released. Nothing here sleeps for synchronisation; the
 // only time-based checks are the "must NOT happen within a window" ones

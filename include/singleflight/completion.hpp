@@ -13,7 +13,7 @@
 #include <exception>
 #include <utility>
 
-#include "detail/flight.hpp"
+#include "detail/group/flight.hpp"
 
 namespace singleflight {
 

@@ -93,7 +93,7 @@
 // stopped fn starts the next flight. Stop requests are always made after the
 // lock is released, because stop callbacks run synchronously in the
 // requesting thread; waiters are notified after it is released too (see
-// detail/claim.hpp for the claim/leave exchange). Locks of two shards are
+// detail/group/claim.hpp for the claim/leave exchange). Locks of two shards are
 // only held together in index order (stats(), in_flight(), close()).
 //
 // Where the parts live (include/singleflight/detail/, bottom layer first):
@@ -128,10 +128,10 @@
 #include <utility>
 
 #include "completion.hpp"
-#include "detail/async_waiters.hpp"
-#include "detail/coroutine.hpp"
-#include "detail/deadline_list.hpp"
-#include "detail/fn_shape.hpp"
+#include "detail/group/async_waiters.hpp"
+#include "detail/group/coroutine.hpp"
+#include "detail/group/deadline_list.hpp"
+#include "detail/group/fn_shape.hpp"
 #include "errors.hpp"
 #include "executor.hpp"
 #include "hash.hpp"

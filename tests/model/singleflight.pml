@@ -2,7 +2,7 @@
  * singleflight.pml -- Promela model of the concurrency protocol of
  * singleflight::group (include/singleflight/group.hpp and detail/*.hpp since the
  * core cut) for one key, so one shard: the shard mutex, the flight's broadcast word
- * (detail/signal.hpp, blocking_waiters.hpp), the claim / leave exchange on
+ * (detail/group/signal.hpp, blocking_waiters.hpp), the claim / leave exchange on
  * waiter::state (claim.hpp: a blocked waiter is unlinked before the CAS that claims
  * it), the wake_batch notified after the mutex is released (wake_batch.hpp,
  * notification.hpp), and the users_ bookkeeping that close() waits for.

@@ -1,7 +1,7 @@
 // tests/support/pool.hpp: starting a call cold on the test's own thread.
 //
 // A thread keeps the flights it finished for its next start
-// (singleflight/detail/flight_pool.hpp), in any group of the same key and
+// (singleflight/detail/group/flight_pool.hpp), in any group of the same key and
 // value types: a "fresh group" is no longer a cold start on a thread that
 // ran flights before. Tests of the cold path (the first allocation of a
 // flight and of its key, a Key copy rather than an assignment) empty this

@@ -1,4 +1,4 @@
-// singleflight/detail/owned_thread.hpp -- internal; do not include directly.
+// singleflight/detail/group/owned_thread.hpp -- internal; do not include directly.
 //
 // owned_thread: a thread the group starts and joins (its timer, its delivery
 // thread, a thread_executor worker). The group hands user code to these

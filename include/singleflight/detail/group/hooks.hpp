@@ -1,4 +1,4 @@
-// singleflight/detail/hooks.hpp -- internal; do not include directly.
+// singleflight/detail/group/hooks.hpp -- internal; do not include directly.
 //
 // A test-only seam. Built with SINGLEFLIGHT_TEST_HOOKS defined, the group
 // calls detail::hook(point) at the places where the order of two threads

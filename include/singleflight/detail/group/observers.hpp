@@ -1,4 +1,4 @@
-// singleflight/detail/observers.hpp -- internal; do not include directly.
+// singleflight/detail/group/observers.hpp -- internal; do not include directly.
 //
 // Observers: callers that found their key's entry held by a flight that
 // cannot be joined (its fn was stopped and is winding down, or, for

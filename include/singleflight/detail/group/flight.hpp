@@ -1,4 +1,4 @@
-// singleflight/detail/flight.hpp -- internal; do not include directly.
+// singleflight/detail/group/flight.hpp -- internal; do not include directly.
 //
 // A flight: the call state shared by everyone interested in one execution of
 // fn, and also the node of the flight table (it carries its key). Three
@@ -21,7 +21,7 @@
 #include <thread>
 #include <utility>
 
-#include "../stop_token.hpp"
+#include "../../stop_token.hpp"
 #include "claim.hpp"
 #include "signal.hpp"
 #include "trace_slot.hpp"

@@ -1,4 +1,4 @@
-// singleflight/detail/outcomes.hpp -- internal; do not include directly.
+// singleflight/detail/group/outcomes.hpp -- internal; do not include directly.
 //
 // From a flight's outcome_kind to what a caller receives without a throw:
 // its public status, and the exception for the library's own outcomes. The
@@ -11,8 +11,8 @@
 
 #include <exception>
 
-#include "../errors.hpp"
-#include "../outcome.hpp"
+#include "../../errors.hpp"
+#include "../../outcome.hpp"
 #include "flight.hpp"
 
 namespace singleflight::detail {

@@ -1,4 +1,4 @@
-// singleflight/detail/notification.hpp -- internal; do not include directly.
+// singleflight/detail/group/notification.hpp -- internal; do not include directly.
 //
 // notifier<Key, T, Hash, KeyEqual>: the layer that hands claimed waiters
 // their outcome once the shard's lock is released, and the part of "where

@@ -1,4 +1,4 @@
-// singleflight/detail/frames.hpp -- internal; do not include directly.
+// singleflight/detail/group/frames.hpp -- internal; do not include directly.
 //
 // Which threads are inside a group, kept *in the group* (guarded by the
 // lock of the shard they concern), never in a thread_local: a thread_local in a function-local
@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "../task.hpp"
+#include "../../task.hpp"
 #include "wake_batch.hpp"
 
 namespace singleflight::detail {

@@ -1,4 +1,4 @@
-// singleflight/detail/ownership.hpp -- internal; do not include directly.
+// singleflight/detail/group/ownership.hpp -- internal; do not include directly.
 //
 // Ownership accounting: whether a caller leaving a flight stops its work.
 // The caller's own wait always ends at once (cancelled_error); this decides
@@ -9,7 +9,7 @@
 
 #include <cstddef>
 
-#include "../options.hpp"
+#include "../../options.hpp"
 
 namespace singleflight::detail {
 

@@ -1,4 +1,4 @@
-// singleflight/detail/blocking_waiters.hpp -- internal; do not include directly.
+// singleflight/detail/group/blocking_waiters.hpp -- internal; do not include directly.
 //
 // A blocked thread waiting for a flight: a `waiter` in the caller's frame,
 // asleep on the flight's signal word (one broadcast wakes all of a flight's

@@ -1,4 +1,4 @@
-// singleflight/detail/blocking_calls.hpp -- internal; do not include directly.
+// singleflight/detail/group/blocking_calls.hpp -- internal; do not include directly.
 //
 // blocking_calls<Key, T, Hash, KeyEqual>: do_ and do_fresh. A call finds,
 // joins, observes or leads the flight for its key (route), then:
@@ -28,16 +28,16 @@
 #include <type_traits>
 #include <utility>
 
-#include "../errors.hpp"
-#include "../outcome.hpp"
-#include "../stats.hpp"
-#include "../stop_token.hpp"
+#include "../../errors.hpp"
+#include "../../outcome.hpp"
+#include "../../stats.hpp"
+#include "../../stop_token.hpp"
+#include "../unwind.hpp"
 #include "blocking_waiters.hpp"
 #include "execution.hpp"
 #include "fn_shape.hpp"
 #include "hooks.hpp"
 #include "outcomes.hpp"
-#include "unwind.hpp"
 
 namespace singleflight::detail {
 

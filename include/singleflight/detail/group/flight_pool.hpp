@@ -1,4 +1,4 @@
-// singleflight/detail/flight_pool.hpp -- internal; do not include directly.
+// singleflight/detail/group/flight_pool.hpp -- internal; do not include directly.
 //
 // flight_pool<F>: finished flights of type F kept by the thread that finished
 // them, for its next start (in any group whose flights are F), so that a

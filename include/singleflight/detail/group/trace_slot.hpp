@@ -1,4 +1,4 @@
-// singleflight/detail/trace_slot.hpp -- internal; do not include directly.
+// singleflight/detail/group/trace_slot.hpp -- internal; do not include directly.
 //
 // trace_slot: what a flight keeps for options::tracer (flight_base::trace),
 // and the two reports made from it, outside every lock:
@@ -29,7 +29,7 @@
 #include <memory>
 #include <utility>
 
-#include "../tracer.hpp"
+#include "../../tracer.hpp"
 
 namespace singleflight::detail {
 

@@ -1,4 +1,4 @@
-// singleflight/detail/deadlines.hpp -- internal; do not include directly.
+// singleflight/detail/group/deadlines.hpp -- internal; do not include directly.
 //
 // deadlines<Key, T, Hash, KeyEqual>: the group's timer and delivery threads.
 //   * The timer (started when options.timeout > 0) settles flights whose

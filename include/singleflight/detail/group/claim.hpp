@@ -1,4 +1,4 @@
-// singleflight/detail/claim.hpp -- internal; do not include directly.
+// singleflight/detail/group/claim.hpp -- internal; do not include directly.
 //
 // The claim/leave exchange: one caller waiting for a flight (`waiter`), and
 // the flight's intrusive list of them (`waiter_list`). Links and flags are

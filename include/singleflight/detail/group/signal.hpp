@@ -1,4 +1,4 @@
-// singleflight/detail/signal.hpp -- internal; do not include directly.
+// singleflight/detail/group/signal.hpp -- internal; do not include directly.
 //
 // flight_signal: the one word every blocked caller of a flight sleeps on. A
 // settle that claims blocked waiters bumps it (under the shard's lock) and

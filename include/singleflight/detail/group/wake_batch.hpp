@@ -1,4 +1,4 @@
-// singleflight/detail/wake_batch.hpp -- internal; do not include directly.
+// singleflight/detail/group/wake_batch.hpp -- internal; do not include directly.
 //
 // wake_batch: what a step claimed under a shard's lock, to notify once the
 // lock is released (group::notify): async waiters, one by one in the order

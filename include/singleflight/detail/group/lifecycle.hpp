@@ -1,4 +1,4 @@
-// singleflight/detail/lifecycle.hpp -- internal; do not include directly.
+// singleflight/detail/group/lifecycle.hpp -- internal; do not include directly.
 //
 // lifecycle<Key, T, Hash, KeyEqual>: close() and the drain. close() marks
 // every shard closed (new calls are rejected from then on), settles every
@@ -22,8 +22,8 @@
 #include <thread>
 #include <utility>
 
-#include "../executor.hpp"
-#include "../task.hpp"
+#include "../../executor.hpp"
+#include "../../task.hpp"
 #include "deadlines.hpp"
 #include "hooks.hpp"
 #include "owned_thread.hpp"

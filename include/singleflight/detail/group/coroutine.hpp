@@ -1,4 +1,4 @@
-// singleflight/detail/coroutine.hpp -- internal; do not include directly.
+// singleflight/detail/group/coroutine.hpp -- internal; do not include directly.
 //
 // What `co_await g.co_do(key, fn)` runs: a coroutine waiter that lives in
 // the awaiting coroutine's frame (no allocation per join), and the awaitable
@@ -18,8 +18,8 @@
 #include <type_traits>
 #include <utility>
 
-#include "../stats.hpp"
-#include "../stop_token.hpp"
+#include "../../stats.hpp"
+#include "../../stop_token.hpp"
 
 namespace singleflight::detail {
 

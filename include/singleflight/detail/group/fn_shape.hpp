@@ -1,4 +1,4 @@
-// singleflight/detail/fn_shape.hpp -- internal; do not include directly.
+// singleflight/detail/group/fn_shape.hpp -- internal; do not include directly.
 //
 // The shapes of fn a group accepts, as concepts, and the result of each:
 //   T fn(stop_token)                  a sync fn that looks at the flight's token;
@@ -10,8 +10,8 @@
 #include <concepts>
 #include <type_traits>
 
-#include "../completion.hpp"
-#include "../stop_token.hpp"
+#include "../../completion.hpp"
+#include "../../stop_token.hpp"
 
 namespace singleflight::detail {
 

@@ -1,4 +1,4 @@
-// singleflight/detail/execution.hpp -- internal; do not include directly.
+// singleflight/detail/group/execution.hpp -- internal; do not include directly.
 //
 // execution<Key, T, Hash, KeyEqual>: how a flight's fn gets run.
 //   * hand_off(): package fn as a task for the executor, or run it right
@@ -29,15 +29,15 @@
 #include <type_traits>
 #include <utility>
 
-#include "../completion.hpp"
-#include "../errors.hpp"
-#include "../stop_token.hpp"
-#include "../task.hpp"
+#include "../../completion.hpp"
+#include "../../errors.hpp"
+#include "../../stop_token.hpp"
+#include "../../task.hpp"
+#include "../task_base.hpp"
+#include "../unwind.hpp"
 #include "fn_shape.hpp"
 #include "hooks.hpp"
 #include "lifecycle.hpp"
-#include "task_base.hpp"
-#include "unwind.hpp"
 
 namespace singleflight::detail {
 

@@ -1,4 +1,4 @@
-// singleflight/detail/deadline_list.hpp -- internal; do not include directly.
+// singleflight/detail/group/deadline_list.hpp -- internal; do not include directly.
 //
 // Time and the timer's bookkeeping:
 //   deadline_list   a shard's flights with a pending deadline, earliest first
@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <mutex>
 
-#include "after.hpp"
+#include "../after.hpp"
 #include "flight.hpp"
 
 namespace singleflight::detail {

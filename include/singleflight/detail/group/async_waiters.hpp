@@ -1,4 +1,4 @@
-// singleflight/detail/async_waiters.hpp -- internal; do not include directly.
+// singleflight/detail/group/async_waiters.hpp -- internal; do not include directly.
 //
 // async_calls<Key, T, Hash, KeyEqual>: callers that wait without a thread.
 // An async caller is an async_node linked into the flight's list like a
@@ -28,16 +28,16 @@
 #include <type_traits>
 #include <utility>
 
-#include "../errors.hpp"
-#include "../outcome.hpp"
-#include "../stats.hpp"
-#include "../stop_token.hpp"
+#include "../../errors.hpp"
+#include "../../outcome.hpp"
+#include "../../stats.hpp"
+#include "../../stop_token.hpp"
+#include "../unwind.hpp"
 #include "blocking_calls.hpp"
 #include "fn_shape.hpp"
 #include "hooks.hpp"
 #include "observers.hpp"
 #include "outcomes.hpp"
-#include "unwind.hpp"
 
 namespace singleflight::detail {
 

@@ -1,4 +1,4 @@
-// singleflight/detail/flight_table.hpp -- internal; do not include directly.
+// singleflight/detail/group/flight_table.hpp -- internal; do not include directly.
 //
 // flight_table<Key, T, Hash, KeyEqual>: the bottom layer of a group (see
 // group.hpp for the layers above). It owns the group's state, split into
@@ -42,8 +42,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "../options.hpp"
-#include "../stats.hpp"
+#include "../../options.hpp"
+#include "../../stats.hpp"
 #include "claim.hpp"
 #include "deadline_list.hpp"
 #include "flight.hpp"
