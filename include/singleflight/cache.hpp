@@ -36,13 +36,13 @@
 // — and the choices made where the contract was silent.
 //
 // Files: the options and result types are in cache_options.hpp (included
-// here); the entry table and what reads and writes it in detail/cache_core.hpp
-// (the shared core, a chain of layers: detail/cache_lookup.hpp, the lookup
-// decisions; detail/cache_writes.hpp, put / invalidate / clear and eviction;
-// detail/cache_loads.hpp, the life of a load; detail/cache_loader.hpp, the
-// loader traits), detail/cache_table.hpp (shards), detail/read_gate.hpp (the
-// lock-free hit path), detail/cache_policy.hpp (S3-FIFO),
-// detail/cache_clock.hpp (jitter, XFetch) and detail/refresh_threads.hpp (the
+// here); the entry table and what reads and writes it in detail/cache/cache_core.hpp
+// (the shared core, a chain of layers: detail/cache/cache_lookup.hpp, the lookup
+// decisions; detail/cache/cache_writes.hpp, put / invalidate / clear and eviction;
+// detail/cache/cache_loads.hpp, the life of a load; detail/cache/cache_loader.hpp, the
+// loader traits), detail/cache/cache_table.hpp (shards), detail/cache/read_gate.hpp (the
+// lock-free hit path), detail/cache/cache_policy.hpp (S3-FIFO),
+// detail/cache/cache_clock.hpp (jitter, XFetch) and detail/cache/refresh_threads.hpp (the
 // cache's own threads).
 //
 // Thread safety: every member may be called concurrently from any number of
@@ -51,7 +51,7 @@
 //
 // Locking: the entries are split over shards, each with its own mutex. A hit
 // takes no mutex at all: it reads its shard inside a read section (see
-// detail/read_gate.hpp) and writes only its own stripe's counters and the
+// detail/cache/read_gate.hpp) and writes only its own stripe's counters and the
 // entry's access bits; it allocates nothing. Writers (loads publishing, put,
 // invalidate, eviction) take one shard's mutex and wait for that shard's
 // readers only. No lock of the cache is held while user code runs (the
@@ -76,9 +76,9 @@
 
 #include "cache_options.hpp"  // IWYU pragma: export
 #include "completion.hpp"
-#include "detail/cache_clock.hpp"
-#include "detail/cache_core.hpp"
-#include "detail/refresh_threads.hpp"
+#include "detail/cache/cache_clock.hpp"
+#include "detail/cache/cache_core.hpp"
+#include "detail/cache/refresh_threads.hpp"
 #include "errors.hpp"
 #include "group.hpp"
 #include "hash.hpp"

@@ -1,4 +1,4 @@
-// singleflight/detail/cache_table.hpp -- internal; do not include directly.
+// singleflight/detail/cache/cache_table.hpp -- internal; do not include directly.
 //
 // The sharded entry table of singleflight::cache: what it stores per key
 // (cache_node), the shards (a mutex, a chained hash table, the eviction

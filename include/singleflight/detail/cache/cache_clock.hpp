@@ -1,4 +1,4 @@
-// singleflight/detail/cache_clock.hpp -- internal; do not include directly.
+// singleflight/detail/cache/cache_clock.hpp -- internal; do not include directly.
 //
 // Time arithmetic and randomness for singleflight::cache: saturating
 // time_point + duration (an entry with a ttl of years must not overflow into

@@ -1,4 +1,4 @@
-// singleflight/detail/cache_core.hpp -- internal; do not include directly.
+// singleflight/detail/cache/cache_core.hpp -- internal; do not include directly.
 //
 // cache_core: the state of one singleflight::cache that outlives the cache
 // object while callbacks still run (group::close() does not wait for

@@ -1,4 +1,4 @@
-// singleflight/detail/cache_lookup.hpp -- internal; do not include directly.
+// singleflight/detail/cache/cache_lookup.hpp -- internal; do not include directly.
 //
 // cache_lookup<Key, T, KeyEqual, Clock>: the bottom layer of cache_core (see
 // cache_core.hpp for the layers above). It holds the cache's options (as
@@ -34,7 +34,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "../cache_options.hpp"
+#include "../../cache_options.hpp"
 #include "cache_clock.hpp"
 #include "cache_table.hpp"
 #include "read_gate.hpp"

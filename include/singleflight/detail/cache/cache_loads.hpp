@@ -1,4 +1,4 @@
-// singleflight/detail/cache_loads.hpp -- internal; do not include directly.
+// singleflight/detail/cache/cache_loads.hpp -- internal; do not include directly.
 //
 // cache_loads<Key, T, Hash, KeyEqual, Clock>: the top layer of cache_core
 // (see cache_core.hpp), on cache_writes: the life of a load.
@@ -35,17 +35,17 @@
 #include <type_traits>
 #include <utility>
 
-#include "../cache_options.hpp"
-#include "../completion.hpp"
-#include "../errors.hpp"
-#include "../group.hpp"
-#include "../outcome.hpp"
-#include "../stats.hpp"
-#include "../stop_token.hpp"
+#include "../../cache_options.hpp"
+#include "../../completion.hpp"
+#include "../../errors.hpp"
+#include "../../group.hpp"
+#include "../../outcome.hpp"
+#include "../../stats.hpp"
+#include "../../stop_token.hpp"
+#include "../unwind.hpp"
 #include "cache_clock.hpp"
 #include "cache_loader.hpp"
 #include "cache_writes.hpp"
-#include "unwind.hpp"
 
 namespace singleflight::detail {
 

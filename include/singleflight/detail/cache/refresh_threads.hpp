@@ -1,4 +1,4 @@
-// singleflight/detail/refresh_threads.hpp -- internal; do not include directly.
+// singleflight/detail/cache/refresh_threads.hpp -- internal; do not include directly.
 //
 // refresh_threads: the threads singleflight::cache owns to run background
 // refreshes when its flights have no executor. A refresh must never run on

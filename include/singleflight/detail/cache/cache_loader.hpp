@@ -1,4 +1,4 @@
-// singleflight/detail/cache_loader.hpp -- internal; do not include directly.
+// singleflight/detail/cache/cache_loader.hpp -- internal; do not include directly.
 //
 // The loader vocabulary of singleflight::cache, shared by every layer of
 // cache_core (cache_core.hpp) and by cache.hpp:
@@ -21,9 +21,9 @@
 #include <memory>
 #include <type_traits>
 
-#include "../cache_options.hpp"
-#include "../completion.hpp"
-#include "../stop_token.hpp"
+#include "../../cache_options.hpp"
+#include "../../completion.hpp"
+#include "../../stop_token.hpp"
 
 namespace singleflight::detail {
 

@@ -1,4 +1,4 @@
-// singleflight/detail/cache_writes.hpp -- internal; do not include directly.
+// singleflight/detail/cache/cache_writes.hpp -- internal; do not include directly.
 //
 // cache_writes<Key, T, KeyEqual, Clock>: the second layer of cache_core (see
 // cache_core.hpp), on cache_lookup. Every change to the table that is not a
@@ -28,7 +28,7 @@
 #include <memory>
 #include <utility>
 
-#include "../cache_options.hpp"
+#include "../../cache_options.hpp"
 #include "cache_clock.hpp"
 #include "cache_lookup.hpp"
 #include "cache_policy.hpp"

@@ -1,4 +1,4 @@
-// singleflight/detail/read_gate.hpp -- internal; do not include directly.
+// singleflight/detail/cache/read_gate.hpp -- internal; do not include directly.
 //
 // read_gate: lets singleflight::cache's hit path read a shard without taking
 // its mutex and without writing any cache line another thread writes.

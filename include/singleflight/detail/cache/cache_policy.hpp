@@ -1,4 +1,4 @@
-// singleflight/detail/cache_policy.hpp -- internal; do not include directly.
+// singleflight/detail/cache/cache_policy.hpp -- internal; do not include directly.
 //
 // The eviction policy of one shard of singleflight::cache: S3-FIFO (Yang,
 // Zhang, Qiu, Yue, Vinayak, "FIFO queues are all you need for cache
