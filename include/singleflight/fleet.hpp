@@ -97,7 +97,7 @@
 #include <utility>
 
 #include "codec.hpp"
-#include "detail/fleet_engine.hpp"
+#include "detail/fleet/fleet_engine.hpp"
 #include "errors.hpp"
 #include "group.hpp"
 #include "metrics.hpp"

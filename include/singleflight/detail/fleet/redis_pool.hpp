@@ -1,4 +1,4 @@
-// singleflight/detail/redis_pool.hpp -- internal; do not include directly.
+// singleflight/detail/fleet/redis_pool.hpp -- internal; do not include directly.
 //
 // detail::redis_pool: the fleet's command connections. A call takes one
 // connection for the length of its protocol steps (detail::pooled, RAII) and

@@ -1,4 +1,4 @@
-// singleflight/detail/sha1.hpp -- internal; do not include directly.
+// singleflight/detail/fleet/sha1.hpp -- internal; do not include directly.
 //
 // detail::sha1_hex: the SHA-1 of a string as 40 lowercase hex digits, which
 // is how Redis names a cached Lua script (EVALSHA). Not used for anything that

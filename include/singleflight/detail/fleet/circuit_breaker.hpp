@@ -1,4 +1,4 @@
-// singleflight/detail/circuit_breaker.hpp -- internal; do not include directly.
+// singleflight/detail/fleet/circuit_breaker.hpp -- internal; do not include directly.
 //
 // detail::circuit_breaker: stops a fleet from paying redis_timeout on every
 // call while Redis is down or stalled. Closed, it lets every call through;

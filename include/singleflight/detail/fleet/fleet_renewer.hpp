@@ -1,4 +1,4 @@
-// singleflight/detail/fleet_renewer.hpp -- internal; do not include directly.
+// singleflight/detail/fleet/fleet_renewer.hpp -- internal; do not include directly.
 //
 // detail::lease_renewer: keeps the leases of this process's leaders alive
 // while their loaders run. One thread and one connection of its own; every

@@ -1,4 +1,4 @@
-// singleflight/detail/fleet_hooks.hpp -- internal; do not include directly.
+// singleflight/detail/fleet/fleet_hooks.hpp -- internal; do not include directly.
 //
 // detail::fleet_point and detail::fleet_hook: the points of the fleet protocol
 // where a test may act (tests reach the hook through detail::fleet_test_access

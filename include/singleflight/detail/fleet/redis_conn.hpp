@@ -1,4 +1,4 @@
-// singleflight/detail/redis_conn.hpp -- internal; do not include directly.
+// singleflight/detail/fleet/redis_conn.hpp -- internal; do not include directly.
 //
 // One synchronous hiredis connection with bounded waits, for the fleet layer
 // (fleet.hpp): detail::redis_endpoint (the parsed `redis_uri`),

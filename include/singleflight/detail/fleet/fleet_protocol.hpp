@@ -1,4 +1,4 @@
-// singleflight/detail/fleet_protocol.hpp -- internal; do not include directly.
+// singleflight/detail/fleet/fleet_protocol.hpp -- internal; do not include directly.
 //
 // The fleet's wire protocol: the Redis names of one logical key, the record
 // stored under it, and the five steps (GET, acquire, renew, store,

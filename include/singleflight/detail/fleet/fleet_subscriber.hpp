@@ -1,4 +1,4 @@
-// singleflight/detail/fleet_subscriber.hpp -- internal; do not include directly.
+// singleflight/detail/fleet/fleet_subscriber.hpp -- internal; do not include directly.
 //
 // detail::fleet_subscriber: the fleet's one pub/sub connection and the thread
 // that owns it. A follower that lost the lease race takes a `watch` on its

@@ -1,4 +1,4 @@
-// singleflight/detail/fleet_engine.hpp -- internal; do not include directly.
+// singleflight/detail/fleet/fleet_engine.hpp -- internal; do not include directly.
 //
 // detail::fleet_engine: everything of a fleet that does not depend on its
 // Key and T: the settings, the counters, the command connection pool, the

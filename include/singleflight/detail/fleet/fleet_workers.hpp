@@ -1,4 +1,4 @@
-// singleflight/detail/fleet_workers.hpp -- internal; do not include directly.
+// singleflight/detail/fleet/fleet_workers.hpp -- internal; do not include directly.
 //
 // detail::fleet_workers: the threads on which a fleet runs the flights that
 // async_get / co_get start (the Redis round trips, the waits for another
