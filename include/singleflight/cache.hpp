@@ -341,13 +341,10 @@ class cache {
 
   // ---- keys -----------------------------------------------------------------
 
-  // Probes that hash and compare like Key are used as they are; anything
-  // else is converted to Key once, before any lock.
+  // Whether K probes the table as it is (hash.hpp); otherwise it is converted
+  // to Key once, before any lock.
   template <class K>
-  static constexpr bool direct_probe = std::same_as<std::remove_cvref_t<K>, Key> ||
-                                       (std::same_as<Hash, default_hash> &&
-                                        std::same_as<KeyEqual, std::equal_to<>> &&
-                                        detail::string_like<K> && detail::string_like<Key>);
+  static constexpr bool direct_probe = detail::direct_probe<K, Key, Hash, KeyEqual>;
 
   template <class K, class F>
   static decltype(auto) with_key(const K& key, F&& f) {

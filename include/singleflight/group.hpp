@@ -583,15 +583,10 @@ class group : private detail::async_calls<Key, T, Hash, KeyEqual> {
   singleflight::stats stats() const { return self().snapshot(); }
 
  private:
-  // K may be used to probe the table directly only when hashing and comparing
-  // it is known to agree with Key: the same type, or strings under the
-  // default (transparent) hash and equality. Anything else is converted to
-  // Key once, before the lock is taken.
+  // Whether K probes the table as it is (hash.hpp); otherwise it is converted
+  // to Key once, before the lock is taken.
   template <class K>
-  static constexpr bool direct_probe = std::same_as<std::remove_cvref_t<K>, Key> ||
-                                       (std::same_as<Hash, default_hash> &&
-                                        std::same_as<KeyEqual, std::equal_to<>> &&
-                                        detail::string_like<K> && detail::string_like<Key>);
+  static constexpr bool direct_probe = detail::direct_probe<K, Key, Hash, KeyEqual>;
 
   // stats() and in_flight() are const; the locks they take are not.
   core& self() const noexcept { return const_cast<group&>(*this); }

@@ -86,4 +86,18 @@ struct default_hash {
   }
 };
 
+namespace detail {
+
+// direct_probe<K, Key, Hash, KeyEqual>: whether a table of Key hashed by Hash and compared by
+// KeyEqual may be probed with a K as it is: when K is Key, or when both are strings under the
+// default (transparent) hash and equality, whose hashes are known to agree. Any other probe is
+// converted to Key once, before a lock is taken.
+template <class K, class Key, class Hash, class KeyEqual>
+inline constexpr bool direct_probe = std::same_as<std::remove_cvref_t<K>, Key> ||
+                                     (std::same_as<Hash, default_hash> &&
+                                      std::same_as<KeyEqual, std::equal_to<>> && string_like<K> &&
+                                      string_like<Key>);
+
+}  // namespace detail
+
 }  // namespace singleflight
