@@ -42,8 +42,8 @@
 // detail/cache/cache_loads.hpp, the life of a load; detail/cache/cache_loader.hpp, the
 // loader traits), detail/cache/cache_table.hpp (shards), detail/cache/read_gate.hpp (the
 // lock-free hit path), detail/cache/cache_policy.hpp (S3-FIFO),
-// detail/cache/cache_clock.hpp (jitter, XFetch) and detail/cache/refresh_threads.hpp (the
-// cache's own threads).
+// detail/cache/cache_clock.hpp (jitter, XFetch) and detail/worker_threads.hpp (the
+// cache's own refresh threads).
 //
 // Thread safety: every member may be called concurrently from any number of
 // threads, except the destructor (not concurrently with anything, not from a
@@ -78,7 +78,8 @@
 #include "completion.hpp"
 #include "detail/cache/cache_clock.hpp"
 #include "detail/cache/cache_core.hpp"
-#include "detail/cache/refresh_threads.hpp"
+#include "detail/resume_gate.hpp"
+#include "detail/worker_threads.hpp"
 #include "errors.hpp"
 #include "group.hpp"
 #include "hash.hpp"
@@ -558,8 +559,9 @@ class cache {
         using Ld = std::decay_t<L>;
         auto hand_off = [this, k = key_of(key), m, ld = Ld(std::forward<L>(loader))](
                             stop_token st, completion<loaded_t> d) mutable {
-          threads_.post(std::make_unique<refresh_job<Ld>>(
-              core_.get(), std::move(k), m, std::move(ld), std::move(st), std::move(d)));
+          std::unique_ptr<detail::worker_threads::job> j = std::make_unique<refresh_job<Ld>>(
+              core_.get(), std::move(k), m, std::move(ld), std::move(st), std::move(d));
+          (void)threads_.post(j);  // after close(): j dies here, unrun (its completion breaks)
         };
         group_.async_do(key, std::move(hand_off), std::move(done));
       }
@@ -569,7 +571,7 @@ class cache {
   }
 
   template <class Ld>
-  struct refresh_job final : detail::refresh_threads::job {
+  struct refresh_job final : detail::worker_threads::job {
     refresh_job(core* c_in, Key k, std::uint64_t m_in, Ld ld, stop_token st_in,
                 completion<loaded_t> d)
         : c(c_in),
@@ -698,29 +700,25 @@ class cache {
       // the outcome is already there.
       bool await_ready() const noexcept { return false; }
       bool await_suspend(std::coroutine_handle<> h) {
-        handle_ = h;
+        gate_.arm(h);
         c_->async_get(
             *key_, *loader_,
             [this](outcome<T> o) noexcept {
               result_.emplace(std::move(o));
-              if (phase_.exchange(ready, std::memory_order_acq_rel) == suspended) handle_.resume();
+              gate_.complete();
             },
             std::move(caller_));
-        // Memory ordering: acq_rel on both exchanges, so the outcome written
-        // before one side's exchange is visible to whoever resumes.
-        return phase_.exchange(suspended, std::memory_order_acq_rel) != ready;
+        return gate_.suspend();
       }
       T await_resume() { return std::move(*result_).value(); }
 
      private:
-      enum : unsigned char { starting, suspended, ready };
       cache* c_;
       const K* key_;
       L* loader_;
       stop_token caller_;
-      std::coroutine_handle<> handle_;
       std::optional<outcome<T>> result_;
-      std::atomic<unsigned char> phase_{starting};
+      detail::resume_gate gate_;
     };
 
     awaiter operator co_await() && { return awaiter(c_, *key_, *loader_, std::move(caller_)); }
@@ -750,7 +748,7 @@ class cache {
   std::atomic<bool> closed_{false};
   bool group_has_executor_ = false;
   group_t group_;
-  detail::refresh_threads threads_;  // declared after group_: destroyed (joined) first
+  detail::worker_threads threads_;  // declared after group_: destroyed (joined) first
 };
 
 }  // namespace singleflight

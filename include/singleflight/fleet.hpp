@@ -98,6 +98,7 @@
 
 #include "codec.hpp"
 #include "detail/fleet/fleet_engine.hpp"
+#include "detail/resume_gate.hpp"
 #include "errors.hpp"
 #include "group.hpp"
 #include "metrics.hpp"
@@ -415,7 +416,7 @@ class fleet {
   void close() {
     // Relaxed: healthy() only reports it; nothing is ordered by it.
     closed_.store(true, std::memory_order_relaxed);
-    if (engine_->workers.on_worker()) {
+    if (engine_->workers.on_own_thread()) {
       // On a worker (a loader or on_done of an async flight): stop
       // everything, wait for nothing; the destructor joins.
       (void)group_.close_for(std::chrono::milliseconds(0));
@@ -781,8 +782,9 @@ class fleet {
     Loader load;
 
     void operator()(std::stop_token st, completion<T> done) {
-      detail::unique_job job([self = self, text = std::move(text), load = std::move(load),
-                              st = std::move(st), done = std::move(done)]() mutable {
+      auto job = detail::worker_threads::make_job([self = self, text = std::move(text),
+                                                   load = std::move(load), st = std::move(st),
+                                                   done = std::move(done)]() mutable {
         try {
           done.set_value(self->run(text, load, st));
         } catch (...) {
@@ -791,7 +793,7 @@ class fleet {
           done.set_exception(p);
         }
       });
-      if (!self->engine_->workers.submit(job)) throw closed_error();
+      if (!self->engine_->workers.post(job)) throw closed_error();
     }
   };
 
@@ -806,34 +808,26 @@ class fleet {
     bool await_ready() const noexcept { return false; }
 
     bool await_suspend(std::coroutine_handle<> h) {
-      handle_ = h;
+      gate_.arm(h);
       self_->async_get(
           key_, std::move(load_),
           [this](outcome<T> o) {
             result_.emplace(std::move(o));
-            // acq_rel: the release publishes result_ to the thread that
-            // resumes; the acquire sees await_suspend's writes (handle_).
-            if (state_.exchange(done, std::memory_order_acq_rel) == suspended) handle_.resume();
+            gate_.complete();
           },
           caller_);
-      // If the callback already ran, do not suspend (it did not resume us).
-      return state_.exchange(suspended, std::memory_order_acq_rel) != done;
+      return gate_.suspend();
     }
 
     T await_resume() { return std::move(*result_).value(); }
 
    private:
-    static constexpr int initial = 0;
-    static constexpr int suspended = 1;
-    static constexpr int done = 2;
-
     fleet* self_;
     Key key_;
     Loader load_;
     std::stop_token caller_;
-    std::coroutine_handle<> handle_;
     std::optional<outcome<T>> result_;
-    std::atomic<int> state_{initial};
+    detail::resume_gate gate_;
   };
 
   group<Key, T> group_;

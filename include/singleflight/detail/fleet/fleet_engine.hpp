@@ -22,12 +22,12 @@
 #include <string>
 #include <string_view>
 
+#include "../worker_threads.hpp"
 #include "circuit_breaker.hpp"
 #include "fleet_hooks.hpp"
 #include "fleet_protocol.hpp"
 #include "fleet_renewer.hpp"
 #include "fleet_subscriber.hpp"
-#include "fleet_workers.hpp"
 #include "redis_conn.hpp"
 #include "redis_pool.hpp"
 
@@ -121,7 +121,7 @@ class fleet_engine {
   circuit_breaker breaker;
   fleet_subscriber subscriber;
   lease_renewer renewer;
-  fleet_workers workers;
+  worker_threads workers;
 
  private:
   static std::uint64_t seed() {

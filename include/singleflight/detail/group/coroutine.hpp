@@ -4,13 +4,12 @@
 // the awaiting coroutine's frame (no allocation per join), and the awaitable
 // that co_do returns. Core is the group's async layer (async_calls).
 //
-// Who resumes the coroutine is decided by a two-party exchange on `phase`:
-// the thread delivering the outcome, if await_suspend has finished
-// (`suspended`); otherwise await_suspend itself, by not suspending. Nothing
+// Who resumes the coroutine is decided by the node's resume_gate
+// (../resume_gate.hpp): the thread delivering the outcome, if await_suspend
+// has finished; otherwise await_suspend itself, by not suspending. Nothing
 // here takes a lock; the node is attached and detached through Core.
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <coroutine>
 #include <exception>
@@ -20,6 +19,7 @@
 
 #include "../../stats.hpp"
 #include "../../stop_token.hpp"
+#include "../resume_gate.hpp"
 
 namespace singleflight::detail {
 
@@ -29,7 +29,6 @@ inline constexpr bool dependent_false = false;
 template <class Core, class P, class F>
 struct coroutine_node final : Core::async_node {
   using node = typename Core::async_node;
-  enum : unsigned char { starting, suspended, ready };
 
   coroutine_node(Core* grp, const P& k, std::remove_reference_t<F>& f_in, stop_token tok) noexcept
       : node(grp, std::move(tok)), key(&k), fn(&f_in) {
@@ -38,15 +37,11 @@ struct coroutine_node final : Core::async_node {
   }
   const P* key;
   std::remove_reference_t<F>* fn;
-  std::coroutine_handle<> handle;
-  // Memory ordering: acq_rel on both exchanges, so the outcome written
-  // before one side's exchange is visible to whoever resumes the coroutine
-  // after the other's.
-  std::atomic<unsigned char> phase{starting};
+  resume_gate gate;
 
   static void complete_fn(node* b) noexcept {
     auto* n = static_cast<coroutine_node*>(b);
-    if (n->phase.exchange(ready, std::memory_order_acq_rel) == suspended) n->handle.resume();
+    n->gate.complete();
   }
   static void again_fn(node* b) noexcept {
     auto* n = static_cast<coroutine_node*>(b);
@@ -75,12 +70,12 @@ class co_awaiter {
   // already there. Throws, with nothing attached, what Hash, KeyEqual, Key's
   // copy or allocation throw.
   bool await_suspend(std::coroutine_handle<> h) {
-    node_.handle = h;
+    node_.gate.arm(h);
     node_.m = Core::mix(node_.g->hash_key(*node_.key));
     node_.g->start(&node_, *node_.key, std::forward<F>(*node_.fn),
                    typename Core::template no_keep<P>{});
     // The last touch of this awaiter by this thread when it suspends.
-    return node_.phase.exchange(node_t::suspended, std::memory_order_acq_rel) != node_t::ready;
+    return node_.gate.suspend();
   }
 
   value_type await_resume() {
