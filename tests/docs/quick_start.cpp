@@ -1,0 +1,24 @@
+// The README's quick start, verbatim between the markers (ctest docs.snippets checks it):
+// built and run as ctest docs.quick_start, which checks its output (one origin call).
+// --- snippet: quick-start ---
+#include <singleflight/singleflight.hpp>
+
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+int main() {
+  singleflight::group<std::string, std::string> profiles;
+  std::vector<std::thread> requests;
+  for (int i = 0; i < 100; ++i)
+    requests.emplace_back([&] {
+      profiles.do_("tenant-7|user-42|en-GB|v3", [] {  // key: everything that changes the result
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the slow origin
+        return std::string("profile of user 42");
+      });
+    });
+  for (std::thread& r : requests) r.join();
+  std::cout << profiles.stats().calls << " calls, " << profiles.stats().flights << " origin call\n";
+}
+// --- end snippet ---
