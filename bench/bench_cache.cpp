@@ -10,7 +10,7 @@
 //                    origin per expiry, after warm-up, for
 //                      lib_swr      cache with stale_while_revalidate
 //                      lib_xfetch   cache with early_refresh_beta = 1 (no SWR)
-//                      lib_both     both (what the README recommends)
+//                      lib_both     both (what docs/cache.md recommends)
 //                      naive        cache-aside: map + mutex, load on miss
 //                      group_only   a map + mutex in front of a group (misses coalesce)
 //   cache_failing    16 keys, 8 readers, the origin failing for 10 s (ttl 1 s,

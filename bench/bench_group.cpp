@@ -692,7 +692,7 @@ void register_distinct_mt() {
 }
 
 // The library with a chosen shard count, at 1 and 2 threads (the scaling the
-// README reports against the shard count).
+// docs/performance.md reports against the shard count).
 void register_distinct_mt_shards() {
   for (std::size_t n : {256u, 4096u, 16384u}) {
     benchmark::RegisterBenchmark(

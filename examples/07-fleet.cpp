@@ -14,7 +14,7 @@
 // old value at once while one background refresh per process asks the fleet; the fleet turns
 // the refreshes of all processes into one origin call per key when the value in Redis has
 // expired, and into a Redis hit (no origin call) while it lives. value_ttl is at least the
-// cache's longest window (ttl·(1 + jitter) + stale_while_revalidate): see README, "Fleet".
+// cache's longest window (ttl·(1 + jitter) + stale_while_revalidate): see docs/fleet.md.
 //
 // The parent runs rounds on a schedule: a cold start, then E times a round where the caches
 // are stale but the Redis value lives, and a round where the caches are stale and the Redis
@@ -60,7 +60,7 @@ using steady = std::chrono::steady_clock;
 
 // The two layers' windows. The cache's longest window (the latest a process refreshes a value
 // it took from Redis, if a reader comes) is ttl·(1 + jitter) + stale_while_revalidate; the
-// value lives in Redis at least that long (README, "Fleet": which ttl goes where).
+// value lives in Redis at least that long (docs/fleet.md: which ttl goes where).
 constexpr auto origin_time = 200ms;
 constexpr auto cache_ttl = 1000ms;
 constexpr double cache_jitter = 0.1;

@@ -812,7 +812,7 @@ TEST_CASE("co_do resumes on the thread that settles the flight, not on the io_co
 
 // co_do's awaitable is not an asio::awaitable: Asio's coroutine promise only accepts its own
 // awaitables (await_transform), so inside asio::awaitable use
-// singleflight::async_do(g, key, fn, asio::use_awaitable) (the README says so).
+// singleflight::async_do(g, key, fn, asio::use_awaitable) (docs/async.md says so).
 template <class Promise, class Awaitable>
 concept asio_accepts = requires(Promise& p, Awaitable&& a) {
   p.await_transform(std::forward<Awaitable>(a));
@@ -821,7 +821,7 @@ using asio_promise = std::coroutine_traits<asio::awaitable<int>>::promise_type;
 using co_do_awaitable = decltype(std::declval<group_t&>().co_do(
     std::declval<const std::string&>(), std::declval<decltype(std::declval<parked&>().fn())&>()));
 static_assert(!asio_accepts<asio_promise, co_do_awaitable>,
-              "Asio now accepts co_do inside asio::awaitable: update README (Async, Asio)");
+              "Asio now accepts co_do inside asio::awaitable: update docs/async.md (Asio)");
 static_assert(asio_accepts<asio_promise, asio::awaitable<int>>);
 
 namespace {

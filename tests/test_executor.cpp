@@ -445,7 +445,7 @@ TEST_CASE("executor_throwing_after_handoff_keeps_one_fn_per_key", "[executor][th
     });
   });
   sftest::must([&] { return fn1_started.load(); }, "fn 1 started");
-  // The flight fails with the executor's exception (README: "An executor
+  // The flight fails with the executor's exception (docs/group.md: "An executor
   // that throws after keeping the task fails the flight with that
   // exception"), so the first caller returns with it while fn 1 still runs.
   sftest::finish(t1, r1, "first caller got the executor's exception");

@@ -1,4 +1,4 @@
-// The cache in front of the fleet (README "Fleet": the two layers composed): a
+// The cache in front of the fleet (docs/fleet.md, "The cache in front of the fleet"): a
 // singleflight::cache whose loader is fleet.get. Two caches stand for two processes, each over
 // its own fleet object (its own connection pool, subscriber and renewer), against the shared
 // redis-server of SINGLEFLIGHT_TEST_REDIS (skipped without it). The caches run on a manual
@@ -88,7 +88,7 @@ struct process {
     return cache.get(key, through_fleet(key, std::move(origin)));
   }
 
-  // The only correct order: see README "Fleet" and the test "invalidating the cache first".
+  // The only correct order: see docs/fleet.md and the test "invalidating the cache first".
   void invalidate(const std::string& key) {
     (void)fleet.invalidate(key);
     (void)cache.invalidate(key);

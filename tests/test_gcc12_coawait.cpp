@@ -1,4 +1,4 @@
-// The GCC 12 co_await trap (README, Async; group::co_do's comment): GCC 12 destroys twice a
+// The GCC 12 co_await trap (docs/async.md; group::co_do's comment): GCC 12 destroys twice a
 // temporary whose members are initialised in place (a lambda closure with captures, a braced
 // aggregate) when it is written inside a co_await expression: it copies the temporary bitwise
 // into the coroutine frame and runs the destructor on both. With a std::string capture that is
@@ -11,8 +11,8 @@
 //  * the workaround (fn named first, passed as an lvalue or moved) destroys every capture
 //    exactly once, on every compiler, whether co_do completes inline or suspends;
 //  * the canary pins the trap where CI runs: one destruction too many with GCC 12, none with
-//    clang. When a GCC 12 update fixes it, the canary fails: update the README and co_do's
-//    comment then.
+//    clang. When a GCC 12 update fixes it, the canary fails: update docs/async.md,
+//    docs/compilers.md and co_do's comment then.
 #include <singleflight/singleflight.hpp>
 
 #include <atomic>
@@ -171,7 +171,7 @@ TEST_CASE("GCC 12 canary: a temporary written inside the co_await expression is 
                                       << ", named fn " << named_extra);
   REQUIRE(named_extra == 0);  // the workaround, on every compiler
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ == 12
-  // Still there: the README's GCC 12 note and co_do's comment are still needed.
+  // Still there: the GCC 12 note in docs/async.md and co_do's comment are still needed.
   REQUIRE(lambda_extra == 1);
   REQUIRE(key_extra == 1);
 #elif defined(__clang__)

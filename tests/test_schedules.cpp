@@ -720,7 +720,7 @@ namespace {
 // A KeyEqual that parks the comparison, under the group's lock, on the one
 // thread that armed it: a way to hold the group's lock still while other
 // threads line up behind it. (KeyEqual runs under the lock during lookups:
-// README, "Choices where the contract was silent".)
+// docs/group.md, "Choices".)
 struct equal_park {
   gate parked;
   gate release;

@@ -4,7 +4,7 @@
 // tests/modules/) and failed on the code before the fix (a hang aborts with
 // the name of the bounded wait; a terminate or a wrong exception fails).
 //
-// The rule (group.hpp, README "Re-entrancy"):
+// The rule (group.hpp, docs/async.md "Re-entrancy"):
 //   * every flight a step settles has its token stopped before any waiter of
 //     that step is notified;
 //   * callbacks and resumptions never run on the group's timer thread;

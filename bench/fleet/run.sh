@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/fleet/run.sh: the fleet's measurements (README "Fleet", Performance).
+# bench/fleet/run.sh: the fleet's measurements (docs/fleet.md, "Failures, measured").
 #   1. builds bench_fleet and fleet_driver (Release, `cmake --preset bench`);
 #   2. starts a redis-server on a free loopback port (temp dir, pidfile, --save ''
 #      --appendonly no), stopped by pid on exit, and runs bench_fleet against it (Google

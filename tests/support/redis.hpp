@@ -59,7 +59,7 @@ inline std::string need_redis() {
   if (uri == nullptr || *uri == '\0') {
     std::fprintf(stderr,
                  "SKIPPED: this test needs a Redis server: set SINGLEFLIGHT_TEST_REDIS="
-                 "tcp://127.0.0.1:PORT (see README, Fleet: running the tests)\n");
+                 "tcp://127.0.0.1:PORT (see docs/fleet.md: running the fleet tests locally)\n");
     std::fflush(stderr);
     std::exit(skip_code);
   }
