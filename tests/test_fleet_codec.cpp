@@ -52,6 +52,9 @@ TEST_CASE("codec round-trips strings and every arithmetic type, extremes include
   CHECK(round_trip(0.1) == 0.1);  // shortest round-trip form, exact
   CHECK(round_trip(-1.5e300) == -1.5e300);
   CHECK(round_trip(3.25f) == 3.25f);
+  CHECK(round_trip(std::numeric_limits<double>::denorm_min()) ==
+        std::numeric_limits<double>::denorm_min());
+  CHECK(round_trip(std::numeric_limits<double>::max()) == std::numeric_limits<double>::max());
 }
 
 TEST_CASE("codec decode rejects what is not an encoding of the type (no wrong T)",
@@ -63,6 +66,8 @@ TEST_CASE("codec decode rejects what is not an encoding of the type (no wrong T)
   CHECK_THROWS_AS(sf::codec<unsigned>{}.decode("-1"), sf::decode_error);
   CHECK_THROWS_AS(sf::codec<bool>{}.decode("true"), sf::decode_error);
   CHECK_THROWS_AS(sf::codec<double>{}.decode("1.0x"), sf::decode_error);
+  CHECK_THROWS_AS(sf::codec<double>{}.decode("1e99999"), sf::decode_error);  // out of range
+  CHECK_THROWS_AS(sf::codec<double>{}.decode("+1"), sf::decode_error);
   CHECK_THROWS_AS(sf::codec<char>{}.decode("300"), sf::decode_error);
 }
 
