@@ -6,8 +6,9 @@
 // decisions (when to race, wait, load, give up) are fleet.hpp's; this file
 // only says what goes over the wire. No state, no lock.
 //
-// Names of the logical key K under prefix P (one hash tag, so that every
-// script touches one Redis Cluster slot):
+// Names of the logical key K under prefix P (one hash tag, so that each
+// script touches the names of one slot, as Redis Cluster requires; a fleet
+// itself talks to one node: fleet_options::redis_uri):
 //   {P:K}:v   the record: a value or an error marker, with a TTL
 //   {P:K}:l   the lease: a random token, SET NX PX lease_ttl
 //   {P:K}:m   metadata hash: `fence` (the fencing counter) and `gen` (the
