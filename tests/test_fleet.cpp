@@ -266,7 +266,10 @@ TEST_CASE(
   sftest::result<std::string> rb;
   auto tb = sftest::spawn(rb, [&] { return b.get("k", [] { return std::string("after"); }); });
   sftest::must([&] { return pb.waiting.load() >= 1; }, "b waits for a");
-  CHECK(admin.invalidate("k") == 1);
+  // a's lease read this generation; invalidate() bumps it by one.
+  const auto seen = client.command({"HGET", d::fleet_names::of(prefix, "k").meta, "gen"});
+  REQUIRE_FALSE(seen.nil());
+  CHECK(admin.invalidate("k") == std::stoull(seen.str) + 1);
   origin.release.open();
   sftest::finish(ta, ra, "a");
   sftest::finish(tb, rb, "b");

@@ -30,7 +30,13 @@
 //     process loads for itself, coalescing its own callers as a group does;
 //   * a follower that waited max_wait loads for itself;
 //   * a value under the key that is not a record of this fleet's codec
-//     (corrupt, truncated, foreign, another Redis type) is a miss.
+//     (corrupt, truncated, foreign, another Redis type) is a miss; foreign
+//     data under the lease or metadata names is taken over;
+//   * a race whose reply was lost (a timeout) leaves no lease behind: its
+//     tombstone stops it from taking one if it runs later;
+//   * a value that cannot be stored (over max_value_bytes, refused by Redis,
+//     an encode that throws) is returned to its callers; the lease is
+//     released and the followers load for themselves at once.
 // Do not use it to make a side effect happen once: two loads of one key can
 // overlap (a paused leader resumes while its successor loads). That needs a
 // lock service whose fencing token the *side effect's target* checks (etcd,
@@ -39,19 +45,19 @@
 //
 // The protocol (docs/fleet.md has it as a sequence; detail/fleet/
 // fleet_flight.hpp runs it): in each process a `group<Key, T>` coalesces the
-// callers first, so one flight per key talks to Redis. The flight GETs the value (a hit: one round
-// trip); on a miss it races for the lease in one script (re-read the value; SET lease NX PX
-// lease_ttl; INCR the fence; read the generation). The winner renews the
-// lease every renew_every (another thread), runs the loader, and stores the
-// value in one script that checks its fence is the newest and the generation
-// unchanged, releases the lease and PUBLISHes. A loser SUBSCRIBEs, races
-// again once the subscription is confirmed (the race re-reads the value
-// first, so a publish before the confirmation is not lost, nor a lease
-// released without a value), waits up to wait_slice for the message, and
-// races again (a dead leader's lease expires meanwhile); after max_wait it
-// loads for itself. A failed load publishes its error, so followers fail at
-// once with remote_load_error instead of loading again (and stores it for
-// error_ttl when that is > 0).
+// callers first, so one flight per key talks to Redis. The flight GETs the
+// value (a hit: one round trip); on a miss it races for the lease in one
+// script (re-read the value; SET lease NX PX lease_ttl; INCR the fence; read
+// the generation). The winner renews the lease every renew_every (another
+// thread), runs the loader, and stores the value in one script that checks
+// its fence is the newest and the generation unchanged, releases the lease
+// and PUBLISHes. A loser SUBSCRIBEs, races again once the subscription is
+// confirmed (the race re-reads the value first, so a publish before the
+// confirmation is not lost, nor a lease released without a value), waits up
+// to wait_slice for the message, and races again (a dead leader's lease
+// expires meanwhile); after max_wait it loads for itself. A failed load
+// publishes its error, so followers fail at once with remote_load_error
+// instead of loading again (and stores it for error_ttl when that is > 0).
 //
 // Threads: a fleet owns one subscriber thread (pub/sub), one lease renewer
 // thread and, for async_get/co_get, a pool of worker threads (one per
@@ -165,7 +171,8 @@ class fleet {
   // locally).
   explicit fleet(fleet_options opts = {}, Codec codec = Codec{}, KeyCodec key_codec = KeyCodec{})
       : group_(opts.local),
-        engine_(std::make_unique<detail::fleet_engine>(detail::fleet_config::of(opts))),
+        engine_(std::make_unique<detail::fleet_engine>(
+            detail::fleet_config::of(opts, detail::codec_tag<Codec>()))),
         codec_(std::move(codec)),
         key_codec_(std::move(key_codec)),
         tag_(detail::codec_tag<Codec>()) {}

@@ -89,6 +89,25 @@ struct fleet_options {
   // Idle command connections kept for reuse (more are opened when needed).
   std::size_t max_idle_connections = 8;
 
+  // The largest record (the codec's bytes plus about 60 bytes of header) a
+  // leader stores. A larger value is returned to its callers but not stored
+  // (counted: oversized_values); the lease is released at once and the
+  // followers load for themselves. 0 (the default): no limit but the
+  // server's (proto-max-bulk-len, 512 MB by default; a store the server
+  // refuses ends the same way).
+  std::size_t max_value_bytes = 0;
+
+  // Replication: with replicas > 0, invalidate() returns only once that many
+  // replicas acknowledged it (WAIT, at most replica_timeout), and throws
+  // fleet_error when fewer did (the invalidation is applied on the primary,
+  // but a failover to a replica that missed it would undo it); a leader's
+  // store waits the same way (a store fewer replicas acknowledged is counted:
+  // replica_timeouts; its callers get their value either way). 0 (the
+  // default): no WAIT, a failover may lose the latest invalidations and
+  // stores (docs/fleet.md, "Replicas and failover").
+  std::uint32_t replicas = 0;
+  std::chrono::milliseconds replica_timeout{100};
+
   // The local group in front (owner, timeout, max_in_flight, executor).
   options local;
 };
@@ -117,6 +136,11 @@ struct fleet_stats {
   std::uint64_t remote_failures = 0;     // flights failed with another process's error
   std::uint64_t origin_calls = 0;        // loader calls here (leader + local_fallback)
   std::uint64_t breaker_opens = 0;       // times the circuit breaker opened
+  std::uint64_t oversized_values = 0;    // values over max_value_bytes: returned, not stored
+  std::uint64_t publish_failures = 0;    // scripts that wrote but could not PUBLISH (ACL
+                                         // without channel rights): followers wait wait_slice
+  std::uint64_t replica_timeouts = 0;    // invalidations and stores fewer than `replicas`
+                                         // replicas acknowledged within replica_timeout
 };
 
 // remote_load_error
@@ -178,6 +202,15 @@ inline constexpr std::array fleet_metrics{
                                         "Loader calls in this process"),
     counter<&fleet_stats::breaker_opens>("singleflight_fleet_breaker_opens_total",
                                          "Times the circuit breaker opened"),
+    counter<&fleet_stats::oversized_values>(
+        "singleflight_fleet_oversized_values_total",
+        "Values over max_value_bytes: returned to their callers, not stored"),
+    counter<&fleet_stats::publish_failures>(
+        "singleflight_fleet_publish_failures_total",
+        "Scripts that wrote but could not publish (no channel rights)"),
+    counter<&fleet_stats::replica_timeouts>(
+        "singleflight_fleet_replica_timeouts_total",
+        "Invalidations and stores fewer replicas than configured acknowledged in time"),
 };
 
 }  // namespace metrics

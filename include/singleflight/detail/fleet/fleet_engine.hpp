@@ -19,11 +19,13 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <system_error>
 
 #include "../../fleet_options.hpp"
 #include "../worker_threads.hpp"
@@ -54,10 +56,15 @@ struct fleet_config {
   std::uint32_t breaker_threshold = 3;
   std::chrono::milliseconds breaker_cooldown{};
   std::size_t max_idle_connections = 8;
+  std::size_t max_value_bytes = 0;
+  std::uint32_t replicas = 0;
+  std::chrono::milliseconds replica_timeout{};
 
-  // of(o): o's settings with their defaults resolved. Throws
-  // std::invalid_argument for settings that cannot work (fleet_options).
-  static fleet_config of(const fleet_options& o) {
+  // of(o, tag): o's settings with their defaults resolved, for a codec whose
+  // tag is `tag`. Throws std::invalid_argument for settings that cannot work
+  // (fleet_options), and for a tag with '|' (a record's field separator: no
+  // record with it would ever read back).
+  static fleet_config of(const fleet_options& o, std::string_view tag) {
     using ms = std::chrono::milliseconds;
     const auto need = [](bool ok, const char* what) {
       if (!ok) throw std::invalid_argument(std::string("singleflight::fleet_options: ") + what);
@@ -70,6 +77,12 @@ struct fleet_config {
     need(o.value_ttl > ms(0), "value_ttl must be positive (the shared value needs a lifetime)");
     need(o.error_ttl >= ms(0), "error_ttl must not be negative");
     need(o.breaker_cooldown >= ms(0), "breaker_cooldown must not be negative");
+    need(o.replicas == 0 || o.replica_timeout > ms(0),
+         "replica_timeout must be positive when replicas > 0");
+    if (tag.find('|') != std::string_view::npos) {
+      throw std::invalid_argument("singleflight::fleet: the codec's tag \"" + std::string(tag) +
+                                  "\" holds '|', the record's field separator");
+    }
     fleet_config c;
     c.endpoint = redis_endpoint::parse(o.redis_uri);
     c.username = o.username;
@@ -89,6 +102,9 @@ struct fleet_config {
     c.breaker_threshold = o.breaker_threshold;
     c.breaker_cooldown = o.breaker_cooldown;
     c.max_idle_connections = o.max_idle_connections;
+    c.max_value_bytes = o.max_value_bytes;
+    c.replicas = o.replicas;
+    c.replica_timeout = o.replica_timeout;
     return c;
   }
 };
@@ -107,6 +123,9 @@ struct fleet_counters {
   std::atomic<std::uint64_t> redis_errors{0};
   std::atomic<std::uint64_t> remote_failures{0};
   std::atomic<std::uint64_t> origin_calls{0};
+  std::atomic<std::uint64_t> oversized_values{0};
+  std::atomic<std::uint64_t> publish_failures{0};
+  std::atomic<std::uint64_t> replica_timeouts{0};
 
   static void bump(std::atomic<std::uint64_t>& c) noexcept {
     // Relaxed: a counter orders nothing; readers want its value, not what
@@ -156,20 +175,64 @@ class fleet_engine {
   }
 
   // invalidate(text): the invalidate script for the key whose codec text is
-  // `text`; the key's new generation. Throws fleet_error when Redis cannot be
-  // reached (counted as a Redis error and a breaker failure), std::bad_alloc.
+  // `text` (and, with cfg.replicas, WAIT for them); the key's new generation.
+  // Throws fleet_error when Redis cannot be reached (counted as a Redis error
+  // and a breaker failure) or fewer replicas than cfg.replicas acknowledged in
+  // time (counted: replica_timeouts), std::bad_alloc. A refused PUBLISH (an ACL
+  // without channel rights) is counted, not thrown: the invalidation applied.
   std::uint64_t invalidate(std::string_view text) {
     const fleet_names names = fleet_names::of(cfg.key_prefix, text);
+    std::uint64_t gen = 0;
+    long long acked = 0;
     try {
       pooled c = pool.acquire();
-      const std::uint64_t gen = detail::invalidate(*c, names, cfg.meta_ttl);
+      bool published = true;
+      gen = detail::invalidate(*c, names, cfg.meta_ttl, published);
+      if (!published) fleet_counters::bump(counters.publish_failures);
+      if (cfg.replicas > 0)
+        acked = wait_replicas(*c, cfg.replicas, cfg.replica_timeout, cfg.redis_timeout);
       breaker.success();
-      return gen;
     } catch (const redis_failure& e) {
       fleet_counters::bump(counters.redis_errors);
       (void)breaker.failure();
       throw fleet_error(std::string("singleflight::fleet::invalidate: Redis unreachable: ") +
                         e.what());
+    }
+    if (cfg.replicas > 0 && acked < static_cast<long long>(cfg.replicas)) {
+      fleet_counters::bump(counters.replica_timeouts);
+      throw fleet_error(
+          "singleflight::fleet::invalidate: applied on the primary, but " + std::to_string(acked) +
+          " of " + std::to_string(cfg.replicas) + " replicas acknowledged it within " +
+          std::to_string(cfg.replica_timeout.count()) + " ms: a failover now may undo it");
+    }
+    return gen;
+  }
+
+  // give_up(names, token): a race sent with `token` got no answer (it may
+  // still run on the server, later): writes its tombstone, so that it takes
+  // no lease when it runs, and releases the lease if it already took one
+  // ("r": the followers race again). On a worker thread, so that the caller
+  // that gave up loads at once; when none can be had (closed, no thread), not
+  // at all. Best effort, and not counted when it fails: the failed race was
+  // (the same outage, and redis_errors stays one per failed call).
+  void give_up(const fleet_names& names, const std::string& token) noexcept {
+    try {
+      auto job = worker_threads::make_job([this, names, token]() noexcept {
+        try {
+          // A new connection: an idle one may be as dead as the one that failed.
+          const std::unique_ptr<redis_conn> c = pool.open();
+          bool published = true;
+          if (release(*c, names, token, cfg.meta_ttl, "r", published) == release_result::released &&
+              !published) {
+            fleet_counters::bump(counters.publish_failures);
+          }
+        } catch (const redis_failure&) {   // NOLINT(bugprone-empty-catch): best effort
+        } catch (const std::bad_alloc&) {  // NOLINT(bugprone-empty-catch): best effort
+        }
+      });
+      (void)workers.post(job);
+    } catch (const std::bad_alloc&) {     // NOLINT(bugprone-empty-catch): best effort
+    } catch (const std::system_error&) {  // NOLINT(bugprone-empty-catch): no thread for it
     }
   }
 
@@ -193,6 +256,9 @@ class fleet_engine {
     s.remote_failures = get(counters.remote_failures);
     s.origin_calls = get(counters.origin_calls);
     s.breaker_opens = breaker.opens();
+    s.oversized_values = get(counters.oversized_values);
+    s.publish_failures = get(counters.publish_failures);
+    s.replica_timeouts = get(counters.replica_timeouts);
     return s;
   }
 

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstddef>
 #include <exception>
+#include <memory>
 #include <new>
 #include <optional>
 #include <string>
@@ -114,6 +115,9 @@ class fleet_flight {
       if (!round_trip([&](redis_conn& c) {
             a = acquire(c, names_, token, e_.cfg.lease_ttl, e_.cfg.meta_ttl, read_value);
           })) {
+        // The race may still run on the server (a reply lost, a server that
+        // stalled): it must then take no lease that nobody holds.
+        if (sent_) e_.give_up(names_, token);
         return load_locally();
       }
       e_.breaker.success();
@@ -160,6 +164,10 @@ class fleet_flight {
             throw remote_load_error("singleflight::fleet: the load failed in another process: " +
                                     message.substr(1));
           }
+          // The leader has a value it could not store (over max_value_bytes, a
+          // store Redis refused, an encode that threw): racing again would make
+          // the followers load one after another; each loads now, at once.
+          if (message == "n") return load_locally();
           woken = message == "v";
           break;
         case fleet_subscriber::event::stopped:
@@ -179,14 +187,17 @@ class fleet_flight {
  private:
   // One round trip on the flight's connection (taken from the pool on first
   // use); false, with the connection dropped, when Redis failed: a failure
-  // for the breaker. Successes are reported by run(), once the call's Redis
+  // for the breaker (sent_ then says whether the command may have been sent:
+  // a connection was had). Successes are reported by run(), once the call's Redis
   // part has worked (a hit, or a race that got an answer): a GET that works
   // while writes stall (CLIENT PAUSE WRITE, a read-only replica) must not keep
   // the breaker closed for calls that then time out.
   template <class Step>
   bool round_trip(Step&& step) {
+    sent_ = false;
     try {
       if (!conn_) conn_.emplace(e_.pool.acquire());
+      sent_ = true;  // from here the command may reach the server, whatever happens next
       step(**conn_);
       return true;
     } catch (const redis_failure&) {
@@ -219,8 +230,13 @@ class fleet_flight {
       rec = make_record('v', tag_, fence, gen, v_.encode());
     } catch (...) {
       SINGLEFLIGHT_RETHROW_FOREIGN();
-      // Cannot share it: release the lease so that the followers race again.
-      publish(token, fence, gen, "", e_.cfg.value_ttl, "r");
+      // Cannot share it: release the lease; the followers load for themselves.
+      publish(token, fence, gen, "", e_.cfg.value_ttl, "n");
+      return;
+    }
+    if (e_.cfg.max_value_bytes > 0 && rec.size() > e_.cfg.max_value_bytes) {
+      fleet_counters::bump(e_.counters.oversized_values);
+      publish(token, fence, gen, "", e_.cfg.value_ttl, "n");
       return;
     }
     publish(token, fence, gen, rec, e_.cfg.value_ttl, "v");
@@ -228,14 +244,23 @@ class fleet_flight {
 
   // The store script: store `rec` (if not empty) for `ttl` when the fence is
   // the newest and the generation unchanged, release the lease, publish
-  // `message`. Failures are counted, never thrown.
+  // `message`; with cfg.replicas, WAIT for them after a stored record. When
+  // the store fails (Redis refused the record, a connection lost), the lease
+  // is released on another connection and the followers told: "n" (load for
+  // yourselves) instead of "v", the same message otherwise. Failures are
+  // counted, never thrown.
   void publish(const std::string& token, const std::string& fence, const std::string& gen,
                const std::string& rec, std::chrono::milliseconds ttl,
                const std::string& message) noexcept {
+    bool stored = false;
+    std::optional<pooled> c;
     try {
-      pooled c = e_.pool.acquire();
-      switch (store(*c, names_, token, fence, gen, rec, ttl, message, e_.cfg.meta_ttl)) {
+      c.emplace(e_.pool.acquire());
+      bool published = true;
+      switch (
+          store(**c, names_, token, fence, gen, rec, ttl, message, e_.cfg.meta_ttl, published)) {
         case store_result::stored:
+          stored = !rec.empty();
           break;
         case store_result::fenced_out:
           fleet_counters::bump(e_.counters.fence_rejections);
@@ -244,14 +269,47 @@ class fleet_flight {
           fleet_counters::bump(e_.counters.invalidated_stores);
           break;
       }
+      if (!published) fleet_counters::bump(e_.counters.publish_failures);
       e_.breaker.success();
+      if (stored && e_.cfg.replicas > 0 &&
+          wait_replicas(**c, e_.cfg.replicas, e_.cfg.replica_timeout, e_.cfg.redis_timeout) <
+              static_cast<long long>(e_.cfg.replicas)) {
+        fleet_counters::bump(e_.counters.replica_timeouts);
+      }
     } catch (const redis_failure&) {
+      // Whatever the server made of it (a refused record closes the
+      // connection), this connection is not given back.
+      if (c) (*c)->mark_broken();
+      c.reset();
       fleet_counters::bump(e_.counters.redis_errors);
-      (void)e_.breaker.failure();
+      if (!stored) {
+        (void)e_.breaker.failure();
+        release_after_failed_store(token, message == "v" ? "n" : message);
+      }
     } catch (const std::bad_alloc&) {
       fleet_counters::bump(e_.counters.redis_errors);  // the lease expires
     }
     e_.at(fleet_point::stored, text_);  // a test hook; it must not throw
+  }
+
+  // The store script failed: release the lease (if it is still ours) on a
+  // new connection (not one from the pool: the server may have closed those
+  // too) and publish `message`, so that the followers do not wait for the
+  // lease to expire. Failures are counted; then the lease expires.
+  void release_after_failed_store(const std::string& token, const std::string& message) noexcept {
+    try {
+      const std::unique_ptr<redis_conn> c = e_.pool.open();
+      bool published = true;
+      if (release(*c, names_, token, std::chrono::milliseconds(0), message, published) ==
+              release_result::released &&
+          !published) {
+        fleet_counters::bump(e_.counters.publish_failures);
+      }
+    } catch (const redis_failure&) {
+      fleet_counters::bump(e_.counters.redis_errors);
+    } catch (const std::bad_alloc&) {
+      fleet_counters::bump(e_.counters.redis_errors);
+    }
   }
 
   // A leader's load failed: publish the error (and store its marker for
@@ -327,6 +385,7 @@ class fleet_flight {
   fleet_value& v_;
   const stop_token& st_;
   std::optional<pooled> conn_;  // the flight's command connection, between round trips
+  bool sent_ = false;           // the last failed round trip had a connection to send on
 };
 
 }  // namespace singleflight::detail
