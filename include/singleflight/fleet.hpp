@@ -271,9 +271,13 @@ class fleet {
   // so that later callers here do not join it. Flights in progress in other
   // processes keep serving their own callers (docs/fleet.md).
   //
-  // Returns the key's new generation. Throws fleet_error when Redis cannot
-  // be reached (an invalidation must not be lost silently), closed_error
-  // after close(), std::bad_alloc. Thread-safe.
+  // Returns the key's new generation, greater than any this key's
+  // invalidate() returned before (also across the expiry or eviction of its
+  // metadata, while the server's clock does not go back). Throws fleet_error
+  // when Redis cannot be reached (an invalidation must not be lost silently)
+  // or, with options.replicas, fewer replicas acknowledged it within
+  // replica_timeout (applied on the primary; see docs/fleet.md, "Replicas and
+  // failover"), closed_error after close(), std::bad_alloc. Thread-safe.
   std::uint64_t invalidate(const Key& key) {
     if (closed_.load(std::memory_order_relaxed)) throw closed_error();
     const std::uint64_t gen = engine_->invalidate(key_text(key));

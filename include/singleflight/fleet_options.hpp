@@ -157,7 +157,9 @@ class SINGLEFLIGHT_EXCEPTION_VISIBLE remote_load_error : public error {
 
 // fleet_error
 //
-// Thrown by invalidate() when Redis cannot be reached: an invalidation must
+// Thrown by invalidate() when Redis cannot be reached, or when fewer than
+// fleet_options::replicas replicas acknowledged the invalidation in time (it
+// is applied on the primary; a failover may undo it): an invalidation must
 // not be silently lost. get() never throws it.
 class SINGLEFLIGHT_EXCEPTION_VISIBLE fleet_error : public error {
  public:
