@@ -284,7 +284,8 @@ class fleet_flight {
       fleet_counters::bump(e_.counters.redis_errors);
       if (!stored) {
         (void)e_.breaker.failure();
-        release_after_failed_store(token, message == "v" ? "n" : message);
+        release_after_failed_store(
+            token, message == "v" ? std::string_view("n") : std::string_view(message));
       }
     } catch (const std::bad_alloc&) {
       fleet_counters::bump(e_.counters.redis_errors);  // the lease expires
@@ -296,7 +297,7 @@ class fleet_flight {
   // new connection (not one from the pool: the server may have closed those
   // too) and publish `message`, so that the followers do not wait for the
   // lease to expire. Failures are counted; then the lease expires.
-  void release_after_failed_store(const std::string& token, const std::string& message) noexcept {
+  void release_after_failed_store(const std::string& token, std::string_view message) noexcept {
     try {
       const std::unique_ptr<redis_conn> c = e_.pool.open();
       bool published = true;
