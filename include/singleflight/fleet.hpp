@@ -82,7 +82,6 @@
 #include <atomic>
 #include <chrono>
 #include <concepts>
-#include <coroutine>
 #include <cstdint>
 #include <exception>
 #include <memory>
@@ -95,9 +94,8 @@
 #include "codec.hpp"
 #include "detail/fleet/fleet_engine.hpp"
 #include "detail/fleet/fleet_flight.hpp"
-#include "detail/group/coroutine.hpp"  // dependent_false
+#include "detail/get_awaitable.hpp"
 #include "detail/group/fn_shape.hpp"
-#include "detail/resume_gate.hpp"
 #include "errors.hpp"
 #include "fleet_options.hpp"
 #include "group.hpp"
@@ -258,7 +256,8 @@ class fleet {
   template <class K, class Loader>
   [[nodiscard]] auto co_get(const K& key, Loader&& loader, stop_token caller = {}) {
     check_loader<Loader>();
-    return get_awaitable<K, std::remove_reference_t<Loader>>(this, key, loader, std::move(caller));
+    return detail::get_awaitable<fleet, K, std::remove_reference_t<Loader>, T>(this, key, loader,
+                                                                               std::move(caller));
   }
 
   // invalidate(key)
@@ -391,64 +390,6 @@ class fleet {
       });
       if (!self->engine_->workers.post(job)) throw closed_error();
     }
-  };
-
-  // What co_get returns: refers to the key and the loader until co_awaited
-  // (async_get copies what the flight keeps); resumes the coroutine from
-  // async_get's callback, or does not suspend when that ran first.
-  template <class K, class Loader>
-  class get_awaitable {
-   public:
-    get_awaitable(fleet* self, const K& key, Loader& load, stop_token caller) noexcept
-        : self_(self), key_(&key), load_(&load), caller_(std::move(caller)) {}
-    get_awaitable(const get_awaitable&) = delete;
-    get_awaitable& operator=(const get_awaitable&) = delete;
-    ~get_awaitable() = default;
-
-    class awaiter {
-     public:
-      awaiter(fleet* self, const K& key, Loader& load, stop_token caller) noexcept
-          : self_(self), key_(&key), load_(&load), caller_(std::move(caller)) {}
-      awaiter(const awaiter&) = delete;
-      awaiter& operator=(const awaiter&) = delete;
-      ~awaiter() = default;
-
-      bool await_ready() const noexcept { return false; }
-      bool await_suspend(std::coroutine_handle<> h) {
-        gate_.arm(h);
-        self_->async_get(
-            *key_, *load_,
-            [this](outcome<T> o) noexcept {
-              result_.emplace(std::move(o));
-              gate_.complete();
-            },
-            std::move(caller_));
-        return gate_.suspend();
-      }
-      T await_resume() { return std::move(*result_).value(); }
-
-     private:
-      fleet* self_;
-      const K* key_;
-      Loader* load_;
-      stop_token caller_;
-      std::optional<outcome<T>> result_;
-      detail::resume_gate gate_;
-    };
-
-    awaiter operator co_await() && { return awaiter(self_, *key_, *load_, std::move(caller_)); }
-    template <class Self = get_awaitable>
-    void operator co_await() & {
-      static_assert(detail::dependent_false<Self>,
-                    "singleflight::fleet::co_get: co_await the result in the same expression "
-                    "(co_await f.co_get(key, loader)); it refers to key and loader");
-    }
-
-   private:
-    fleet* self_;
-    const K* key_;
-    Loader* load_;
-    stop_token caller_;
   };
 
   group<Key, T> group_;
