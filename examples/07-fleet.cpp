@@ -48,7 +48,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <stop_token>
 #include <string>
 #include <thread>
 #include <vector>
@@ -116,7 +115,7 @@ int worker(const std::string& uri, const std::string& prefix, bool use_fleet, in
   // flight's token to the fleet (as the caller's token there) and keeps a copy of the loader
   // for a background refresh: the key is held by value.
   const auto through_fleet = [&fleet, &origin](const std::string& key) {
-    return [&fleet, &origin, key](std::stop_token st) {
+    return [&fleet, &origin, key](singleflight::stop_token st) {
       const auto from_origin = [&] { return origin(key); };
       return fleet.get(key, from_origin, std::move(st));
     };
@@ -131,7 +130,7 @@ int worker(const std::string& uri, const std::string& prefix, bool use_fleet, in
   while (read_line(0).rfind("round ", 0) == 0) {
     std::atomic<int> waited{0};
     {
-      std::vector<std::jthread> readers;
+      std::vector<std::thread> readers;  // not std::jthread: libc++ 14 has none
       for (int t = 0; t < threads; ++t) {
         readers.emplace_back([&, t] {
           const std::string key = key_of(t % keys);
@@ -141,6 +140,7 @@ int worker(const std::string& uri, const std::string& prefix, bool use_fleet, in
           if (e.taken_as != singleflight::role::none) waited.fetch_add(1);
         });
       }
+      for (std::thread& r : readers) r.join();
     }
     // A stale read started one background refresh per key: the round is over when each has
     // stored its value (the entry is fresh again). Bounded: a refresh that never ends is a bug.

@@ -17,6 +17,7 @@
 
 #include "support/catch.hpp"
 #include "support/coro.hpp"
+#include "support/fleet.hpp"
 #include "support/redis.hpp"
 #include "support/sync.hpp"
 
@@ -28,25 +29,13 @@ using namespace std::chrono_literals;
 using fleet_t = sf::fleet<std::string, std::string>;
 using point = d::fleet_point;
 
-// Settings for tests that are not about timeouts: a generous redis_timeout, so that a slow
-// (sanitized, shared) machine never turns into a fault.
-sf::fleet_options opts(const std::string& uri, const std::string& prefix) {
-  sf::fleet_options o;
-  o.redis_uri = uri;
-  o.key_prefix = prefix;
-  o.lease_ttl = 2000ms;
-  o.redis_timeout = 2000ms;
-  o.max_wait = 60s;
-  return o;
-}
+using sftest::held_origin;
+using sftest::message_only;
+using sftest::stored;
+using points = sftest::fleet_points;
 
-// Options where only a message (or a re-read this test forces) can wake a follower in time:
-// a wait_slice far beyond every bounded wait of the test.
-sf::fleet_options message_only(const std::string& uri, const std::string& prefix) {
-  sf::fleet_options o = opts(uri, prefix);
-  o.wait_slice = 120s;
-  o.max_wait = 600s;
-  return o;
+sf::fleet_options opts(const std::string& uri, const std::string& prefix) {
+  return sftest::fleet_opts(uri, prefix);
 }
 
 d::fleet_engine& engine(fleet_t& f) { return d::fleet_test_access::engine(f); }
@@ -56,49 +45,6 @@ d::fleet_engine& engine(fleet_t& f) { return d::fleet_test_access::engine(f); }
 std::string numbered(const char* stem, int i) {
   return std::string(stem).append(std::to_string(i));
 }
-
-// The payload of the record stored under `key`, or "" when none is readable.
-std::string stored(sftest::redis_client& c, const std::string& prefix, const std::string& key,
-                   std::string_view tag = "string") {
-  const auto bytes = c.get(d::fleet_names::of(prefix, key).value);
-  if (!bytes) return {};
-  const auto r = d::parse_record(*bytes, tag);
-  return r ? std::string(r->payload) : std::string();
-}
-
-// A loader that blocks until released (the origin call in progress), counting its calls.
-struct held_origin {
-  std::atomic<int> calls{0};
-  sftest::gate started;
-  sftest::gate release;
-  std::string value;
-  explicit held_origin(std::string v) : value(std::move(v)) {}
-  auto loader() {
-    return [this] {
-      calls.fetch_add(1);
-      started.open();
-      release.wait("held origin released");
-      return value;
-    };
-  }
-};
-
-// Counts the protocol points one fleet passes.
-struct points {
-  std::atomic<int> lost{0};
-  std::atomic<int> subscribed{0};
-  std::atomic<int> waiting{0};
-  std::atomic<int> stored{0};
-  void attach(fleet_t& f) {
-    engine(f).hook = [this](point p, std::string_view) { count(p); };
-  }
-  void count(point p) {
-    if (p == point::lost_race) lost.fetch_add(1);
-    if (p == point::subscribed) subscribed.fetch_add(1);
-    if (p == point::waiting) waiting.fetch_add(1);
-    if (p == point::stored) stored.fetch_add(1);
-  }
-};
 
 }  // namespace
 
@@ -320,7 +266,10 @@ TEST_CASE(
   sftest::result<std::string> rb;
   auto tb = sftest::spawn(rb, [&] { return b.get("k", [] { return std::string("after"); }); });
   sftest::must([&] { return pb.waiting.load() >= 1; }, "b waits for a");
-  CHECK(admin.invalidate("k") == 1);
+  // a's lease read this generation; invalidate() bumps it by one.
+  const auto seen = client.command({"HGET", d::fleet_names::of(prefix, "k").meta, "gen"});
+  REQUIRE_FALSE(seen.nil());
+  CHECK(admin.invalidate("k") == std::stoull(seen.str) + 1);
   origin.release.open();
   sftest::finish(ta, ra, "a");
   sftest::finish(tb, rb, "b");

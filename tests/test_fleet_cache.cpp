@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/fleet.hpp"
 #include "support/jthread.hpp"
 #include "support/keys.hpp"
 #include "support/manual_clock.hpp"
@@ -103,22 +104,7 @@ struct counting_origin {
   }
 };
 
-// An origin that blocks until released (a load in progress), counting its calls.
-struct held_origin {
-  std::atomic<int> calls{0};
-  sftest::gate started;
-  sftest::gate release;
-  std::string value;
-  explicit held_origin(std::string v) : value(std::move(v)) {}
-  auto loader() {
-    return [this] {
-      calls.fetch_add(1);
-      started.open();
-      release.wait("held origin released");
-      return value;
-    };
-  }
-};
+using sftest::held_origin;  // blocks until released (a load in progress), counting its calls
 
 // A loader that must not run (the answer has to come from a layer in front of it).
 auto must_not_load(std::atomic<int>& ran) {
@@ -130,10 +116,7 @@ auto must_not_load(std::atomic<int>& ran) {
 
 // The value stored in Redis for `key`, or "" when none.
 std::string in_redis(sftest::redis_client& c, const std::string& prefix, const std::string& key) {
-  const auto bytes = c.get(d::fleet_names::of(prefix, key).value);
-  if (!bytes) return {};
-  const auto r = d::parse_record(*bytes, "string");
-  return r ? std::string(r->payload) : std::string();
+  return sftest::stored(c, prefix, key);
 }
 
 // Waits (bounded, by name) until `c` holds a fresh value for `key`: a background refresh has

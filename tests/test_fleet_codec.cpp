@@ -52,6 +52,9 @@ TEST_CASE("codec round-trips strings and every arithmetic type, extremes include
   CHECK(round_trip(0.1) == 0.1);  // shortest round-trip form, exact
   CHECK(round_trip(-1.5e300) == -1.5e300);
   CHECK(round_trip(3.25f) == 3.25f);
+  CHECK(round_trip(std::numeric_limits<double>::denorm_min()) ==
+        std::numeric_limits<double>::denorm_min());
+  CHECK(round_trip(std::numeric_limits<double>::max()) == std::numeric_limits<double>::max());
 }
 
 TEST_CASE("codec decode rejects what is not an encoding of the type (no wrong T)",
@@ -63,6 +66,8 @@ TEST_CASE("codec decode rejects what is not an encoding of the type (no wrong T)
   CHECK_THROWS_AS(sf::codec<unsigned>{}.decode("-1"), sf::decode_error);
   CHECK_THROWS_AS(sf::codec<bool>{}.decode("true"), sf::decode_error);
   CHECK_THROWS_AS(sf::codec<double>{}.decode("1.0x"), sf::decode_error);
+  CHECK_THROWS_AS(sf::codec<double>{}.decode("1e99999"), sf::decode_error);  // out of range
+  CHECK_THROWS_AS(sf::codec<double>{}.decode("+1"), sf::decode_error);
   CHECK_THROWS_AS(sf::codec<char>{}.decode("300"), sf::decode_error);
 }
 
@@ -83,14 +88,55 @@ TEST_CASE(
   CHECK(sf::key_codec<std::pair<std::string, int>>{}.encode({"tenant-7", 42}) == "8:tenant-7|2:42");
 }
 
-TEST_CASE("every Redis name of one key shares one hash tag (Cluster: one slot per key)",
+TEST_CASE("every Redis name of one key shares one hash tag (the names of one slot)",
           "[fleet][protocol]") {
-  const auto n = d::fleet_names::of("app:v3", "tenant-7|user-42");
-  for (const std::string* name : {&n.value, &n.lease, &n.meta, &n.channel}) {
-    CHECK(name->rfind("{app:v3:tenant-7|user-42}:", 0) == 0);
+  for (const auto& [prefix, key] : {std::pair<std::string, std::string>{"app:v3", "tenant-7|u"},
+                                    {"p", "key with } and { in it"},
+                                    {"", ""}}) {
+    const auto n = d::fleet_names::of(prefix, key);
+    // Redis's hash tag: from the first '{' to the first '}' after it.
+    const auto tag = [](const std::string& name) {
+      const auto open = name.find('{');
+      return name.substr(open, name.find('}', open + 1) - open);
+    };
+    CAPTURE(prefix, key, n.value);
+    CHECK(n.value.front() == '{');
+    for (const std::string* name : {&n.lease, &n.meta, &n.channel}) {
+      CHECK(tag(*name) == tag(n.value));
+    }
+    CHECK(n.value != n.lease);
+    CHECK(n.meta != n.channel);
   }
-  CHECK(n.value != n.lease);
-  CHECK(n.meta != n.channel);
+}
+
+TEST_CASE(
+    "Redis names are injective in (prefix, key text): no two (prefix, key) pairs share a "
+    "name, whatever separators either holds",
+    "[fleet][protocol]") {
+  // Every string of up to 3 characters over the separators the encodings use.
+  const std::string alphabet = "a:{}1|";
+  std::vector<std::string> words{""};
+  for (std::size_t from = 0, len = 1; len <= 3; ++len) {
+    const std::size_t to = words.size();
+    for (std::size_t i = from; i < to; ++i) {
+      for (const char c : alphabet) words.push_back(words[i] + c);
+    }
+    from = to;
+  }
+  std::set<std::string> names;
+  std::size_t collisions = 0;
+  for (const auto& prefix : words) {
+    for (const auto& key : words) {
+      const auto n = d::fleet_names::of(prefix, key);
+      for (const std::string* name : {&n.value, &n.lease, &n.meta, &n.channel}) {
+        if (!names.insert(*name).second) ++collisions;
+      }
+    }
+  }
+  CHECK(names.size() == words.size() * words.size() * 4);
+  CHECK(collisions == 0);
+  // The review's pair, by name.
+  CHECK(d::fleet_names::of("users", "eu:42").value != d::fleet_names::of("users:eu", "42").value);
 }
 
 TEST_CASE(
@@ -276,10 +322,11 @@ TEST_CASE("metrics::fleet_metrics exports every fleet_stats field once, under it
   for (std::uint64_t* f :
        {&s.gets, &s.hits, &s.leader, &s.follower_woken, &s.late_hit, &s.local_fallback,
         &s.lease_lost, &s.fence_rejections, &s.invalidated_stores, &s.decode_failures,
-        &s.redis_errors, &s.remote_failures, &s.origin_calls, &s.breaker_opens}) {
+        &s.redis_errors, &s.remote_failures, &s.origin_calls, &s.breaker_opens, &s.oversized_values,
+        &s.publish_failures, &s.replica_timeouts}) {
     *f = ++v;
   }
-  static_assert(sizeof(sf::fleet_stats) == 14 * sizeof(std::uint64_t),
+  static_assert(sizeof(sf::fleet_stats) == 17 * sizeof(std::uint64_t),
                 "a new fleet_stats field needs a line in metrics::fleet_metrics");
   std::set<std::string_view> names;
   std::set<double> values;
@@ -291,7 +338,7 @@ TEST_CASE("metrics::fleet_metrics exports every fleet_stats field once, under it
     values.insert(d.read(s));
   }
   CHECK(names.size() == sf::metrics::fleet_metrics.size());
-  CHECK(values.size() == 14);  // every field read, none twice
+  CHECK(values.size() == 17);  // every field read, none twice
   CHECK(*values.begin() == 101);
-  CHECK(*values.rbegin() == 114);
+  CHECK(*values.rbegin() == 117);
 }

@@ -1,6 +1,6 @@
 // bench/fleet/driver.cpp: the fleet measured with real processes against a real redis-server.
 //
-//   fleet_driver [--quick] [--only coalescing|faults|costs] [--redis-server PATH]
+//   fleet_driver [--quick] [--only coalescing|faults|stores|costs] [--redis-server PATH]
 //
 // Starts its own redis-server (a free loopback port, a temporary directory, a pidfile;
 // stopped by pid), then N worker processes (fork/exec of this program with --worker) with T
@@ -11,7 +11,12 @@
 //   2. faults: leader SIGKILLed or SIGSTOPped mid-load, Redis stopped, frozen (SIGSTOP) or
 //      CLIENT PAUSEd, subscriptions killed (CLIENT KILL TYPE pubsub): origin calls, errors
 //      surfaced, stalls, stale overwrites;
-//   3. cost of a hit and of a miss (leader, follower) in round trips, counted by the server
+//   3. stores that fail, lost replies, ACLs, foreign data: a value the server refuses
+//      (proto-max-bulk-len), one over max_value_bytes, one process's race reply held back
+//      past redis_timeout by a loopback proxy (tests/support/fault_proxy.hpp: the race runs
+//      later on the server), an ACL user without channel rights, a foreign value under the
+//      lease name: origin calls, errors surfaced, the callers' latency;
+//   4. cost of a hit and of a miss (leader, follower) in round trips, counted by the server
 //      (INFO commandstats), and in time.
 // Origin calls are counted on a pipe the loader writes to (fd 3 in every worker).
 #include <singleflight/fleet.hpp>
@@ -42,6 +47,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "../../tests/support/fault_proxy.hpp"
 
 namespace {
 
@@ -106,6 +113,10 @@ int worker_main(const std::map<std::string, std::string>& a) {
   o.redis_timeout = ms(num("timeout_ms", 50));
   o.breaker_threshold = static_cast<std::uint32_t>(num("breaker", 3));
   o.breaker_cooldown = ms(num("cooldown_ms", 1000));
+  o.max_value_bytes = static_cast<std::size_t>(num("max_value_bytes", 0));
+  if (a.count("user") != 0) o.username = a.at("user");
+  if (a.count("password") != 0) o.password = a.at("password");
+  const auto value_bytes = static_cast<std::size_t>(num("value_bytes", 0));
   const std::string mode = a.at("mode");
   const int threads = static_cast<int>(num("threads", 4));
   sf::fleet<std::string, std::string> fleet(o);
@@ -114,7 +125,9 @@ int worker_main(const std::map<std::string, std::string>& a) {
   const auto load = [&] {
     write_all(3, "O " + std::to_string(::getpid()) + "\n");
     std::this_thread::sleep_for(ms(load_ms.load()));  // the origin's latency
-    return "v-" + std::to_string(::getpid());
+    std::string v = "v-" + std::to_string(::getpid());
+    if (v.size() < value_bytes) v.resize(value_bytes, '.');
+    return v;
   };
   write_all(1, "ready\n");
   for (;;) {
@@ -164,12 +177,16 @@ int worker_main(const std::map<std::string, std::string>& a) {
     char line[512];
     std::snprintf(line, sizeof line,
                   "done ok=%d err=%d max_ms=%.1f value=%s leader=%llu fence_rejections=%llu "
-                  "redis_errors=%llu local_fallback=%llu breaker_opens=%llu\n",
-                  ok, err, max_ms, value.c_str(), static_cast<unsigned long long>(s.leader),
+                  "redis_errors=%llu local_fallback=%llu breaker_opens=%llu "
+                  "oversized_values=%llu publish_failures=%llu\n",
+                  ok, err, max_ms, value.substr(0, 24).c_str(),
+                  static_cast<unsigned long long>(s.leader),
                   static_cast<unsigned long long>(s.fence_rejections),
                   static_cast<unsigned long long>(s.redis_errors),
                   static_cast<unsigned long long>(s.local_fallback),
-                  static_cast<unsigned long long>(s.breaker_opens));
+                  static_cast<unsigned long long>(s.breaker_opens),
+                  static_cast<unsigned long long>(s.oversized_values),
+                  static_cast<unsigned long long>(s.publish_failures));
     write_all(1, line);
   }
   fleet.close();
@@ -209,6 +226,7 @@ class server {
     std::filesystem::remove_all(dir_, ec);
   }
   std::string uri() const { return "tcp://127.0.0.1:" + std::to_string(port_); }
+  int port() const { return port_; }
 
   void start() {
     std::vector<std::string> args = {
@@ -595,7 +613,7 @@ void faults(server& s, const std::string& bin) {
     const pid_t second = w.origins().size() > 1 ? w.origins()[1] : 0;
     ::kill(paused, SIGCONT);
     w.wait_round("the paused leader");
-    const auto bytes = s.get("{f-stop:k}:v");
+    const auto bytes = s.get(sf::detail::fleet_names::of("f-stop", "k").value);
     const auto rec = bytes ? sf::detail::parse_record(*bytes, "string") : std::nullopt;
     const bool stale = rec && rec->payload == "v-" + std::to_string(paused);
     const bool fresh = rec && rec->payload == "v-" + std::to_string(second);
@@ -660,7 +678,8 @@ void faults(server& s, const std::string& bin) {
     w.until([&] { return !w.origins().empty(); }, "a leader");
     w.until(
         [&] {
-          return s.integer({"PUBSUB", "NUMSUB", "{f-sub:k}:c"}) == n - 1;
+          return s.integer({"PUBSUB", "NUMSUB",
+                            sf::detail::fleet_names::of("f-sub", "k").channel}) == n - 1;
         },
         "followers subscribed");
     const long long killed = s.integer({"CLIENT", "KILL", "TYPE", "pubsub"});
@@ -674,7 +693,94 @@ void faults(server& s, const std::string& bin) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 3. Cost of a hit and of a miss.
+// 3. Stores that fail, lost replies, ACLs, foreign data.
+
+void stores(server& s) {
+  std::printf(
+      "\n### Stores that fail, lost replies, ACLs, foreign data (8 processes x 4 threads, "
+      "lease_ttl 1 s, wait_slice 200 ms, redis_timeout 50 ms, 200 ms origin)\n\n");
+  std::printf(
+      "| scenario | origin calls | errors surfaced | max caller latency | notes |\n"
+      "|---|---:|---:|---:|---|\n");
+  const std::vector<std::string> base = {"lease_ms=1000", "slice_ms=200", "max_wait_ms=60000"};
+  const auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> a = base;
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  constexpr int n = 8;
+  constexpr int t = 4;
+  {  // a value the server refuses to store
+    s.run({"CONFIG", "SET", "proto-max-bulk-len", "1mb"});
+    workers w(n, worker_args(s, "s-big", "fleet", t, with({"value_bytes=2097152"})));
+    w.round("k", 200);
+    w.wait_round("a value the server refuses");
+    s.run({"CONFIG", "SET", "proto-max-bulk-len", "512mb"});
+    std::printf(
+        "| a 2 MiB value, proto-max-bulk-len 1 MB (the store is refused) | %zu | %ld | %.0f ms "
+        "| the lease released at once; followers loaded for themselves (local_fallback %ld) "
+        "|\n",
+        w.origins().size(), errors_surfaced(w), max_latency(w), sum_field(w, "local_fallback"));
+  }
+  {  // a value over max_value_bytes
+    workers w(
+        n, worker_args(s, "s-max", "fleet", t, with({"value_bytes=4096", "max_value_bytes=1024"})));
+    w.round("k", 200);
+    w.wait_round("a value over max_value_bytes");
+    std::printf(
+        "| a 4 KiB value, max_value_bytes 1 KiB (not sent) | %zu | %ld | %.0f ms | "
+        "oversized_values %ld, local_fallback %ld |\n",
+        w.origins().size(), errors_surfaced(w), max_latency(w), sum_field(w, "oversized_values"),
+        sum_field(w, "local_fallback"));
+  }
+  {  // one process's race reply held back past redis_timeout: the race runs later
+    sftest::fault_proxy proxy(s.port());
+    std::vector<std::string> via = worker_args(s, "s-phantom", "fleet", 1, base);
+    via[0] = "uri=" + proxy.uri();
+    workers a(1, via);
+    workers b(n - 1, worker_args(s, "s-phantom", "fleet", t, base));
+    a.round("warm", 0);  // the scripts are cached on the server
+    a.wait_round("warm-up");
+    a.reset_origins();
+    proxy.hold_command("EVALSHA", ms(200));
+    a.round("k", 200);  // its race times out after 50 ms; it loads for itself
+    a.wait_round("the process whose race was held back");
+    const bool lease_left =
+        s.integer({"EXISTS", sf::detail::fleet_names::of("s-phantom", "k").lease}) == 1;
+    b.round("k", 200);
+    b.wait_round("the others, after the held race ran");
+    std::printf(
+        "| one process's race held back 200 ms by a proxy (past redis_timeout: it gives up, "
+        "the race runs on the server later) | %zu + %zu | %ld | %.0f ms (the others) | lease "
+        "left by the late race: %s |\n",
+        a.origins().size(), b.origins().size(), errors_surfaced(a) + errors_surfaced(b),
+        max_latency(b), lease_left ? "yes" : "none");
+  }
+  {  // an ACL user without channel rights
+    s.run({"ACL", "SETUSER", "nochannels", "on", ">pw", "~*", "resetchannels", "+@all"});
+    workers w(n, worker_args(s, "s-acl", "fleet", t, with({"user=nochannels", "password=pw"})));
+    w.round("k", 200);
+    w.wait_round("an ACL user without channel rights");
+    std::printf(
+        "| an ACL user without channel rights (no message wakes a follower) | %zu | %ld | %.0f "
+        "ms (load + at most wait_slice) | redis_errors %ld, publish_failures %ld |\n",
+        w.origins().size(), errors_surfaced(w), max_latency(w), sum_field(w, "redis_errors"),
+        sum_field(w, "publish_failures"));
+  }
+  {  // a foreign value (a hash, no expiry) under the lease name
+    s.run({"HSET", sf::detail::fleet_names::of("s-foreign", "k").lease, "not", "a lease"});
+    workers w(n, worker_args(s, "s-foreign", "fleet", t, base));
+    w.round("k", 200);
+    w.wait_round("a foreign value under the lease name");
+    std::printf(
+        "| a hash without expiry under the lease name | %zu | %ld | %.0f ms | taken over by the "
+        "race |\n",
+        w.origins().size(), errors_surfaced(w), max_latency(w));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Cost of a hit and of a miss.
 
 // Counts the commands clients send (round trips), by name, through MONITOR; commands run
 // inside scripts (MONITOR's "[0 lua]" lines) are not round trips and are left out.
@@ -890,7 +996,7 @@ int main(int argc, char** argv) {
     return worker_main(a);
   }
   bool quick = false;
-  std::string only;  // --only coalescing|faults|costs
+  std::string only;  // --only coalescing|faults|stores|costs
   std::string bin = "redis-server";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -911,6 +1017,7 @@ int main(int argc, char** argv) {
               std::thread::hardware_concurrency());
   if (only.empty() || only == "coalescing") coalescing(s, quick);
   if (only.empty() || only == "faults") faults(s, bin);
+  if (only.empty() || only == "stores") stores(s);
   if (only.empty() || only == "costs") costs(s);
   return 0;
 }

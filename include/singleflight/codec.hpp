@@ -40,6 +40,18 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <version>
+#if !defined(__cpp_lib_to_chars)
+// No floating-point std::from_chars (libc++ before 20): floating-point decode
+// uses POSIX strtod_l in the "C" locale instead (below).
+#include <locale.h>
+#include <stdlib.h>
+#if defined(__APPLE__)
+#include <xlocale.h>
+#endif
+#include <cerrno>
+#include <cmath>
+#endif
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -100,6 +112,49 @@ constexpr std::string_view arithmetic_tag() noexcept {
   }
 }
 
+#if !defined(__cpp_lib_to_chars)
+// float_from_text: from_chars's grammar for what to_chars writes ("-0.1",
+// "1e+300", "4.9e-324", "inf", "nan"), where the standard library has no
+// floating-point from_chars: no leading whitespace or '+', no hex, no
+// trailing bytes, out of range rejected (a subnormal is in range); the digits
+// are read by strtod_l in the "C" locale (whatever the global locale's
+// decimal point), which rounds correctly, as from_chars does.
+template <class T>
+T float_from_text(std::string_view s) {
+  const auto bad = [] { return decode_error("singleflight::codec: not a number of this type"); };
+  std::string_view body = s;
+  const bool negative = body.starts_with('-');
+  if (negative) body.remove_prefix(1);
+  if (body == "inf" || body == "nan") {
+    const T v =
+        body == "inf" ? std::numeric_limits<T>::infinity() : std::numeric_limits<T>::quiet_NaN();
+    return negative ? -v : v;
+  }
+  if (body.empty() || body.front() < '0' || body.front() > '9') throw bad();
+  for (const char c : body) {
+    if ((c < '0' || c > '9') && c != '.' && c != 'e' && c != 'E' && c != '-' && c != '+') {
+      throw bad();
+    }
+  }
+  static const locale_t c_locale = ::newlocale(LC_ALL_MASK, "C", locale_t{});
+  if (c_locale == locale_t{}) throw std::bad_alloc();
+  const std::string text(s);  // NUL-terminated
+  char* end = nullptr;
+  errno = 0;
+  T v{};
+  if constexpr (sizeof(T) == sizeof(float)) {
+    v = ::strtof_l(text.c_str(), &end, c_locale);
+  } else if constexpr (sizeof(T) == sizeof(double)) {
+    v = ::strtod_l(text.c_str(), &end, c_locale);
+  } else {
+    v = ::strtold_l(text.c_str(), &end, c_locale);
+  }
+  if (end != text.c_str() + text.size()) throw bad();
+  if (errno == ERANGE && (v == T(0) || std::isinf(v))) throw bad();  // not subnormal: out of range
+  return v;
+}
+#endif
+
 // Decimal text with std::to_chars (shortest round-trip form for floating
 // point), so values are readable with redis-cli and portable across hosts.
 template <class T>
@@ -111,16 +166,23 @@ std::string to_text(T v) {
 
 template <class T>
 T from_text(std::string_view s) {
-  T v{};
-  const char* first = s.data();
-  const char* last = s.data() + s.size();
-  // from_chars accepts no leading '+' or whitespace; reject empty input and
-  // trailing bytes too: "12abc" is not 12.
-  const auto r = std::from_chars(first, last, v);
-  if (s.empty() || r.ec != std::errc() || r.ptr != last) {
-    throw decode_error("singleflight::codec: not a number of this type");
+#if !defined(__cpp_lib_to_chars)
+  if constexpr (std::is_floating_point_v<T>) {
+    return float_from_text<T>(s);
+  } else
+#endif
+  {
+    T v{};
+    const char* first = s.data();
+    const char* last = s.data() + s.size();
+    // from_chars accepts no leading '+' or whitespace; reject empty input and
+    // trailing bytes too: "12abc" is not 12.
+    const auto r = std::from_chars(first, last, v);
+    if (s.empty() || r.ec != std::errc() || r.ptr != last) {
+      throw decode_error("singleflight::codec: not a number of this type");
+    }
+    return v;
   }
-  return v;
 }
 
 }  // namespace detail

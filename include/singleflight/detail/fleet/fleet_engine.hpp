@@ -1,10 +1,11 @@
 // singleflight/detail/fleet/fleet_engine.hpp -- internal; do not include directly.
 //
 // detail::fleet_engine: everything of a fleet that does not depend on its
-// Key and T: the settings, the counters, the command connection pool, the
-// circuit breaker, the subscriber thread, the lease renewer thread, the worker
-// threads of async flights, and the lease tokens. fleet.hpp drives the
-// protocol with it.
+// Key and T: the settings (validated from fleet_options), the counters and
+// their snapshot, the command connection pool, the circuit breaker, the
+// subscriber thread, the lease renewer thread, the worker threads of async
+// flights, the lease tokens, and invalidate's round trip. fleet_flight.hpp
+// runs the protocol's flights with it; fleet.hpp owns one.
 //
 // Locking: the engine has no lock of its own besides `token_mu_` (the token
 // generator). Each part has its own (see its file); no part calls another
@@ -13,15 +14,20 @@
 // several is not one instant.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <string_view>
+#include <system_error>
 
+#include "../../fleet_options.hpp"
 #include "../worker_threads.hpp"
 #include "circuit_breaker.hpp"
 #include "fleet_hooks.hpp"
@@ -33,7 +39,7 @@
 
 namespace singleflight::detail {
 
-// The settings, validated and with their defaults resolved (fleet.hpp).
+// The settings, validated and with their defaults resolved (of()).
 struct fleet_config {
   redis_endpoint endpoint;
   std::string username;
@@ -50,6 +56,57 @@ struct fleet_config {
   std::uint32_t breaker_threshold = 3;
   std::chrono::milliseconds breaker_cooldown{};
   std::size_t max_idle_connections = 8;
+  std::size_t max_value_bytes = 0;
+  std::uint32_t replicas = 0;
+  std::chrono::milliseconds replica_timeout{};
+
+  // of(o, tag): o's settings with their defaults resolved, for a codec whose
+  // tag is `tag`. Throws std::invalid_argument for settings that cannot work
+  // (fleet_options), and for a tag with '|' (a record's field separator: no
+  // record with it would ever read back).
+  static fleet_config of(const fleet_options& o, std::string_view tag) {
+    using ms = std::chrono::milliseconds;
+    const auto need = [](bool ok, const char* what) {
+      if (!ok) throw std::invalid_argument(std::string("singleflight::fleet_options: ") + what);
+    };
+    need(o.lease_ttl > ms(0), "lease_ttl must be positive");
+    need(o.renew_every >= ms(0), "renew_every must not be negative");
+    need(o.wait_slice >= ms(0), "wait_slice must not be negative");
+    need(o.max_wait >= ms(0), "max_wait must not be negative");
+    need(o.redis_timeout > ms(0), "redis_timeout must be positive");
+    need(o.value_ttl > ms(0), "value_ttl must be positive (the shared value needs a lifetime)");
+    need(o.error_ttl >= ms(0), "error_ttl must not be negative");
+    need(o.breaker_cooldown >= ms(0), "breaker_cooldown must not be negative");
+    need(o.replicas == 0 || o.replica_timeout > ms(0),
+         "replica_timeout must be positive when replicas > 0");
+    if (tag.find('|') != std::string_view::npos) {
+      throw std::invalid_argument("singleflight::fleet: the codec's tag \"" + std::string(tag) +
+                                  "\" holds '|', the record's field separator");
+    }
+    fleet_config c;
+    c.endpoint = redis_endpoint::parse(o.redis_uri);
+    c.username = o.username;
+    c.password = o.password;
+    c.key_prefix = o.key_prefix;
+    c.lease_ttl = o.lease_ttl;
+    c.renew_every = o.renew_every > ms(0) ? o.renew_every : std::max(ms(1), o.lease_ttl / 3);
+    need(c.renew_every < c.lease_ttl, "renew_every must be less than lease_ttl");
+    c.wait_slice = o.wait_slice > ms(0) ? o.wait_slice : std::max(ms(1), o.lease_ttl / 5);
+    c.max_wait = o.max_wait > ms(0) ? o.max_wait : 3 * o.lease_ttl;
+    c.redis_timeout = o.redis_timeout;
+    c.value_ttl = o.value_ttl;
+    c.error_ttl = o.error_ttl;
+    // The metadata (fence, generation) outlives any wait and any lease by far;
+    // see fleet_protocol.hpp for why its expiry is safe anyway.
+    c.meta_ttl = std::max({ms(60000), 10 * c.lease_ttl, 2 * c.max_wait});
+    c.breaker_threshold = o.breaker_threshold;
+    c.breaker_cooldown = o.breaker_cooldown;
+    c.max_idle_connections = o.max_idle_connections;
+    c.max_value_bytes = o.max_value_bytes;
+    c.replicas = o.replicas;
+    c.replica_timeout = o.replica_timeout;
+    return c;
+  }
 };
 
 struct fleet_counters {
@@ -66,6 +123,9 @@ struct fleet_counters {
   std::atomic<std::uint64_t> redis_errors{0};
   std::atomic<std::uint64_t> remote_failures{0};
   std::atomic<std::uint64_t> origin_calls{0};
+  std::atomic<std::uint64_t> oversized_values{0};
+  std::atomic<std::uint64_t> publish_failures{0};
+  std::atomic<std::uint64_t> replica_timeouts{0};
 
   static void bump(std::atomic<std::uint64_t>& c) noexcept {
     // Relaxed: a counter orders nothing; readers want its value, not what
@@ -112,6 +172,94 @@ class fleet_engine {
 
   void at(fleet_point p, std::string_view key) const {
     if (hook) hook(p, key);
+  }
+
+  // invalidate(text): the invalidate script for the key whose codec text is
+  // `text` (and, with cfg.replicas, WAIT for them); the key's new generation.
+  // Throws fleet_error when Redis cannot be reached (counted as a Redis error
+  // and a breaker failure) or fewer replicas than cfg.replicas acknowledged in
+  // time (counted: replica_timeouts), std::bad_alloc. A refused PUBLISH (an ACL
+  // without channel rights) is counted, not thrown: the invalidation applied.
+  std::uint64_t invalidate(std::string_view text) {
+    const fleet_names names = fleet_names::of(cfg.key_prefix, text);
+    std::uint64_t gen = 0;
+    long long acked = 0;
+    try {
+      pooled c = pool.acquire();
+      bool published = true;
+      gen = detail::invalidate(*c, names, cfg.meta_ttl, published);
+      if (!published) fleet_counters::bump(counters.publish_failures);
+      if (cfg.replicas > 0)
+        acked = wait_replicas(*c, cfg.replicas, cfg.replica_timeout, cfg.redis_timeout);
+      breaker.success();
+    } catch (const redis_failure& e) {
+      fleet_counters::bump(counters.redis_errors);
+      (void)breaker.failure();
+      throw fleet_error(std::string("singleflight::fleet::invalidate: Redis unreachable: ") +
+                        e.what());
+    }
+    if (cfg.replicas > 0 && acked < static_cast<long long>(cfg.replicas)) {
+      fleet_counters::bump(counters.replica_timeouts);
+      throw fleet_error(
+          "singleflight::fleet::invalidate: applied on the primary, but " + std::to_string(acked) +
+          " of " + std::to_string(cfg.replicas) + " replicas acknowledged it within " +
+          std::to_string(cfg.replica_timeout.count()) + " ms: a failover now may undo it");
+    }
+    return gen;
+  }
+
+  // give_up(names, token): a race sent with `token` got no answer (it may
+  // still run on the server, later): writes its tombstone, so that it takes
+  // no lease when it runs, and releases the lease if it already took one
+  // ("r": the followers race again). On a worker thread, so that the caller
+  // that gave up loads at once; when none can be had (closed, no thread), not
+  // at all. Best effort, and not counted when it fails: the failed race was
+  // (the same outage, and redis_errors stays one per failed call).
+  void give_up(const fleet_names& names, const std::string& token) noexcept {
+    try {
+      auto job = worker_threads::make_job([this, names, token]() noexcept {
+        try {
+          // A new connection: an idle one may be as dead as the one that failed.
+          const std::unique_ptr<redis_conn> c = pool.open();
+          bool published = true;
+          if (release(*c, names, token, cfg.meta_ttl, "r", published) == release_result::released &&
+              !published) {
+            fleet_counters::bump(counters.publish_failures);
+          }
+        } catch (const redis_failure&) {   // NOLINT(bugprone-empty-catch): best effort
+        } catch (const std::bad_alloc&) {  // NOLINT(bugprone-empty-catch): best effort
+        }
+      });
+      (void)workers.post(job);
+    } catch (const std::bad_alloc&) {     // NOLINT(bugprone-empty-catch): best effort
+    } catch (const std::system_error&) {  // NOLINT(bugprone-empty-catch): no thread for it
+    }
+  }
+
+  // stats(): a snapshot of the counters (each exact; not one instant).
+  fleet_stats stats() const {
+    const auto get = [](const std::atomic<std::uint64_t>& a) {
+      return a.load(std::memory_order_relaxed);  // counters order nothing
+    };
+    fleet_stats s;
+    s.gets = get(counters.gets);
+    s.hits = get(counters.hits);
+    s.leader = get(counters.leader);
+    s.follower_woken = get(counters.follower_woken);
+    s.late_hit = get(counters.late_hit);
+    s.local_fallback = get(counters.local_fallback);
+    s.lease_lost = get(counters.lease_lost);
+    s.fence_rejections = get(counters.fence_rejections);
+    s.invalidated_stores = get(counters.invalidated_stores);
+    s.decode_failures = get(counters.decode_failures);
+    s.redis_errors = get(counters.redis_errors);
+    s.remote_failures = get(counters.remote_failures);
+    s.origin_calls = get(counters.origin_calls);
+    s.breaker_opens = breaker.opens();
+    s.oversized_values = get(counters.oversized_values);
+    s.publish_failures = get(counters.publish_failures);
+    s.replica_timeouts = get(counters.replica_timeouts);
+    return s;
   }
 
   const fleet_config cfg;

@@ -1,34 +1,57 @@
 // singleflight/detail/fleet/fleet_protocol.hpp -- internal; do not include directly.
 //
 // The fleet's wire protocol: the Redis names of one logical key, the record
-// stored under it, and the five steps (GET, acquire, renew, store,
-// invalidate), each one round trip on a connection the caller holds. The
-// decisions (when to race, wait, load, give up) are fleet.hpp's; this file
-// only says what goes over the wire. No state, no lock.
+// stored under it, and its steps (GET, acquire, renew, store, release,
+// invalidate, wait for replicas), each one round trip on a connection the
+// caller holds. The decisions (when to race, wait, load, give up) are
+// fleet_flight.hpp's; this file only says what goes over the wire. No state,
+// no lock.
 //
-// Names of the logical key K under prefix P (one hash tag, so that every
-// script touches one Redis Cluster slot):
-//   {P:K}:v   the record: a value or an error marker, with a TTL
-//   {P:K}:l   the lease: a random token, SET NX PX lease_ttl
-//   {P:K}:m   metadata hash: `fence` (the fencing counter) and `gen` (the
-//             generation, bumped by invalidate), with a TTL refreshed by every
-//             step that touches it
-//   {P:K}:c   the pub/sub channel leaders publish on ("v", "r", "e<text>")
+// Names of the logical key K under prefix P, N the length of P in decimal:
+//   {N:P:K}:v        the record: a value or an error marker, with a TTL
+//   {N:P:K}:l        the lease: a random token, SET NX PX lease_ttl
+//   {N:P:K}:m        metadata hash: `fence` (the fencing counter) and `gen` (the
+//                    generation, bumped by invalidate), with a TTL refreshed by
+//                    every step that touches it
+//   {N:P:K}:c        the pub/sub channel leaders publish on: "v" (stored), "r"
+//                    (lease released without a value: race again), "n" (a value
+//                    was loaded but could not be stored: load for yourself),
+//                    "e<text>" (the load failed)
+//   {N:P:K}:g:<tok>  a race its client gave up on (a tombstone, meta_ttl)
+// The length makes the names injective: from a name, N says where P ends and
+// K begins, so no two (prefix, key) pairs share a name whatever ':' or braces
+// either holds ("users" + "eu:42" is {5:users:eu:42}, "users:eu" + "42" is
+// {8:users:eu:42}). Every name of one key shares the hash tag (the names of
+// one slot, as Redis Cluster requires of a script; a fleet itself talks to
+// one node: fleet_options::redis_uri).
 //
 // Record: "SF1|<kind>|<codec tag>|<fence>|<gen>|<checksum>|<payload>", kind
 // 'v' (payload = the codec's bytes) or 'e' (payload = the failure's text),
 // checksum = FNV-1a 64 (16 hex digits) of everything between "SF1|" and the
 // checksum, plus the payload. Anything else under the name (another program's
 // value, a truncated or bit-flipped record, another codec's tag, another Redis
-// type) is a miss, never a value.
+// type) is a miss, never a value. A codec tag holds no '|' (fleet_config::of).
 //
-// Fences: the first acquisition of a key (or the first after its metadata
-// expired) seeds the counter with the server's clock in microseconds, so a
-// fence handed out after the metadata expired is always greater than any
-// handed out before: a leader paused for longer than the metadata lives can
-// still not store (its fence is no longer the newest).
+// Fences and generations: the first script that finds a key's metadata
+// missing (or not a hash of integers: foreign data under the name) seeds both
+// with the server's clock in microseconds, so a fence or generation handed
+// out after the metadata expired or was evicted is greater than any handed
+// out before (as long as the server's clock does not go back, and a key sees
+// fewer than one acquisition or invalidation per microsecond): a leader
+// paused for longer than the metadata lives can still not store, and
+// invalidate's generations only grow.
+//
+// Scripts check the type of every name they write before their first write
+// (Lua does not roll back a script that fails half-way): a name holding
+// another Redis type, or a "lease" without an expiry (no fleet sets one), is
+// taken over. PUBLISH is the one step a script may be refused (an ACL user
+// without channel rights): it runs last, through pcall, and the script
+// reports whether it published instead of failing after its writes.
 #pragma once
 
+#include <sys/time.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -44,27 +67,38 @@
 
 namespace singleflight::detail {
 
-// The four Redis names of one logical key.
+// The Redis names of one logical key.
 struct fleet_names {
   std::string value;
   std::string lease;
   std::string meta;
   std::string channel;
+  std::string tag;  // "{N:P:K}:", what every name starts with
 
   static fleet_names of(std::string_view prefix, std::string_view key) {
-    std::string tag;
-    tag.reserve(prefix.size() + key.size() + 4);
-    tag += '{';
-    tag += prefix;
-    tag += ':';
-    tag += key;
-    tag += "}:";
+    const std::string length = std::to_string(prefix.size());
     fleet_names n;
-    n.value = tag + 'v';
-    n.lease = tag + 'l';
-    n.meta = tag + 'm';
-    n.channel = std::move(tag) + 'c';
+    n.tag.reserve(length.size() + prefix.size() + key.size() + 5);
+    n.tag += '{';
+    n.tag += length;
+    n.tag += ':';
+    n.tag += prefix;
+    n.tag += ':';
+    n.tag += key;
+    n.tag += "}:";
+    n.value = n.tag + 'v';
+    n.lease = n.tag + 'l';
+    n.meta = n.tag + 'm';
+    n.channel = n.tag + 'c';
     return n;
+  }
+
+  // The tombstone of a race with lease token `token` that its client gave up on.
+  std::string tomb(std::string_view token) const {
+    std::string t = tag;
+    t += "g:";
+    t += token;
+    return t;
   }
 };
 
@@ -155,25 +189,55 @@ struct lua_script {
   explicit lua_script(std::string_view b) : body(b), sha(sha1_hex(b)) {}
 };
 
-// ACQUIRE. KEYS: value, lease, meta. ARGV: token, lease_ttl_ms, meta_ttl_ms, read ("1": read
-// the value first). Returns {0, record} (a value is there), {1, pttl} (lost: someone holds
-// the lease), or {2, fence, gen} (won).
+// What every script may call, prepended to each body:
+//   claim(name, type)  deletes what `name` holds unless it is `type` (or nothing);
+//   seed(meta)         makes `meta` a hash whose fence and gen are integers, seeding
+//                      a missing or foreign one from the server's clock (microseconds);
+//   note(channel, m)   PUBLISH through pcall: 1 when published, 0 when refused (ACL).
+#define SINGLEFLIGHT_FLEET_LUA_PRELUDE                                       \
+  "if redis.replicate_commands then redis.replicate_commands() end\n"        \
+  "local function claim(name, kind)\n"                                       \
+  "  local t = redis.call('TYPE', name)['ok']\n"                             \
+  "  if t ~= 'none' and t ~= kind then redis.call('DEL', name) end\n"        \
+  "end\n"                                                                    \
+  "local function seed(meta)\n"                                              \
+  "  claim(meta, 'hash')\n"                                                  \
+  "  local m = redis.call('HMGET', meta, 'fence', 'gen')\n"                  \
+  "  local int = function(v) return v and string.match(v, '^%-?%d+$') end\n" \
+  "  if not (int(m[1]) and int(m[2])) then\n"                                \
+  "    local t = redis.call('TIME')\n"                                       \
+  "    local now = t[1] .. string.format('%06d', tonumber(t[2]))\n"          \
+  "    if not int(m[1]) then redis.call('HSET', meta, 'fence', now) end\n"   \
+  "    if not int(m[2]) then redis.call('HSET', meta, 'gen', now) end\n"     \
+  "  end\n"                                                                  \
+  "end\n"                                                                    \
+  "local function note(channel, message)\n"                                  \
+  "  local r = redis.pcall('PUBLISH', channel, message)\n"                   \
+  "  if type(r) == 'table' and r.err then return 0 end\n"                    \
+  "  return 1\n"                                                             \
+  "end\n"
+
+// ACQUIRE. KEYS: value, lease, meta, tombstone. ARGV: token, lease_ttl_ms, meta_ttl_ms, read
+// ("1": read the value first). Returns {0, record} (a value is there), {1, pttl} (lost:
+// someone holds the lease), {2, fence, gen} (won), or {3} (this race's client gave up on it
+// before it ran: nothing written).
 inline const lua_script& acquire_script() {
-  static const lua_script s(R"lua(
-if redis.replicate_commands then redis.replicate_commands() end
+  static const lua_script s(SINGLEFLIGHT_FLEET_LUA_PRELUDE R"lua(
+if redis.call('EXISTS', KEYS[4]) == 1 then return {3} end
 if ARGV[4] == '1' then
   local v = redis.pcall('GET', KEYS[1])
   if type(v) == 'string' then return {0, v} end
 end
+local l = redis.call('TYPE', KEYS[2])['ok']
+if l ~= 'none' and (l ~= 'string' or redis.call('PTTL', KEYS[2]) == -1) then
+  redis.call('DEL', KEYS[2])
+end
 if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {1, redis.call('PTTL', KEYS[2])}
 end
-if redis.call('HEXISTS', KEYS[3], 'fence') == 0 then
-  local t = redis.call('TIME')
-  redis.call('HSET', KEYS[3], 'fence', t[1] .. string.format('%06d', tonumber(t[2])))
-end
+seed(KEYS[3])
 local f = redis.call('HINCRBY', KEYS[3], 'fence', 1)
-local g = redis.call('HGET', KEYS[3], 'gen') or '0'
+local g = redis.call('HGET', KEYS[3], 'gen')
 redis.call('PEXPIRE', KEYS[3], ARGV[3])
 return {2, f, g}
 )lua");
@@ -183,7 +247,7 @@ return {2, f, g}
 // RENEW. KEYS: lease, meta. ARGV: token, lease_ttl_ms, meta_ttl_ms. 1 while the lease is ours.
 inline const lua_script& renew_script() {
   static const lua_script s(R"lua(
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+if redis.pcall('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   redis.call('PEXPIRE', KEYS[2], ARGV[3])
   return 1
@@ -194,42 +258,61 @@ return 0
 }
 
 // STORE. KEYS: value, lease, meta. ARGV: token, fence, gen, record ('' = store nothing),
-// ttl_ms, channel, message, meta_ttl_ms. Returns 1 (stored/published), -1 (a newer fence
-// exists: nothing written, nothing published: the newer leader publishes), -2 (the key was
-// invalidated since this leader's acquisition: nothing stored, lease released, "r" published
-// so that waiters race again).
+// ttl_ms, channel, message, meta_ttl_ms. Returns {code, published}: code 1 (stored, or
+// nothing to store; `message` published), -1 (no newer fence can be ruled out: nothing
+// written, nothing published: the newer leader publishes), -2 (the key was invalidated since
+// this leader's acquisition: nothing stored, lease released, "r" published so that waiters
+// race again); published 0 when PUBLISH was refused.
 inline const lua_script& store_script() {
-  static const lua_script s(R"lua(
+  static const lua_script s(SINGLEFLIGHT_FLEET_LUA_PRELUDE R"lua(
+if redis.call('TYPE', KEYS[3])['ok'] ~= 'hash' then return {-1, 1} end
 local m = redis.call('HMGET', KEYS[3], 'fence', 'gen')
-if m[1] ~= ARGV[2] then return -1 end
-if redis.call('GET', KEYS[2]) == ARGV[1] then redis.call('DEL', KEYS[2]) end
+if m[1] ~= ARGV[2] then return {-1, 1} end
+if redis.pcall('GET', KEYS[2]) == ARGV[1] then redis.call('DEL', KEYS[2]) end
 if (m[2] or '0') ~= ARGV[3] then
-  redis.call('PUBLISH', ARGV[6], 'r')
-  return -2
+  return {-2, note(ARGV[6], 'r')}
 end
 if ARGV[4] ~= '' and tonumber(ARGV[5]) > 0 then
   redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[5])
 end
 redis.call('PEXPIRE', KEYS[3], ARGV[8])
-redis.call('PUBLISH', ARGV[6], ARGV[7])
-return 1
+return {1, note(ARGV[6], ARGV[7])}
+)lua");
+  return s;
+}
+
+// RELEASE. KEYS: lease, tombstone. ARGV: token, tombstone_ttl_ms ('0': none), channel,
+// message. Writes the tombstone (when asked: a race given up on, which may still run later
+// and must then not take the lease), then releases the lease if it holds `token` and
+// publishes `message`. Returns 1 (released, published), 0 (released, PUBLISH refused), -1
+// (the lease was not this token's: nothing released, nothing published).
+inline const lua_script& release_script() {
+  static const lua_script s(SINGLEFLIGHT_FLEET_LUA_PRELUDE R"lua(
+if ARGV[2] ~= '0' then redis.call('SET', KEYS[2], '1', 'PX', ARGV[2]) end
+if redis.pcall('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return note(ARGV[3], ARGV[4])
+end
+return -1
 )lua");
   return s;
 }
 
 // INVALIDATE. KEYS: value, meta. ARGV: channel, meta_ttl_ms. Deletes the value, bumps the
-// generation (so that no load acquired before this stores), wakes waiters. Returns the new
-// generation.
+// generation (so that no load acquired before this stores), wakes waiters. Returns {the new
+// generation, published}.
 inline const lua_script& invalidate_script() {
-  static const lua_script s(R"lua(
+  static const lua_script s(SINGLEFLIGHT_FLEET_LUA_PRELUDE R"lua(
+seed(KEYS[2])
 redis.call('DEL', KEYS[1])
 local g = redis.call('HINCRBY', KEYS[2], 'gen', 1)
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
-redis.call('PUBLISH', ARGV[1], 'r')
-return g
+return {g, note(ARGV[1], 'r')}
 )lua");
   return s;
 }
+
+#undef SINGLEFLIGHT_FLEET_LUA_PRELUDE
 
 // Runs a script by its SHA; on NOSCRIPT (a fresh or flushed server) sends the body once,
 // which also caches it. keys and args are appended in order.
@@ -295,7 +378,8 @@ inline acquire_result acquire(redis_conn& c, const fleet_names& n, std::string_v
                               std::chrono::milliseconds meta_ttl, bool read_value) {
   const std::string lease_ms = ms_text(lease_ttl);
   const std::string meta_ms = ms_text(meta_ttl);
-  const redis_reply r = run_script(c, acquire_script(), {n.value, n.lease, n.meta},
+  const std::string tomb = n.tomb(token);
+  const redis_reply r = run_script(c, acquire_script(), {n.value, n.lease, n.meta, tomb},
                                    {token, lease_ms, meta_ms, read_value ? "1" : "0"});
   if (r->type != REDIS_REPLY_ARRAY || r->elements < 2 ||
       r->element[0]->type != REDIS_REPLY_INTEGER) {
@@ -331,30 +415,83 @@ inline bool renew(redis_conn& c, const fleet_names& n, std::string_view token,
   return r->integer == 1;
 }
 
+// A {code, published} reply (store, invalidate): the code; `published` set from the flag.
+inline long long coded_reply(const redis_reply& r, const char* step, bool& published) {
+  if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+      r->element[0]->type != REDIS_REPLY_INTEGER || r->element[1]->type != REDIS_REPLY_INTEGER) {
+    throw redis_failure(std::string(step) + ": unexpected reply");
+  }
+  published = r->element[1]->integer == 1;
+  return r->element[0]->integer;
+}
+
 enum class store_result { stored, fenced_out, invalidated };
 
+// store(...): the store script; `published` says whether its PUBLISH went out.
 inline store_result store(redis_conn& c, const fleet_names& n, std::string_view token,
                           std::string_view fence, std::string_view gen, std::string_view rec,
                           std::chrono::milliseconds ttl, std::string_view message,
-                          std::chrono::milliseconds meta_ttl) {
+                          std::chrono::milliseconds meta_ttl, bool& published) {
   const std::string ttl_ms = ms_text(ttl);
   const std::string meta_ms = ms_text(meta_ttl);
   const redis_reply r = run_script(c, store_script(), {n.value, n.lease, n.meta},
                                    {token, fence, gen, rec, ttl_ms, n.channel, message, meta_ms});
-  if (r->type != REDIS_REPLY_INTEGER) throw redis_failure("store: unexpected reply");
-  if (r->integer == -1) return store_result::fenced_out;
-  if (r->integer == -2) return store_result::invalidated;
+  const long long code = coded_reply(r, "store", published);
+  if (code == -1) return store_result::fenced_out;
+  if (code == -2) return store_result::invalidated;
   return store_result::stored;
 }
 
+enum class release_result { released, not_ours };
+
+// release(...): the release script, with a tombstone for `tomb_ttl` when it is > 0 (a race
+// given up on); `published` says whether `message` went out.
+inline release_result release(redis_conn& c, const fleet_names& n, std::string_view token,
+                              std::chrono::milliseconds tomb_ttl, std::string_view message,
+                              bool& published) {
+  const std::string tomb = n.tomb(token);
+  const std::string tomb_ms = ms_text(std::max(tomb_ttl, std::chrono::milliseconds(0)));
+  const redis_reply r =
+      run_script(c, release_script(), {n.lease, tomb}, {token, tomb_ms, n.channel, message});
+  if (r->type != REDIS_REPLY_INTEGER) throw redis_failure("release: unexpected reply");
+  published = r->integer == 1;
+  return r->integer == -1 ? release_result::not_ours : release_result::released;
+}
+
+// invalidate(...): the new generation; `published` says whether the waiters were told.
 inline std::uint64_t invalidate(redis_conn& c, const fleet_names& n,
-                                std::chrono::milliseconds meta_ttl) {
+                                std::chrono::milliseconds meta_ttl, bool& published) {
   const std::string meta_ms = ms_text(meta_ttl);
   const redis_reply r = run_script(c, invalidate_script(), {n.value, n.meta}, {n.channel, meta_ms});
-  if (r->type != REDIS_REPLY_INTEGER || r->integer < 0) {
-    throw redis_failure("invalidate: unexpected reply");
+  const long long gen = coded_reply(r, "invalidate", published);
+  if (gen < 0) throw redis_failure("invalidate: unexpected reply");
+  return static_cast<std::uint64_t>(gen);
+}
+
+// wait_replicas(c, replicas, bound, timeout): WAIT replicas bound; how many replicas
+// acknowledged every write made on `c` so far. The server blocks up to `bound`, so this one
+// round trip waits up to bound + timeout (the connection's own bound, restored after it).
+inline long long wait_replicas(redis_conn& c, std::uint32_t replicas,
+                               std::chrono::milliseconds bound, std::chrono::milliseconds timeout) {
+  const auto tv = [](std::chrono::milliseconds d) {
+    timeval t{};
+    t.tv_sec = static_cast<decltype(t.tv_sec)>(d.count() / 1000);
+    t.tv_usec = static_cast<decltype(t.tv_usec)>((d.count() % 1000) * 1000);
+    return t;
+  };
+  if (redisSetTimeout(c.raw(), tv(bound + timeout)) != REDIS_OK) {
+    c.mark_broken();
+    throw redis_failure("WAIT: cannot set the timeout");
   }
-  return static_cast<std::uint64_t>(r->integer);
+  const std::string n = std::to_string(replicas);
+  const std::string ms = ms_text(bound);
+  const redis_reply r = c.command({"WAIT", n, ms});
+  if (redisSetTimeout(c.raw(), tv(timeout)) != REDIS_OK) c.mark_broken();
+  if (r->type != REDIS_REPLY_INTEGER) {
+    throw redis_failure("WAIT: " +
+                        std::string(is_error(r.get()) ? text_of(r.get()) : "unexpected reply"));
+  }
+  return r->integer;
 }
 
 }  // namespace singleflight::detail

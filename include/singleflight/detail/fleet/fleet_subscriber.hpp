@@ -23,7 +23,12 @@
 // and to apply what it read; connecting, writing, polling and reading happen
 // without it. Waiters wait on their channel's condition variable under `mu_`;
 // the thread notifies under `mu_` after setting the counters the waiters test
-// (no lost wake-up). Nothing here calls out while holding `mu_`.
+// (no lost wake-up). A waiter's stop token wakes it through a stop_callback
+// that notifies under `mu_` too (the waiter tests stop_requested() in its
+// predicate, under `mu_`); the callback is registered before the waiter takes
+// `mu_` (it runs in its constructor when the token is already stopped) and
+// destroyed after it released `mu_` (~stop_callback waits for a run on another
+// thread, which takes `mu_`). Nothing here calls out while holding `mu_`.
 #pragma once
 
 #include <fcntl.h>
@@ -39,7 +44,6 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <stop_token>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -48,6 +52,7 @@
 #include <utility>
 #include <vector>
 
+#include "../../stop_token.hpp"
 #include "fleet_hooks.hpp"
 #include "redis_conn.hpp"
 #include "redis_pool.hpp"
@@ -62,7 +67,7 @@ class fleet_subscriber {
     std::uint64_t confirmations = 0;
     std::uint64_t messages = 0;
     std::string last;  // the latest message
-    std::condition_variable_any cv;
+    std::condition_variable cv;
   };
 
  public:
@@ -102,13 +107,14 @@ class fleet_subscriber {
     // subscription; false at `until`, on `st`'s stop, or when the subscriber
     // closes. Events before the confirmation are not reported later.
     template <class Clock, class Duration>
-    bool wait_confirmed(std::chrono::time_point<Clock, Duration> until, const std::stop_token& st) {
+    bool wait_confirmed(std::chrono::time_point<Clock, Duration> until, const stop_token& st) {
+      const stop_callback<wake_on_stop> wake(st, wake_on_stop{owner_, ch_});  // before lk
       std::unique_lock<std::mutex> lk(owner_->mu_);
-      const bool ok =
-          ch_->cv.wait_until(lk, st, until, [&] { return ch_->confirmed || owner_->closing_; });
+      (void)ch_->cv.wait_until(
+          lk, until, [&] { return ch_->confirmed || owner_->closing_ || st.stop_requested(); });
       seen_confirmations_ = ch_->confirmations;
       seen_messages_ = ch_->messages;
-      return ok && ch_->confirmed;
+      return ch_->confirmed;
     }
 
     // wait_event(until, st, message): the first of: a message (copied into
@@ -117,14 +123,15 @@ class fleet_subscriber {
     // the previous wait are reported at once (nothing between two waits is
     // lost; several are reported as one, the latest message winning).
     template <class Clock, class Duration>
-    event wait_event(std::chrono::time_point<Clock, Duration> until, const std::stop_token& st,
+    event wait_event(std::chrono::time_point<Clock, Duration> until, const stop_token& st,
                      std::string& message) {
+      const stop_callback<wake_on_stop> wake(st, wake_on_stop{owner_, ch_});  // before lk
       std::unique_lock<std::mutex> lk(owner_->mu_);
       const auto news = [&] {
         return ch_->messages != seen_messages_ || ch_->confirmations != seen_confirmations_ ||
-               owner_->closing_;
+               owner_->closing_ || st.stop_requested();
       };
-      (void)ch_->cv.wait_until(lk, st, until, news);
+      (void)ch_->cv.wait_until(lk, until, news);
       if (ch_->messages != seen_messages_) {
         seen_messages_ = ch_->messages;
         seen_confirmations_ = ch_->confirmations;
@@ -142,6 +149,18 @@ class fleet_subscriber {
 
    private:
     friend class fleet_subscriber;
+
+    // Wakes a waiter whose stop token fired: notifies under mu_, so that a
+    // waiter that tested stop_requested() before the stop is already waiting.
+    struct wake_on_stop {
+      fleet_subscriber* owner;
+      channel_state* ch;
+      void operator()() const noexcept {
+        const std::lock_guard<std::mutex> lk(owner->mu_);
+        ch->cv.notify_all();
+      }
+    };
+
     watch(fleet_subscriber* owner, channel_state* ch, std::string name) noexcept
         : owner_(owner), ch_(ch), name_(std::move(name)) {}
 
@@ -434,7 +453,7 @@ class fleet_subscriber {
   int wake_write_ = -1;
 
   mutable std::mutex mu_;
-  std::condition_variable_any cv_;  // the thread's wait while it has no connection
+  std::condition_variable cv_;  // the thread's wait while it has no connection
   std::unordered_map<std::string, std::unique_ptr<channel_state>> channels_;  // guarded by mu_
   bool closing_ = false;                                                      // guarded by mu_
   bool dirty_ = false;                                                        // guarded by mu_

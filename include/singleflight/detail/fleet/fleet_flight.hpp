@@ -1,0 +1,392 @@
+// singleflight/detail/fleet/fleet_flight.hpp -- internal; do not include directly.
+//
+// detail::fleet_flight: one process's flight for one key through the fleet's
+// protocol, the decisions that put fleet_protocol.hpp's steps together: a hit,
+// the race for the lease, a follower's waits, a leader's load and store, a
+// local load when Redis fails or max_wait passes. It does not depend on the
+// fleet's Key and T: what does (decoding a payload, calling the loader,
+// encoding its value) is behind detail::fleet_value, which fleet.hpp
+// implements for each flight. So this code is compiled once per program, not
+// once per fleet<Key, T> and loader type.
+//
+// Locking: none of its own. A flight runs on one thread (the one the local
+// group runs fn on: the first caller, the executor, or a worker) and uses the
+// engine's parts, each with its own lock; it holds none of them, and no
+// pooled connection, while it calls fleet_value (user code: the loader, the
+// codec).
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <exception>
+#include <memory>
+#include <new>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "../../errors.hpp"
+#include "../../fleet_options.hpp"
+#include "../../stop_token.hpp"
+#include "../unwind.hpp"
+#include "fleet_engine.hpp"
+#include "fleet_protocol.hpp"
+
+namespace singleflight::detail {
+
+// fleet_value: what a flight needs of the value type. fleet.hpp implements it
+// for one flight, holding the loader and the flight's result (a T); the flight
+// only moves bytes.
+class fleet_value {
+ public:
+  fleet_value(const fleet_value&) = delete;
+  fleet_value& operator=(const fleet_value&) = delete;
+
+  // decode(payload): the codec's value of a record's payload becomes the
+  // flight's result. Throws what the codec throws (the flight takes any throw
+  // for a miss).
+  virtual void decode(std::string_view payload) = 0;
+  // load(st): calls the loader; its value becomes the flight's result. Throws
+  // what the loader throws.
+  virtual void load(const stop_token& st) = 0;
+  // encode(): the codec's bytes of the result load() produced. Throws what
+  // the codec throws.
+  virtual std::string encode() = 0;
+
+ protected:
+  fleet_value() = default;
+  ~fleet_value() = default;
+};
+
+class fleet_flight {
+  using clock = std::chrono::steady_clock;
+
+ public:
+  // A flight of `text` (the key codec's text) through engine `e`, for a codec
+  // whose tag is `tag`; `st` is the local flight's token. Throws std::bad_alloc.
+  fleet_flight(fleet_engine& e, std::string_view tag, const std::string& text, fleet_value& v,
+               const stop_token& st)
+      : e_(e),
+        tag_(tag),
+        text_(text),
+        names_(fleet_names::of(e.cfg.key_prefix, text)),
+        v_(v),
+        st_(st) {}
+  fleet_flight(const fleet_flight&) = delete;
+  fleet_flight& operator=(const fleet_flight&) = delete;
+  ~fleet_flight() = default;
+
+  // run(): the protocol. On return the value's result is set (from Redis, or
+  // from the loader here). Throws what the loader throws (in this process),
+  // remote_load_error (another process's load failed, or its error marker is
+  // stored), cancelled_error (the flight's token stopped while it waited),
+  // closed_error (the fleet closed while it waited). Never a Redis error:
+  // Redis failing means a local load.
+  void run() {
+    auto& n = e_.counters;
+    if (!e_.breaker.allow()) return load_locally();
+
+    // 1. GET: a hit costs this one round trip.
+    get_result first;
+    if (!round_trip([&](redis_conn& c) { first = get_value(c, names_); })) return load_locally();
+    bool read_value = true;  // may the race script return the value it finds?
+    if (first.kind == get_result::found) {
+      e_.breaker.success();
+      if (take(first.bytes)) {
+        fleet_counters::bump(n.hits);
+        return;
+      }
+      read_value = false;
+    } else if (first.kind == get_result::foreign) {
+      fleet_counters::bump(n.decode_failures);
+      read_value = false;
+    }
+
+    // 2. Miss: race for the lease; lose, wait, race again.
+    const clock::time_point give_up = clock::now() + e_.cfg.max_wait;
+    fleet_subscriber::watch w;
+    bool woken = false;  // a message woke this follower since its last race
+    std::string message;
+    for (;;) {
+      if (st_.stop_requested()) throw cancelled_error();
+      std::string token = e_.new_token();
+      acquire_result a;
+      if (!round_trip([&](redis_conn& c) {
+            a = acquire(c, names_, token, e_.cfg.lease_ttl, e_.cfg.meta_ttl, read_value);
+          })) {
+        // The race may still run on the server (a reply lost, a server that
+        // stalled): it must then take no lease that nobody holds.
+        if (sent_) e_.give_up(names_, token);
+        return load_locally();
+      }
+      e_.breaker.success();
+      if (a.kind == acquire_result::found) {
+        if (take(a.bytes)) {
+          fleet_counters::bump(woken ? n.follower_woken : n.late_hit);
+          return;
+        }
+        read_value = false;
+        continue;  // not ours to read: race without reading
+      }
+      if (a.kind == acquire_result::won) {
+        conn_.reset();  // no connection is held while the loader runs
+        return lead(token, a.fence, a.gen);
+      }
+
+      // Lost: another process holds the lease.
+      conn_.reset();  // nor while this flight waits
+      e_.at(fleet_point::lost_race, text_);
+      if (!w) {
+        w = e_.subscriber.subscribe(names_.channel);
+        const auto until = std::min(clock::now() + e_.cfg.wait_slice, give_up);
+        if (w.wait_confirmed(until, st_)) {
+          // Whatever the leader published before this point was not seen: a
+          // stored value, or a released lease ("r": an abandoned or refused
+          // load). Race again now (the race re-reads the value first); from
+          // here on no message is missed.
+          e_.at(fleet_point::subscribed, text_);
+          read_value = true;
+          woken = false;
+          continue;
+        }
+      }
+      if (st_.stop_requested()) throw cancelled_error();
+      if (clock::now() >= give_up) return load_locally();
+
+      e_.at(fleet_point::waiting, text_);
+      const auto until = std::min(clock::now() + e_.cfg.wait_slice, give_up);
+      switch (w.wait_event(until, st_, message)) {
+        case fleet_subscriber::event::message:
+          if (!message.empty() && message.front() == 'e') {
+            // The leader's load failed: fail fast rather than load again.
+            fleet_counters::bump(n.remote_failures);
+            throw remote_load_error("singleflight::fleet: the load failed in another process: " +
+                                    message.substr(1));
+          }
+          // The leader has a value it could not store (over max_value_bytes, a
+          // store Redis refused, an encode that threw): racing again would make
+          // the followers load one after another; each loads now, at once.
+          if (message == "n") return load_locally();
+          woken = message == "v";
+          break;
+        case fleet_subscriber::event::stopped:
+          throw cancelled_error();
+        case fleet_subscriber::event::closed:
+          throw closed_error();
+        case fleet_subscriber::event::resubscribed:
+        case fleet_subscriber::event::timeout:
+          woken = false;
+          break;
+      }
+      if (clock::now() >= give_up) return load_locally();
+      read_value = true;
+    }
+  }
+
+ private:
+  // One round trip on the flight's connection (taken from the pool on first
+  // use); false, with the connection dropped, when Redis failed: a failure
+  // for the breaker (sent_ then says whether the command may have been sent:
+  // a connection was had). Successes are reported by run(), once the call's Redis
+  // part has worked (a hit, or a race that got an answer): a GET that works
+  // while writes stall (CLIENT PAUSE WRITE, a read-only replica) must not keep
+  // the breaker closed for calls that then time out.
+  template <class Step>
+  bool round_trip(Step&& step) {
+    sent_ = false;
+    try {
+      if (!conn_) conn_.emplace(e_.pool.acquire());
+      sent_ = true;  // from here the command may reach the server, whatever happens next
+      step(**conn_);
+      return true;
+    } catch (const redis_failure&) {
+      conn_.reset();
+      fleet_counters::bump(e_.counters.redis_errors);
+      (void)e_.breaker.failure();
+      return false;
+    }
+  }
+
+  // The lease is ours: load, then store (fenced) and publish.
+  void lead(const std::string& token, const std::string& fence, const std::string& gen) {
+    fleet_counters::bump(e_.counters.leader);
+    fleet_counters::bump(e_.counters.origin_calls);
+    e_.at(fleet_point::leading, text_);
+    lease_renewer::handle renewal = e_.renewer.add(names_, token);
+    try {
+      v_.load(st_);
+    } catch (...) {
+      renewal.release();
+      const std::exception_ptr p = std::current_exception();
+      if (!p) throw;  // not a C++ exception (a forced unwind): no cleanup, the lease expires
+      fail(token, fence, gen, p, st_.stop_requested());
+      throw;
+    }
+    renewal.release();
+    e_.at(fleet_point::loaded, text_);
+    std::string rec;
+    try {
+      rec = make_record('v', tag_, fence, gen, v_.encode());
+    } catch (...) {
+      SINGLEFLIGHT_RETHROW_FOREIGN();
+      // Cannot share it: release the lease; the followers load for themselves.
+      publish(token, fence, gen, "", e_.cfg.value_ttl, "n");
+      return;
+    }
+    if (e_.cfg.max_value_bytes > 0 && rec.size() > e_.cfg.max_value_bytes) {
+      fleet_counters::bump(e_.counters.oversized_values);
+      publish(token, fence, gen, "", e_.cfg.value_ttl, "n");
+      return;
+    }
+    publish(token, fence, gen, rec, e_.cfg.value_ttl, "v");
+  }
+
+  // The store script: store `rec` (if not empty) for `ttl` when the fence is
+  // the newest and the generation unchanged, release the lease, publish
+  // `message`; with cfg.replicas, WAIT for them after a stored record. When
+  // the store fails (Redis refused the record, a connection lost), the lease
+  // is released on another connection and the followers told: "n" (load for
+  // yourselves) instead of "v", the same message otherwise. Failures are
+  // counted, never thrown.
+  void publish(const std::string& token, const std::string& fence, const std::string& gen,
+               const std::string& rec, std::chrono::milliseconds ttl,
+               const std::string& message) noexcept {
+    bool stored = false;
+    std::optional<pooled> c;
+    try {
+      c.emplace(e_.pool.acquire());
+      bool published = true;
+      switch (
+          store(**c, names_, token, fence, gen, rec, ttl, message, e_.cfg.meta_ttl, published)) {
+        case store_result::stored:
+          stored = !rec.empty();
+          break;
+        case store_result::fenced_out:
+          fleet_counters::bump(e_.counters.fence_rejections);
+          break;
+        case store_result::invalidated:
+          fleet_counters::bump(e_.counters.invalidated_stores);
+          break;
+      }
+      if (!published) fleet_counters::bump(e_.counters.publish_failures);
+      e_.breaker.success();
+      if (stored && e_.cfg.replicas > 0 &&
+          wait_replicas(**c, e_.cfg.replicas, e_.cfg.replica_timeout, e_.cfg.redis_timeout) <
+              static_cast<long long>(e_.cfg.replicas)) {
+        fleet_counters::bump(e_.counters.replica_timeouts);
+      }
+    } catch (const redis_failure&) {
+      // Whatever the server made of it (a refused record closes the
+      // connection), this connection is not given back.
+      if (c) (*c)->mark_broken();
+      c.reset();
+      fleet_counters::bump(e_.counters.redis_errors);
+      if (!stored) {
+        (void)e_.breaker.failure();
+        release_after_failed_store(
+            token, message == "v" ? std::string_view("n") : std::string_view(message));
+      }
+    } catch (const std::bad_alloc&) {
+      fleet_counters::bump(e_.counters.redis_errors);  // the lease expires
+    }
+    e_.at(fleet_point::stored, text_);  // a test hook; it must not throw
+  }
+
+  // The store script failed: release the lease (if it is still ours) on a
+  // new connection (not one from the pool: the server may have closed those
+  // too) and publish `message`, so that the followers do not wait for the
+  // lease to expire. Failures are counted; then the lease expires.
+  void release_after_failed_store(const std::string& token, std::string_view message) noexcept {
+    try {
+      const std::unique_ptr<redis_conn> c = e_.pool.open();
+      bool published = true;
+      if (release(*c, names_, token, std::chrono::milliseconds(0), message, published) ==
+              release_result::released &&
+          !published) {
+        fleet_counters::bump(e_.counters.publish_failures);
+      }
+    } catch (const redis_failure&) {
+      fleet_counters::bump(e_.counters.redis_errors);
+    } catch (const std::bad_alloc&) {
+      fleet_counters::bump(e_.counters.redis_errors);
+    }
+  }
+
+  // A leader's load failed: publish the error (and store its marker for
+  // error_ttl) so that the followers fail fast, or, when the flight was
+  // abandoned here (its callers left, deadline, close), only release the
+  // lease so that they race again. Never throws.
+  void fail(const std::string& token, const std::string& fence, const std::string& gen,
+            const std::exception_ptr& p, bool abandoned) noexcept {
+    if (abandoned) {
+      publish(token, fence, gen, std::string(), e_.cfg.value_ttl, "r");
+      return;
+    }
+    std::string rec;
+    std::string message;
+    try {
+      const std::string why = what_of(p);
+      if (e_.cfg.error_ttl.count() > 0) rec = make_record('e', tag_, fence, gen, why);
+      message = "e" + why;
+    } catch (const std::bad_alloc&) {
+      rec.clear();
+      message = "r";
+    }
+    publish(token, fence, gen, rec, e_.cfg.error_ttl, message);
+  }
+
+  void load_locally() {
+    fleet_counters::bump(e_.counters.local_fallback);
+    fleet_counters::bump(e_.counters.origin_calls);
+    v_.load(st_);
+  }
+
+  // take(bytes): true when `bytes` is a record of this codec whose value
+  // became the result; false (counted) when it is not a record of this codec.
+  // An error marker throws remote_load_error.
+  bool take(std::string_view bytes) {
+    const std::optional<record> r = parse_record(bytes, tag_);
+    if (!r) {
+      fleet_counters::bump(e_.counters.decode_failures);
+      return false;
+    }
+    if (r->kind == 'e') {
+      fleet_counters::bump(e_.counters.remote_failures);
+      throw remote_load_error("singleflight::fleet: the load failed in another process: " +
+                              std::string(r->payload));
+    }
+    try {
+      v_.decode(r->payload);
+      return true;
+    } catch (...) {
+      SINGLEFLIGHT_RETHROW_FOREIGN();
+      fleet_counters::bump(e_.counters.decode_failures);
+      return false;
+    }
+  }
+
+  static std::string what_of(const std::exception_ptr& p) {
+    std::string text = "an exception not derived from std::exception";
+    try {
+      std::rethrow_exception(p);
+    } catch (const std::exception& x) {
+      text = x.what();
+    } catch (...) {  // NOLINT(bugprone-empty-catch): p is a C++ exception (checked by the caller)
+    }
+    constexpr std::size_t limit = 256;  // error markers stay small
+    if (text.size() > limit) text.resize(limit);
+    return text;
+  }
+
+  fleet_engine& e_;
+  const std::string_view tag_;
+  const std::string& text_;
+  const fleet_names names_;
+  fleet_value& v_;
+  const stop_token& st_;
+  std::optional<pooled> conn_;  // the flight's command connection, between round trips
+  bool sent_ = false;           // the last failed round trip had a connection to send on
+};
+
+}  // namespace singleflight::detail

@@ -1,0 +1,220 @@
+// singleflight/fleet_options.hpp
+//
+// The vocabulary of singleflight::fleet (include <singleflight/fleet.hpp>):
+// `fleet_options` (its construction-time settings), `fleet_stats` (its
+// counters) and their metrics table `metrics::fleet_metrics`, and the two
+// exceptions only a fleet throws, `remote_load_error` and `fleet_error`. Plain
+// types: no state, no lock, no hiredis (a translation unit that only fills in
+// a fleet's settings, or exports its stats, needs neither hiredis nor
+// fleet.hpp). One header for the four, as cache_options.hpp is for the cache:
+// they are read together (a setting, the counter that shows it at work, the
+// error it can cause) and none is useful without the others.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "errors.hpp"
+#include "metrics.hpp"
+#include "options.hpp"
+
+namespace singleflight {
+
+// fleet_options
+//
+// Construction-time settings of a fleet. Durations of 0 where a default is
+// derived take that default; the constructor throws std::invalid_argument
+// for settings that cannot work (a negative duration, renew_every >=
+// lease_ttl, a malformed URI).
+struct fleet_options {
+  // Where Redis is: "tcp://host:port[/db]" (or "redis://..."), or
+  // "unix:///path/to/redis.sock[?db=N]". One node: a fleet sends every
+  // command to this one server, and does not follow Redis Cluster's
+  // redirections (a fleet's keys spread over every node of a cluster, so a
+  // cluster node answers most of them with MOVED, which the fleet takes for
+  // Redis failing: it loads locally). Behind Sentinel, name the primary, or
+  // a proxy that follows it: the fleet does not ask Sentinel.
+  std::string redis_uri = "tcp://127.0.0.1:6379";
+
+  // AUTH: `AUTH password` when only the password is set, `AUTH username
+  // password` (Redis 6 ACL) when both are. Sent in clear (no TLS in hiredis 0.14).
+  std::string username;
+  std::string password;
+
+  // Prefix of every Redis name this fleet uses: "{<key_prefix>:<key text>}:v"
+  // and so on. Fleets that must not share values need different prefixes;
+  // put the value format's version in it.
+  std::string key_prefix = "sf";
+
+  // How long a lease lives without renewal. A leader that dies holds the
+  // key up to this long before another process takes over.
+  std::chrono::milliseconds lease_ttl{5000};
+
+  // How often a leader renews its lease while its loader runs.
+  // 0: lease_ttl / 3. Must be less than lease_ttl.
+  std::chrono::milliseconds renew_every{0};
+
+  // How long a follower waits for the leader's message before it re-reads
+  // and races for the lease again (the bound on a lost message, and the
+  // extra wait after a dead leader's lease expired). 0: lease_ttl / 5.
+  std::chrono::milliseconds wait_slice{0};
+
+  // How long a follower waits for other processes in total before it loads
+  // for itself. 0: 3 * lease_ttl. Keep it above lease_ttl + wait_slice + the
+  // load time, or a slow but live leader costs a second origin call.
+  std::chrono::milliseconds max_wait{0};
+
+  // Bound on every wait for Redis: connect, each command's write and reply.
+  std::chrono::milliseconds redis_timeout{50};
+
+  // How long a stored value lives in Redis (the fleet-wide freshness).
+  std::chrono::milliseconds value_ttl{60000};
+
+  // How long a failed load's error marker lives in Redis; while it does,
+  // get() fails at once with remote_load_error in every process. 0 (the
+  // default): the error is only published to the followers of that load and
+  // the next get() loads again (no poisoned key).
+  std::chrono::milliseconds error_ttl{0};
+
+  // Circuit breaker: after this many consecutive calls whose round trip to
+  // Redis failed (a call that got a hit or a race answer counts as a
+  // success), the fleet skips Redis for breaker_cooldown (loads locally at no
+  // extra latency), then lets one call probe it.
+  std::uint32_t breaker_threshold = 3;
+  std::chrono::milliseconds breaker_cooldown{1000};
+
+  // Idle command connections kept for reuse (more are opened when needed).
+  std::size_t max_idle_connections = 8;
+
+  // The largest record (the codec's bytes plus about 60 bytes of header) a
+  // leader stores. A larger value is returned to its callers but not stored
+  // (counted: oversized_values); the lease is released at once and the
+  // followers load for themselves. 0 (the default): no limit but the
+  // server's (proto-max-bulk-len, 512 MB by default; a store the server
+  // refuses ends the same way).
+  std::size_t max_value_bytes = 0;
+
+  // Replication: with replicas > 0, invalidate() returns only once that many
+  // replicas acknowledged it (WAIT, at most replica_timeout), and throws
+  // fleet_error when fewer did (the invalidation is applied on the primary,
+  // but a failover to a replica that missed it would undo it); a leader's
+  // store waits the same way (a store fewer replicas acknowledged is counted:
+  // replica_timeouts; its callers get their value either way). 0 (the
+  // default): no WAIT, a failover may lose the latest invalidations and
+  // stores (docs/fleet.md, "Replicas and failover").
+  std::uint32_t replicas = 0;
+  std::chrono::milliseconds replica_timeout{100};
+
+  // The local group in front (owner, timeout, max_in_flight, executor).
+  options local;
+};
+
+// fleet_stats
+//
+// Counters of one fleet object (this process) since construction. Each is
+// exact; a snapshot is not one instant (they are read one by one).
+struct fleet_stats {
+  std::uint64_t gets = 0;                // get / async_get / co_get calls
+  std::uint64_t hits = 0;                // flights answered by their first GET
+  std::uint64_t leader = 0;              // flights that won the lease and ran the loader
+  std::uint64_t follower_woken = 0;      // flights answered by another process's value
+                                         // after its message woke them
+  std::uint64_t late_hit = 0;            // flights answered by a value found on a re-read
+                                         // without a message (in the race, after subscribing,
+                                         // after a wait_slice)
+  std::uint64_t local_fallback = 0;      // loads without the lease: Redis failing, breaker
+                                         // open, max_wait passed
+  std::uint64_t lease_lost = 0;          // renewals that found this process's lease gone
+  std::uint64_t fence_rejections = 0;    // stores refused: a newer leader took over
+  std::uint64_t invalidated_stores = 0;  // stores refused: invalidate() ran during the load
+  std::uint64_t decode_failures = 0;     // values that were not a record of this codec
+                                         // (corrupt, foreign): each a miss
+  std::uint64_t redis_errors = 0;        // failed connects and round trips, all connections
+  std::uint64_t remote_failures = 0;     // flights failed with another process's error
+  std::uint64_t origin_calls = 0;        // loader calls here (leader + local_fallback)
+  std::uint64_t breaker_opens = 0;       // times the circuit breaker opened
+  std::uint64_t oversized_values = 0;    // values over max_value_bytes: returned, not stored
+  std::uint64_t publish_failures = 0;    // scripts that wrote but could not PUBLISH (ACL
+                                         // without channel rights): followers wait wait_slice
+  std::uint64_t replica_timeouts = 0;    // invalidations and stores fewer than `replicas`
+                                         // replicas acknowledged within replica_timeout
+};
+
+// remote_load_error
+//
+// Thrown to the callers of a flight that waited for another process whose
+// load failed (its exception's what() is in the message; the exception
+// itself cannot cross processes), and, while an error marker lives
+// (error_ttl), to every get() of that key. Callers of the failed load's own
+// process receive its original exception.
+class SINGLEFLIGHT_EXCEPTION_VISIBLE remote_load_error : public error {
+ public:
+  using error::error;
+};
+
+// fleet_error
+//
+// Thrown by invalidate() when Redis cannot be reached, or when fewer than
+// fleet_options::replicas replicas acknowledged the invalidation in time (it
+// is applied on the primary; a failover may undo it): an invalidation must
+// not be silently lost. get() never throws it.
+class SINGLEFLIGHT_EXCEPTION_VISIBLE fleet_error : public error {
+ public:
+  using error::error;
+};
+
+namespace metrics {
+
+// fleet_metrics: a fleet's `stats()` (fleet_stats), one counter per field, for
+// any exporter that reads metrics::descriptor tables (metrics.hpp), e.g.
+//   collector.add_source({{"fleet", "profiles"}}, singleflight::metrics::fleet_metrics,
+//                        [&] { return profiles.stats(); });
+// and the local group's counters under group_metrics through local_stats().
+inline constexpr std::array fleet_metrics{
+    counter<&fleet_stats::gets>("singleflight_fleet_gets_total", "Calls to get/async_get/co_get"),
+    counter<&fleet_stats::hits>("singleflight_fleet_hits_total",
+                                "Flights answered by their first GET"),
+    counter<&fleet_stats::leader>("singleflight_fleet_leads_total",
+                                  "Flights that won the lease and ran the loader"),
+    counter<&fleet_stats::follower_woken>(
+        "singleflight_fleet_follower_woken_total",
+        "Flights answered by another process's value after its message woke them"),
+    counter<&fleet_stats::late_hit>("singleflight_fleet_late_hits_total",
+                                    "Flights answered by a value found on a re-read"),
+    counter<&fleet_stats::local_fallback>(
+        "singleflight_fleet_local_fallbacks_total",
+        "Loads without the lease: Redis failing, breaker open, max_wait passed"),
+    counter<&fleet_stats::lease_lost>("singleflight_fleet_leases_lost_total",
+                                      "Renewals that found this process's lease gone"),
+    counter<&fleet_stats::fence_rejections>("singleflight_fleet_fence_rejections_total",
+                                            "Stores refused: a newer leader took over"),
+    counter<&fleet_stats::invalidated_stores>("singleflight_fleet_invalidated_stores_total",
+                                              "Stores refused: invalidate() ran during the load"),
+    counter<&fleet_stats::decode_failures>(
+        "singleflight_fleet_decode_failures_total",
+        "Values that were not a record of this codec (corrupt, foreign): misses"),
+    counter<&fleet_stats::redis_errors>("singleflight_fleet_redis_errors_total",
+                                        "Failed connects and round trips"),
+    counter<&fleet_stats::remote_failures>("singleflight_fleet_remote_failures_total",
+                                           "Flights failed with another process's error"),
+    counter<&fleet_stats::origin_calls>("singleflight_fleet_origin_calls_total",
+                                        "Loader calls in this process"),
+    counter<&fleet_stats::breaker_opens>("singleflight_fleet_breaker_opens_total",
+                                         "Times the circuit breaker opened"),
+    counter<&fleet_stats::oversized_values>(
+        "singleflight_fleet_oversized_values_total",
+        "Values over max_value_bytes: returned to their callers, not stored"),
+    counter<&fleet_stats::publish_failures>(
+        "singleflight_fleet_publish_failures_total",
+        "Scripts that wrote but could not publish (no channel rights)"),
+    counter<&fleet_stats::replica_timeouts>(
+        "singleflight_fleet_replica_timeouts_total",
+        "Invalidations and stores fewer replicas than configured acknowledged in time"),
+};
+
+}  // namespace metrics
+
+}  // namespace singleflight
