@@ -18,8 +18,9 @@ int main() {
   for (int i = 0; i < 100; ++i)
     requests.emplace_back([&] {
       profiles.do_("tenant-7|user-42|en-GB|v3", [&] {  // key: everything that changes the result
-        // The slow origin. For the demo it answers once the other 99 requests wait for it.
-        while (profiles.stats().joins < 99)
+        // The slow origin. For the demo it answers once the other 99 requests wait for it
+        // (after 10 s at most: no wait without a bound).
+        for (int ms = 0; profiles.stats().joins < 99 && ms < 10'000; ++ms)
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
         return std::string("profile of user 42");
       });
