@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# bench/compile_time.sh: what including the library costs a build. Compiles, with g++ and
+# clang++ at -O2 (-std=c++20, -c, nothing else), each program of bench/compile_time/ three
+# times and prints the medians, against the same program written naively with a mutex and an
+# unordered_map:
+#   group.cpp  one call of group<std::string, int>::do_     baseline naive_group.cpp
+#   cache.cpp  one call of cache<std::string, int>::get     baseline naive_cache.cpp
+# Columns: wall-clock seconds, CPU seconds (user + sys: what a parallel build pays; less
+# disturbed than wall time by other work on the machine), peak RSS (from /usr/bin/time, when
+# it is installed), and each program's ratio to its baseline (of the CPU seconds).
+#
+#   bench/compile_time.sh                     # g++ and clang++, 3 runs each
+#   RUNS=5 bench/compile_time.sh              # medians of 5
+#   COMPILERS=g++ bench/compile_time.sh       # one compiler
+#   CXXFLAGS='-DNDEBUG' bench/compile_time.sh # extra flags for every compile
+#
+# Quiet machine, nothing else building: the figures are per translation unit, so a build
+# running beside them inflates the wall-clock column first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+src=$root/bench/compile_time
+runs=${RUNS:-3}
+read -r -a compilers <<<"${COMPILERS:-g++ clang++}"
+read -r -a extra <<<"${CXXFLAGS:-}"
+timebin=""
+if [ -x /usr/bin/time ]; then timebin=/usr/bin/time; fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# median of the numbers on stdin
+median() { sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.3f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+# measure <compiler> <file>: prints "wall cpu rss_mb" (medians of $runs)
+measure() {
+  local cxx=$1 file=$2 i
+  : >"$tmp/w"
+  : >"$tmp/c"
+  : >"$tmp/r"
+  for ((i = 0; i < runs; i++)); do
+    if [ -n "$timebin" ]; then
+      "$timebin" -f '%e %U %S %M' -o "$tmp/t" \
+        "$cxx" -std=c++20 -O2 "${extra[@]}" -I "$root/include" -c "$file" -o "$tmp/o.o"
+      read -r wall user sys rss <"$tmp/t"
+    else
+      local t0 t1
+      t0=$(date +%s.%N)
+      "$cxx" -std=c++20 -O2 "${extra[@]}" -I "$root/include" -c "$file" -o "$tmp/o.o"
+      t1=$(date +%s.%N)
+      wall=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')
+      user=$wall sys=0 rss=0
+    fi
+    echo "$wall" >>"$tmp/w"
+    awk -v u="$user" -v s="$sys" 'BEGIN { printf "%.2f\n", u + s }' >>"$tmp/c"
+    echo "$rss" >>"$tmp/r"
+  done
+  echo "$(median <"$tmp/w") $(median <"$tmp/c") $(median <"$tmp/r" | awk '{ printf "%.0f", $1 / 1024 }')"
+}
+
+echo "compile time, -std=c++20 -O2 -c ${extra[*]:-}, medians of $runs ($(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?'))"
+printf '%-10s %-18s %8s %8s %8s %8s\n' compiler program wall_s cpu_s rss_MB ratio
+for cxx in "${compilers[@]}"; do
+  if ! command -v "$cxx" >/dev/null; then
+    echo "$cxx: not found, skipped"
+    continue
+  fi
+  for pair in "group naive_group" "cache naive_cache"; do
+    read -r prog naive <<<"$pair"
+    read -r nw nc nr <<<"$(measure "$cxx" "$src/$naive.cpp")"
+    read -r pw pc pr <<<"$(measure "$cxx" "$src/$prog.cpp")"
+    ratio=$(awk -v a="$pc" -v b="$nc" 'BEGIN { printf "%.2fx", a / b }')
+    printf '%-10s %-18s %8s %8s %8s %8s\n' "$cxx" "$naive.cpp" "$nw" "$nc" "$nr" "1.00x"
+    printf '%-10s %-18s %8s %8s %8s %8s\n' "$cxx" "$prog.cpp" "$pw" "$pc" "$pr" "$ratio"
+  done
+done
