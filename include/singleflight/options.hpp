@@ -56,7 +56,9 @@ struct options {
   // Assign any callable `void(singleflight::task)` (the threads are yours),
   // `singleflight::thread_executor{}` (a thread per flight, owned and joined
   // by the group) or a `singleflight::thread_pool`'s executor().
-  ::singleflight::executor executor;
+  // (Initialised here, as `tracer` below, so that designated initialisers may
+  // omit it under -Wextra's -Wmissing-field-initializers.)
+  ::singleflight::executor executor{};
 
   // Shards of the group's table: keys are spread over them by hash, each
   // under its own lock. A call for a key not in flight writes two cache

@@ -1,5 +1,7 @@
 // The consumer's program: 8 threads ask for the same key at the same time; the origin must
-// run once and all 8 must get its value. Exits 0 only if so.
+// run once and all 8 must get its value. Exits 0 only if so. It also writes options the way the
+// docs do (designated initialisers naming only some fields), which the consumer's -Wall -Wextra
+// -Werror build rejects if a public options field has no default member initialiser.
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -40,11 +42,20 @@ int main() {
     }
   }  // joins
 
+  // Options as the docs write them.
+  singleflight::group<std::string, int> bounded({.timeout = 1s});
+  singleflight::cache<std::string, int> cache({.ttl = 30s, .flight = {.timeout = 2s}});
+  const bool options_ok = bounded.do_("answer", [] { return 42; }) == 42 &&
+                          cache.get("answer", [] { return 42; }) == 42;
+
   const singleflight::stats s = group.stats();
   std::printf(
       "singleflight %d.%d.%d via %s: %d callers, %d served, %d origin call(s), %llu flight(s)\n",
       SINGLEFLIGHT_VERSION_MAJOR, SINGLEFLIGHT_VERSION_MINOR, SINGLEFLIGHT_VERSION_PATCH,
       SF_CONSUME, callers, served.load(), origin_calls.load(),
       static_cast<unsigned long long>(s.flights));
-  return origin_calls == 1 && served == callers && s.flights == 1 && s.joins == callers - 1 ? 0 : 1;
+  return options_ok && origin_calls == 1 && served == callers && s.flights == 1 &&
+                 s.joins == callers - 1
+             ? 0
+             : 1;
 }
