@@ -205,6 +205,14 @@ $(grep 'consumer:' "$dir/configure.log" || cat "$dir/configure.log")"
       fail "$mode: the consumer's Prometheus program failed: $out"
     log "  $out"
   fi
+  # Where standalone Asio is installed (CI installs Debian's libasio-dev), likewise
+  # singleflight::asio.
+  if [ -f /usr/include/asio.hpp ]; then
+    grep -q 'consumer: singleflight::asio available' "$dir/configure.log" ||
+      fail "$mode: Asio is installed but singleflight::asio is not defined"
+    out="$("$dir/build/consumer_asio")" || fail "$mode: the consumer's Asio program failed: $out"
+    log "  $out"
+  fi
 }
 
 re_quote() { printf '%s' "$1" | sed 's/[][\.*^$(){}+?|/]/\\&/g'; }
