@@ -517,12 +517,12 @@ class group : private detail::async_calls<Key, T, Hash, KeyEqual> {
   // waiting keep the old flight, and its completion never evicts the new
   // entry. Thread-safe. Throws whatever Hash or KeyEqual throws.
   bool forget(const Key& key) {
-    const std::uint64_t m = core::mix(this->hash_(key));
-    auto& s = this->shard_of(m);
+    const std::uint64_t mixed = core::mix(this->hash_(key));
+    auto& s = this->shard_of(mixed);
     detail::wake_batch wake;
     {
       std::lock_guard<std::mutex> lk(s.mu);
-      auto* f = this->find(s, key, m);
+      auto* f = this->find(s, key, mixed);
       if (f == nullptr) return false;
       this->erase(s, f);
       // Observers waited for this fn only because of the no-overlap rule,

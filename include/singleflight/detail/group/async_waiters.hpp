@@ -49,7 +49,6 @@ class async_calls : public blocking_calls<Key, T, Hash, KeyEqual> {
   using typename base::flight_t;
   using typename base::kind;
   using typename base::ref_t;
-  using typename base::shard;
 
   using key_type = Key;
   using value_type = T;
@@ -79,7 +78,7 @@ class async_calls : public blocking_calls<Key, T, Hash, KeyEqual> {
 
     async_calls* g;
     stop_token caller;
-    std::uint64_t m = 0;       // the key's mixed hash
+    std::uint64_t mixed = 0;   // the key's mixed hash
     ref_t f;                   // the flight joined, led or observed
     std::exception_ptr error;  // a failure of this caller's own (going round again)
     call_info info{};          // its role and the flight's number, once attached
@@ -171,10 +170,10 @@ class async_calls : public blocking_calls<Key, T, Hash, KeyEqual> {
   void start_callback(const P& key, F&& fn, C&& on_done, stop_token caller,
                       const steady::time_point* bound = nullptr) {
     using node_t = callback_node<std::decay_t<F>, std::decay_t<C>>;
-    const std::uint64_t m = base::mix(this->hash_(key));  // user code: outside the lock
+    const std::uint64_t mixed = base::mix(this->hash_(key));  // user code: outside the lock
     auto* n = new node_t(this, std::forward<C>(on_done), std::move(caller));
     if (bound != nullptr) n->caller_until = *bound;
-    n->m = m;
+    n->mixed = mixed;
     n->has_key = false;
     try {
       start(n, key, std::forward<F>(fn), [n](const P& k, auto&& f) {
@@ -234,7 +233,7 @@ class async_calls : public blocking_calls<Key, T, Hash, KeyEqual> {
     } catch (...) {
       n->error = std::current_exception();
       n->cb.reset();  // outside the lock: a stop callback in flight takes it
-      shard& s = this->shard_of(n->m);
+      shard& s = this->shard_of(n->mixed);
       {
         std::lock_guard<std::mutex> lk(s.mu);
         this->exit_user(s);
@@ -251,7 +250,7 @@ class async_calls : public blocking_calls<Key, T, Hash, KeyEqual> {
   // that attached it is released.
   template <class P, class F, class KeepKey>
   void attach(async_node* n, const P& key, F&& fn, bool first, KeepKey keep) {
-    shard& s = this->shard_of(n->m);
+    shard& s = this->shard_of(n->mixed);
     ref_t previous;  // an observer's old flight: released after the lock
     std::remove_reference_t<F>* fnp = std::addressof(fn);  // moves into the node if it must wait
     std::unique_lock<std::mutex> lk(s.mu);
@@ -276,7 +275,7 @@ class async_calls : public blocking_calls<Key, T, Hash, KeyEqual> {
           ++s.st.wait_timeouts;
           break;
         }
-        flight_t* f = this->find(s, key, n->m);
+        flight_t* f = this->find(s, key, n->mixed);
         if (f == nullptr) {
           if (!this->reserve_entry()) {
             ++s.st.overloaded;
@@ -358,7 +357,7 @@ class async_calls : public blocking_calls<Key, T, Hash, KeyEqual> {
     try {
       if (!fn_is_callers) owned.emplace(std::forward<F>(fn));  // nothing changed yet
       f = this->acquire(s, base::template needs_stop<Fn>);
-      this->insert(s, key, n->m, f);
+      this->insert(s, key, n->mixed, f);
     } catch (...) {
       this->unreserve_entry();
       if (f != nullptr) f->release();
@@ -408,7 +407,7 @@ class async_calls : public blocking_calls<Key, T, Hash, KeyEqual> {
     if (!n->try_leave())
       return;  // claimed: its outcome is on the way, or its next round sees the flag
     async_calls* g = n->g;
-    shard& s = g->shard_of(n->m);
+    shard& s = g->shard_of(n->mixed);
     bool stop = false;
     wake_batch wake;
     {

@@ -49,7 +49,6 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
   using typename base::flight_t;
   using typename base::kind;
   using typename base::ref_t;
-  using typename base::shard;
 
   explicit blocking_calls(options opts) : base(std::move(opts)) {}
 
@@ -132,14 +131,14 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
     if (info != nullptr) *info = call_info{};
     const bool expired = bound != nullptr && *bound <= steady::now();
     if (bound != nullptr && !expired) this->ensure_timer();
-    const std::uint64_t m = base::mix(this->hash_(key));  // user code: outside the lock
-    shard& s = this->shard_of(m);
+    const std::uint64_t mixed = base::mix(this->hash_(key));  // user code: outside the lock
+    shard& s = this->shard_of(mixed);
     blocking_waiter w;
     SINGLEFLIGHT_HOOK(caller_entering);
     // Built in place through every layer below (each returns a prvalue or
     // its one named ticket): no ticket is moved on the leader path.
-    ticket t =
-        locked_call(s, key, m, std::forward<F>(fn), caller, fresh, w, local, info, bound, expired);
+    ticket t = locked_call(s, key, mixed, std::forward<F>(fn), caller, fresh, w, local, info, bound,
+                           expired);
     if (t.early) return t;  // rejected before entering: nothing claimed, nothing to stop
     // No longer a user: only the flight (t.f) and the waiters in t.wake.
     SINGLEFLIGHT_HOOK(caller_exiting);
@@ -213,7 +212,7 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
   // and the bookkeeping of a call nobody claimed. Returns with the lock
   // released.
   template <class P, class F>
-  ticket locked_call(shard& s, const P& key, std::uint64_t m, F&& fn, const stop_token& caller,
+  ticket locked_call(shard& s, const P& key, std::uint64_t mixed, F&& fn, const stop_token& caller,
                      bool fresh, blocking_waiter& w, std::optional<T>& local, call_info* info,
                      const steady::time_point* bound, bool expired) {
     std::unique_lock<std::mutex> lk(s.mu);
@@ -228,17 +227,19 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
       return early_rejection(k);
     }
     this->enter_user(s);
-    return counted_route(lk, s, key, m, std::forward<F>(fn), caller, fresh, w, local, info, bound);
+    return counted_route(lk, s, key, mixed, std::forward<F>(fn), caller, fresh, w, local, info,
+                         bound);
   }
 
   // route() for a call counted as a user; gives the count back unless a
   // settler claimed the call (and did it). Called with `lk` held.
   template <class P, class F>
-  ticket counted_route(std::unique_lock<std::mutex>& lk, shard& s, const P& key, std::uint64_t m,
-                       F&& fn, const stop_token& caller, bool fresh, blocking_waiter& w,
-                       std::optional<T>& local, call_info* info, const steady::time_point* bound) {
-    ticket t =
-        route_or_unwind(lk, s, key, m, std::forward<F>(fn), caller, fresh, w, local, info, bound);
+  ticket counted_route(std::unique_lock<std::mutex>& lk, shard& s, const P& key,
+                       std::uint64_t mixed, F&& fn, const stop_token& caller, bool fresh,
+                       blocking_waiter& w, std::optional<T>& local, call_info* info,
+                       const steady::time_point* bound) {
+    ticket t = route_or_unwind(lk, s, key, mixed, std::forward<F>(fn), caller, fresh, w, local,
+                               info, bound);
     if (!t.accounted) {
       if (t.rejected) ++s.st.rejections;
       if (t.outcome == kind::cancelled) ++s.st.cancellations;
@@ -248,12 +249,12 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
   }
 
   template <class P, class F>
-  ticket route_or_unwind(std::unique_lock<std::mutex>& lk, shard& s, const P& key, std::uint64_t m,
-                         F&& fn, const stop_token& caller, bool fresh, blocking_waiter& w,
-                         std::optional<T>& local, call_info* info,
+  ticket route_or_unwind(std::unique_lock<std::mutex>& lk, shard& s, const P& key,
+                         std::uint64_t mixed, F&& fn, const stop_token& caller, bool fresh,
+                         blocking_waiter& w, std::optional<T>& local, call_info* info,
                          const steady::time_point* bound) {
     try {
-      return route(lk, s, key, m, std::forward<F>(fn), caller, fresh, w, local, info, bound);
+      return route(lk, s, key, mixed, std::forward<F>(fn), caller, fresh, w, local, info, bound);
     }
     // fn ended this thread (an inline leader): lead_inline settled the
     // flight and gave back this call's count.
@@ -278,17 +279,17 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
   // returns with it held unless the ticket is `accounted`; throws only while
   // holding it and before attaching.
   template <class P, class F>
-  ticket route(std::unique_lock<std::mutex>& lk, shard& s, const P& key, std::uint64_t m, F&& fn,
-               const stop_token& caller, bool fresh, blocking_waiter& w, std::optional<T>& local,
-               call_info* info, const steady::time_point* bound) {
+  ticket route(std::unique_lock<std::mutex>& lk, shard& s, const P& key, std::uint64_t mixed,
+               F&& fn, const stop_token& caller, bool fresh, blocking_waiter& w,
+               std::optional<T>& local, call_info* info, const steady::time_point* bound) {
     const std::uint64_t arrival = s.seq;
     std::optional<steady::time_point> wait_deadline;
     for (;;) {
       if (s.closed) return rejected(kind::closed);
       if (caller.stop_requested()) return rejected(kind::cancelled);  // after an observe
-      flight_t* f = this->find(s, key, m);
+      flight_t* f = this->find(s, key, mixed);
       if (f == nullptr)
-        return lead(lk, s, key, m, std::forward<F>(fn), caller, w, local, info, bound);
+        return lead(lk, s, key, mixed, std::forward<F>(fn), caller, w, local, info, bound);
       if (f->runner == std::this_thread::get_id()) {
         throw std::logic_error(
             "singleflight: fn called do_ for its own key on the thread running it; it would "
@@ -298,15 +299,15 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
         ++f->waiters;
         ++f->joins;
         ++s.st.joins;
-        if (info != nullptr) *info = call_info{role::follower, number(*f)};
+        if (info != nullptr) *info = call_info{role::follower, this->number(*f)};
         w.reset(/*as_observer=*/false);
         f->list.push(w);
         return wait_outcome(lk, s, ref_t::share(f), caller, w, /*is_leader=*/false, bound);
       }
       // The entry is a stopped fn winding down, or (do_fresh) a flight that
       // started before we arrived: wait until its fn returns, then go again.
-      if (this->opts_.timeout > std::chrono::nanoseconds::zero() && !wait_deadline) {
-        wait_deadline = after(steady::now(), this->opts_.timeout);  // from arrival, once
+      if (this->opts().timeout > std::chrono::nanoseconds::zero() && !wait_deadline) {
+        wait_deadline = after(steady::now(), this->opts().timeout);  // from arrival, once
       }
       std::optional<steady::time_point> until = wait_deadline;  // the earlier of the two bounds
       if (bound != nullptr && (!until || *bound < *until)) until = *bound;
@@ -322,14 +323,6 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
     t.outcome = k;
     t.rejected = true;
     return t;
-  }
-
- protected:
-  // The flight's number as call_info reports it: unique within the group
-  // (the shard's count interleaved with the shard's index); with one shard
-  // it counts flights from 1 in the order they started.
-  std::uint64_t number(const flight_base& f) const noexcept {
-    return (f.seq - 1) * this->shard_count() + f.shard + 1;
   }
 
  private:
@@ -397,7 +390,7 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
  private:
   // Starts a new flight for `key` with this caller as its leader.
   template <class P, class F>
-  ticket lead(std::unique_lock<std::mutex>& lk, shard& s, const P& key, std::uint64_t m, F&& fn,
+  ticket lead(std::unique_lock<std::mutex>& lk, shard& s, const P& key, std::uint64_t mixed, F&& fn,
               const stop_token& caller, blocking_waiter& w, std::optional<T>& local,
               call_info* info, const steady::time_point* bound) {
     using Fn = std::decay_t<F>;
@@ -408,7 +401,7 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
     flight_t* f = nullptr;
     try {
       f = this->acquire(s, base::template needs_stop<Fn>);
-      this->insert(s, key, m, f);
+      this->insert(s, key, mixed, f);
     } catch (...) {
       this->unreserve_entry();
       if (f != nullptr) f->release();
@@ -416,11 +409,11 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
     }
     // Committed: nothing below throws.
     this->started(s, f);
-    if (info != nullptr) *info = call_info{role::leader, number(*f)};
+    if (info != nullptr) *info = call_info{role::leader, this->number(*f)};
     ref_t mine = ref_t::share(f);
 
     if constexpr (!async_fn<Fn, T>) {
-      if (!this->opts_.executor)
+      if (!this->opts().executor)
         return lead_inline(lk, s, std::move(mine), fn, caller, w, local, bound);
     }
 

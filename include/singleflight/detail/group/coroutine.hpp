@@ -71,7 +71,7 @@ class co_awaiter {
   // copy or allocation throw.
   bool await_suspend(std::coroutine_handle<> h) {
     node_.gate.arm(h);
-    node_.m = Core::mix(node_.g->hash_key(*node_.key));
+    node_.mixed = Core::mix(node_.g->hash_key(*node_.key));
     node_.g->start(&node_, *node_.key, std::forward<F>(*node_.fn),
                    typename Core::template no_keep<P>{});
     // The last touch of this awaiter by this thread when it suspends.

@@ -42,11 +42,10 @@ class deadlines : public notifier<Key, T, Hash, KeyEqual> {
 
  public:
   using typename base::kind;
-  using typename base::shard;
 
   // Throws std::system_error when the timer is needed and cannot start.
   explicit deadlines(options opts) : base(std::move(opts)) {
-    if (this->opts_.timeout > std::chrono::nanoseconds::zero()) ensure_timer();
+    if (this->opts().timeout > std::chrono::nanoseconds::zero()) ensure_timer();
   }
 
  protected:
@@ -113,11 +112,11 @@ class deadlines : public notifier<Key, T, Hash, KeyEqual> {
   // Links n's bound (the one that applies as an observer or not, see
   // bounded_wait::bound) in shard s, if it has one. Under s's lock.
   void link_bound(shard& s, bounded_wait& n, bool as_observer) noexcept {
-    if (as_observer && !n.observe_until && this->opts_.timeout > std::chrono::nanoseconds::zero())
-      n.observe_until = after(steady::now(), this->opts_.timeout);
+    if (as_observer && !n.observe_until && this->opts().timeout > std::chrono::nanoseconds::zero())
+      n.observe_until = after(steady::now(), this->opts().timeout);
     if (const auto* d = n.bound(as_observer)) {
       s.bounds.link(n);
-      this->gate_.linked(*d);
+      this->gate().linked(*d);
     }
   }
 
@@ -157,12 +156,12 @@ class deadlines : public notifier<Key, T, Hash, KeyEqual> {
  private:
   void timer_loop(owned_thread::home& self) {
     for (;;) {
-      this->gate_.scanning();
+      this->gate().scanning();
       auto next = steady::time_point::max();
       for (std::size_t i = 0; i < this->shard_count(); ++i) {
         if (!expire(this->shard_at(i), self, next)) return;  // orphaned
       }
-      if (!this->gate_.sleep_until(next)) return;
+      if (!this->gate().sleep_until(next)) return;
     }
   }
 

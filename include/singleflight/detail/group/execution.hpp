@@ -48,7 +48,6 @@ class execution : public lifecycle<Key, T, Hash, KeyEqual> {
  public:
   using typename base::flight_t;
   using typename base::kind;
-  using typename base::shard;
 
   explicit execution(options opts) : base(std::move(opts)) {}
 
@@ -99,8 +98,8 @@ class execution : public lifecycle<Key, T, Hash, KeyEqual> {
     using Fn = std::decay_t<F>;
     shard& s = this->shard_of(*f);
     this->enter_user(s);  // the task is a user until it finishes or is dropped
-    loop_record* later = defer && !this->opts_.executor ? base::current_loop(s) : nullptr;
-    if (!this->opts_.executor && later == nullptr) {
+    loop_record* later = defer && !this->opts().executor ? base::current_loop(s) : nullptr;
+    if (!this->opts().executor && later == nullptr) {
       lk.unlock();  // no executor: run the body right here, without packaging it
       if (f->trace.tracer) f->trace.report_start(f->error);
       run_task(f, fn);

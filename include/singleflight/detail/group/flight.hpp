@@ -4,9 +4,10 @@
 // fn, and also the node of the flight table (it carries its key). Three
 // layers, so that code that does not need Key or T does not depend on them:
 //   flight_base        reference count, the broadcast word, the stop source,
-//                      the protocol state and the shared error;
+//                      the protocol state, the shared error and the table's
+//                      links (shard.hpp: the shards hold flight_base*);
 //   flight_value<T>    the value (what a completion<T> writes);
-//   flight<Key, T>     the key and the table links.
+//   flight<Key, T>     the key.
 // Everything marked "guarded" is guarded by the lock of the shard that holds
 // the flight (flight_base::shard); `refs`, `value` and `error` are not, see
 // their comments.
@@ -88,13 +89,16 @@ class flight_base {
   std::size_t joins = 0;    // callers that joined it (for options::tracer)
   waiter_list list;         // waiters and observers, in arrival order
   outcome_kind kind = outcome_kind::pending;
-  bool fn_done = false;              // fn returned, or will never run
-  bool fn_started = false;           // fn was called (counted in stats::fn_starts)
-  bool submitting = false;           // the executor call is in progress
-  bool dropped_in_submit = false;    // the task died inside the executor call
-  bool starting = false;             // an async fn is being called (not yet returned)
-  bool broken_in_start = false;      // ... and its completion died unresolved meanwhile
-  bool in_table = false;             // the table holds it (an entry for its key)
+  bool fn_done = false;                // fn returned, or will never run
+  bool fn_started = false;             // fn was called (counted in stats::fn_starts)
+  bool submitting = false;             // the executor call is in progress
+  bool dropped_in_submit = false;      // the task died inside the executor call
+  bool starting = false;               // an async fn is being called (not yet returned)
+  bool broken_in_start = false;        // ... and its completion died unresolved meanwhile
+  bool in_table = false;               // the table holds it (an entry for its key)
+  std::uint64_t hash = 0;              // its key's mixed hash (shard_set::mix), while in_table
+  flight_base* bucket_prev = nullptr;  // its chain in the table (shard_set::link)
+  flight_base* bucket_next = nullptr;
   std::thread::id runner{};          // the thread running fn (or starting an async fn) now
   flight_base* live_prev = nullptr;  // every flight whose fn has not returned
   flight_base* live_next = nullptr;
@@ -159,9 +163,6 @@ class flight final : public flight_value<T> {
   // The key is kept across recycling: assigning the next key reuses its
   // storage (a std::string's buffer).
   std::optional<Key> key;
-  std::size_t hash = 0;
-  flight* bucket_prev = nullptr;
-  flight* bucket_next = nullptr;
   flight* spare_next = nullptr;  // a thread's pool of finished flights (flight_pool.hpp)
 
  private:

@@ -36,7 +36,6 @@ class lifecycle : public deadlines<Key, T, Hash, KeyEqual> {
 
  public:
   using typename base::kind;
-  using typename base::shard;
 
   explicit lifecycle(options opts) : base(std::move(opts)) {}
 
@@ -83,8 +82,8 @@ class lifecycle : public deadlines<Key, T, Hash, KeyEqual> {
   // starts a thread_executor worker: a thread the group owns, which touches
   // nothing of the group once its task has returned.
   void submit(task tk) {
-    if (!this->opts_.executor.owns_threads()) {
-      executor_access::submit(this->opts_.executor, std::move(tk));
+    if (!this->opts().executor.owns_threads()) {
+      executor_access::submit(this->opts().executor, std::move(tk));
       return;
     }
     std::lock_guard<std::mutex> lk(workers_mu_);
@@ -130,7 +129,7 @@ class lifecycle : public deadlines<Key, T, Hash, KeyEqual> {
   // (orphaned: it touches nothing of the group any more).
   void join_threads(bool destroying) {
     std::lock_guard<std::mutex> serial(join_mu_);
-    this->gate_.stop();
+    this->gate().stop();
     owned_thread timer;
     {
       std::lock_guard<std::mutex> lk(this->service_mu_);

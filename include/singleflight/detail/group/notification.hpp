@@ -34,8 +34,6 @@ class notifier : public flight_table<Key, T, Hash, KeyEqual> {
   using base = flight_table<Key, T, Hash, KeyEqual>;
 
  public:
-  using typename base::shard;
-
   explicit notifier(options opts) : base(std::move(opts)) {}
 
   // notify(g, s, wake)
