@@ -8,7 +8,8 @@
 // singleflight coalesces concurrent identical calls within one process: the
 // callers that ask for the same key at the same time share one execution of
 // the work and each receive its outcome. See group.hpp for the contract, and
-// cache.hpp for the read-through cache built on it.
+// cache.hpp for the read-through cache built on it, batch_loader.hpp for
+// batching different keys into one bulk call.
 //
 // Not included: the headers that need another library, each with a CMake
 // target of its own: asio.hpp (Asio; singleflight::asio), prometheus.hpp
@@ -17,6 +18,7 @@
 // (tests/check_umbrella.sh) keeps this list true.
 #pragma once
 
+#include "batch_loader.hpp"     // IWYU pragma: export
 #include "cache.hpp"            // IWYU pragma: export
 #include "cache_options.hpp"    // IWYU pragma: export
 #include "coarse_clock.hpp"     // IWYU pragma: export

@@ -1,0 +1,560 @@
+// singleflight/batch_loader.hpp
+//
+// `singleflight::batch_loader<Key, T>`: callers ask for one key each; the
+// loader collects the keys asked for within a short window and loads them
+// with one call of a bulk function, then hands each caller its key's result.
+// A group coalesces callers of one key; a batch_loader also amortises across
+// different keys (DataLoader's batching, for threads and coroutines).
+//
+//   singleflight::batch_loader<std::string, user> users(
+//       [&](std::span<const std::string> ids, singleflight::stop_token st) {
+//         return db.users_by_id(ids, st);  // std::vector<user>, aligned with ids
+//       },
+//       {.max_batch = 100, .window = std::chrono::milliseconds(2)});
+//   user u = users.load(tenant + '|' + id, request_token);
+//
+// Overview
+//
+// Inside is a group<Key, T> (group.hpp): each key a caller asks for is a
+// flight of that group, shared by every caller of the key while it is in
+// flight (pending, in a running bulk call, or being delivered). The flight's
+// work is to put its key into the open batch. The batch closes when its
+// window has passed since its first key arrived, when it holds max_batch
+// keys, or on flush(); it is then dispatched: the bulk function is called
+// with its keys, each once, and each key's result settles that key's flight
+// for all its callers. Nothing is kept afterwards: a batch_loader is not a
+// cache (put one in front of it, see "Cache" below).
+//
+// Guarantees (docs/batch_loader.md has the tests):
+//  1. Keys asked for within the window (or until max_batch are waiting) go
+//     in one bulk call; a full batch is dispatched at once; each distinct key
+//     appears once in a batch.
+//  2. A key already pending, or in a running bulk call, is joined, not
+//     loaded again.
+//  3. The bulk call belongs to the loader, never to the first caller: its
+//     stop token fires only when every waiter of every key in it has left
+//     (under options::owner, see batch_options::flight), or on close(). A key
+//     whose waiters all left before dispatch is dropped from its batch; a
+//     batch whose keys were all dropped is not run.
+//  4. A bulk failure is shared with that batch's waiters (the same exception
+//     object), then forgotten; nothing is cached.
+//  5. The window runs on a thread the loader owns, never on a caller's; the
+//     bulk call runs on a thread the loader owns (or flight.executor); no
+//     lock is held while user code runs, and the loader may be re-entered
+//     from the bulk function, a callback or a resumption.
+//
+// The bulk function, one of:
+//   R bulk(std::span<const Key> keys, singleflight::stop_token st);
+//   R bulk(std::span<const Key> keys);
+//   void bulk(std::span<const Key> keys, singleflight::stop_token st,
+//             singleflight::batch_completion<Key, T> done);   // asynchronous
+// where R is
+//   * a sized sequence aligned with `keys` (R[i] answers keys[i]) of T (or
+//     anything converting to T), of load_result<T> (cache_options.hpp; empty
+//     = not_found_error for that key; its ttl is ignored here), or of
+//     outcome<T> (a value or that key's own exception). A sequence of another
+//     length than `keys` fails every key of the batch with batch_size_error;
+//   * a map from Key (anything with find(key) and end(): std::map,
+//     std::unordered_map, ...) to any of those three: a key missing from the
+//     map is not_found_error.
+// An exception thrown by the bulk function fails every key of its batch. It
+// receives the batch's keys in the order they arrived; `st` fires when no
+// key of the batch is wanted any more, or on close(). It may be called on
+// several threads at once (one per running batch, up to
+// max_in_flight_batches): make it safe for that, or set the cap to 1.
+//
+// Where user code runs:
+//  * the bulk function: on one of the loader's worker threads (a new one is
+//    started when every worker is busy; idle ones wait for the next batch),
+//    or, with a callable flight.executor, on whatever thread the executor
+//    runs its task; never on a caller's thread and never on the window
+//    thread;
+//  * results are delivered on the thread that resolves the batch (the worker
+//    that ran a synchronous bulk function, the thread that resolves an
+//    asynchronous one's batch_completion): blocked callers are woken there,
+//    async_load callbacks run and co_load coroutines resume there, inline,
+//    with no lock held, in the keys' order. A callback that blocks delays the
+//    keys after it in that batch; a blocking call made from it (load,
+//    load_many, close) first delivers the rest of the batch, so it never
+//    waits for a key held behind itself;
+//  * a blocking call of the bulk function for a key of its own batch would
+//    wait for itself: it throws std::logic_error instead. Keys of other
+//    batches are fine, as long as max_in_flight_batches leaves room for the
+//    batch they go into;
+//  * the executor, when set, is called on the window thread: it must queue
+//    the task and return (thread_pool's does; one that refuses fails that
+//    batch).
+//
+// Cache: a cache<Key, T> in front of the loader keeps the results; pass
+// loader_for(key) as the cache's loader, and misses and refreshes of many
+// keys due together become few bulk calls.
+//
+// Thread safety: every member may be called concurrently from any number of
+// threads, except the destructor, which must not run concurrently with any
+// other call, nor inside the bulk function, a callback or a resumption that
+// this loader runs (use close() there).
+//
+// Locking: the group's shards (group.hpp) and one mutex of the loader's
+// batching (detail/batch/batch_queue.hpp), held for bookkeeping only.
+//
+// Where the parts live (include/singleflight/detail/batch/): batch.hpp (one
+// batch and its keys), batch_queue.hpp (the window, dispatch, delivery,
+// re-entrancy), batch_workers.hpp (the loader's threads), bulk_fn.hpp (the
+// bulk-function shapes), bulk_results.hpp (an answer into per-key results);
+// batch_completion.hpp and batch_options.hpp at the top.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "batch_completion.hpp"  // IWYU pragma: export
+#include "batch_options.hpp"     // IWYU pragma: export
+#include "cache_options.hpp"
+#include "completion.hpp"
+#include "detail/batch/batch_queue.hpp"
+#include "detail/batch/bulk_fn.hpp"
+#include "group.hpp"
+#include "hash.hpp"
+#include "outcome.hpp"
+#include "stats.hpp"
+#include "stop_token.hpp"
+#include "wait_bound.hpp"
+
+namespace singleflight {
+
+// batch_loader
+//
+// Template parameters: as for group (Key a contract: every input that
+// changes the result, tenant included, and nothing else; T copy-constructible,
+// each caller gets its own copy).
+template <class Key, class T, class Hash = default_hash, class KeyEqual = std::equal_to<>>
+class batch_loader {
+  static_assert(std::is_object_v<T> && !std::is_array_v<T> && std::copy_constructible<T>,
+                "singleflight::batch_loader<Key, T>: every caller receives its own copy of the "
+                "value, so T must be a copy-constructible object type; for big values use "
+                "std::shared_ptr<const X>");
+  static_assert(std::copy_constructible<Key> && std::is_object_v<Key>,
+                "singleflight::batch_loader<Key, T>: Key must be a copy-constructible object "
+                "type");
+
+  using group_t = group<Key, T, Hash, KeyEqual>;
+  using queue_t = detail::batch_queue<Key, T>;
+  using time_point = std::chrono::steady_clock::time_point;
+
+  // A key's flight: put the key into the open batch. by_ref refers to the
+  // caller's key (a blocking caller or a coroutine stays until its flight
+  // is decided); by_value keeps a copy (an async caller may go at once).
+  struct by_ref {
+    queue_t* q;
+    const Key* key;
+    void operator()(stop_token st, completion<T> done) const {
+      q->add(Key(*key), std::move(st), std::move(done));
+    }
+  };
+  struct by_value {
+    queue_t* q;
+    Key key;
+    void operator()(stop_token st, completion<T> done) const {
+      q->add(Key(key), std::move(st), std::move(done));
+    }
+  };
+
+ public:
+  using key_type = Key;
+  using value_type = T;
+
+  // batch_loader(bulk, options)
+  //
+  // `bulk` is one of the shapes above (copied or moved into the loader; it
+  // lives until the loader is destroyed). Starts the window thread. Throws
+  // std::invalid_argument for a negative window, std::system_error when a
+  // thread cannot be started, and what group's constructor throws.
+  template <class Bulk>
+  explicit batch_loader(Bulk bulk, batch_options opts = {})
+      : queue_(make_bulk(std::move(bulk)), checked(opts)), group_(flight_options(opts)) {}
+
+  batch_loader(const batch_loader&) = delete;
+  batch_loader& operator=(const batch_loader&) = delete;
+
+  // ~batch_loader(): close(). Not concurrently with anything else, and not
+  // inside the bulk function, a callback or a resumption of this loader.
+  ~batch_loader() { close(); }
+
+  // load(key, caller), load(key, caller, bound)
+  //
+  // Returns key's value: joins the key's flight if one is pending, running
+  // or delivering, else puts the key into the open batch and waits for its
+  // result. Blocks until the result arrives, `caller` fires (cancelled_error;
+  // the key is dropped from its batch if nobody else wants it) or `bound`
+  // passes (timeout_error, the same). Throws the key's error: the bulk
+  // function's exception (the same object for every key of the batch),
+  // that key's own exception or not_found_error, batch_size_error,
+  // broken_promise_error; closed_error, overloaded_error (flight.max_in_flight)
+  // and timeout_error (flight.timeout) as group::do_ does; std::logic_error
+  // from inside the bulk function for a key of its own batch. Thread-safe.
+  T load(const Key& key, stop_token caller = {}) {
+    if (auto o = reentrant(key, caller, nullptr)) return std::move(*o).value();
+    return group_.do_(key, by_ref{&queue_, &key}, std::move(caller));
+  }
+  T load(const Key& key, stop_token caller, wait_bound bound) {
+    const time_point at = bound.deadline();
+    if (auto o = reentrant(key, caller, &at)) return std::move(*o).value();
+    return group_.do_(key, by_ref{&queue_, &key}, std::move(caller), bound);
+  }
+
+  // try_load(key, caller[, bound]): load without a throw for the call's
+  // outcome (see group::try_do). Throws only std::logic_error (above), and
+  // what Hash, KeyEqual, Key's copy or allocation throw. Thread-safe.
+  outcome<T> try_load(const Key& key, stop_token caller = {}) {
+    if (auto o = reentrant(key, caller, nullptr)) return std::move(*o);
+    return group_.try_do(key, by_ref{&queue_, &key}, std::move(caller));
+  }
+  outcome<T> try_load(const Key& key, stop_token caller, wait_bound bound) {
+    const time_point at = bound.deadline();
+    if (auto o = reentrant(key, caller, &at)) return std::move(*o);
+    return group_.try_do(key, by_ref{&queue_, &key}, std::move(caller), bound);
+  }
+
+  // async_load(key, on_done, caller[, bound])
+  //
+  // load without blocking: `on_done(singleflight::outcome<T>)` receives this
+  // caller's outcome, exactly once, with no lock held; it may re-enter the
+  // loader. Where: on the thread that delivers the batch (see the top of
+  // this file), or, for an immediate outcome (closed, cancelled, overloaded),
+  // before async_load returns; with cancelled_error on the thread that
+  // stopped `caller`; with timeout_error (`bound`) on the group's delivery
+  // thread. Capture by value: on_done outlives this call. Throws (and then
+  // never calls on_done) only what Hash, KeyEqual, Key's copy or allocation
+  // throw. Thread-safe.
+  template <class Callback>
+  void async_load(const Key& key, Callback&& on_done, stop_token caller = {}) {
+    static_assert(std::is_invocable_v<std::decay_t<Callback>&, outcome<T>&&>,
+                  "singleflight::batch_loader::async_load: on_done must be invocable with "
+                  "singleflight::outcome<T>");
+    group_.async_do(key, by_value{&queue_, key}, std::forward<Callback>(on_done),
+                    std::move(caller));
+  }
+  template <class Callback>
+  void async_load(const Key& key, Callback&& on_done, stop_token caller, wait_bound bound) {
+    static_assert(std::is_invocable_v<std::decay_t<Callback>&, outcome<T>&&>,
+                  "singleflight::batch_loader::async_load: on_done must be invocable with "
+                  "singleflight::outcome<T>");
+    group_.async_do(key, by_value{&queue_, key}, std::forward<Callback>(on_done), std::move(caller),
+                    bound);
+  }
+
+  // load_operation: what co_load returns. Refers to the key until co_awaited
+  // (co_await it in the same full expression).
+  class load_operation {
+   public:
+    load_operation(const load_operation&) = delete;
+    load_operation& operator=(const load_operation&) = delete;
+    ~load_operation() = default;
+
+    auto operator co_await() && {
+      if (bound_) {
+        return l_->group_.co_do(*key_, fn_, std::move(caller_), wait_bound(*bound_))
+            .
+            operator co_await();
+      }
+      return l_->group_.co_do(*key_, fn_, std::move(caller_)).operator co_await();
+    }
+    template <class Self = load_operation>
+    void operator co_await() & {
+      static_assert(sizeof(Self) == 0,
+                    "singleflight::batch_loader::co_load: co_await the result in the same "
+                    "expression (co_await loader.co_load(key)); it refers to the key");
+    }
+
+   private:
+    friend class batch_loader;
+    load_operation(batch_loader* l, const Key& key, stop_token caller,
+                   std::optional<time_point> bound) noexcept
+        : l_(l), key_(&key), fn_{&l->queue_, &key}, caller_(std::move(caller)), bound_(bound) {}
+
+    batch_loader* l_;
+    const Key* key_;
+    by_ref fn_;
+    stop_token caller_;
+    std::optional<time_point> bound_;
+  };
+
+  // co_load(key, caller[, bound])
+  //
+  //   user u = co_await users.co_load(id, token);
+  //
+  // The coroutine form of async_load: yields this caller's copy of the value
+  // or throws what load would throw. Resumes where async_load's on_done
+  // would run; does not suspend for an immediate outcome. Works from any
+  // coroutine whose promise does not reject foreign awaitables (see
+  // group::co_do; the same GCC 12 note applies to a key built inside the
+  // co_await expression: name it first). Thread-safe.
+  [[nodiscard]] load_operation co_load(const Key& key, stop_token caller = {}) {
+    return load_operation(this, key, std::move(caller), std::nullopt);
+  }
+  [[nodiscard]] load_operation co_load(const Key& key, stop_token caller, wait_bound bound) {
+    return load_operation(this, key, std::move(caller), bound.deadline());
+  }
+
+  // load_many(keys, caller[, bound])
+  //
+  // One outcome per key, aligned with `keys` (a key given twice gets two
+  // outcomes of one flight). Blocks until every key has its outcome; no
+  // throw for a key's failure (DataLoader's loadMany: errors in place).
+  // The keys go into the open batch together: its window does not close
+  // while they are being added, so up to max_batch of them share one bulk
+  // call (more are split over full batches). `caller` and `bound` apply to
+  // each key. Throws only std::logic_error from inside the bulk function for
+  // a key of its own batch; a key whose call threw (Hash, allocation) gets
+  // that exception as its outcome. Thread-safe.
+  std::vector<outcome<T>> load_many(std::span<const Key> keys, stop_token caller = {}) {
+    return many(keys, caller, nullptr);
+  }
+  std::vector<outcome<T>> load_many(std::span<const Key> keys, stop_token caller,
+                                    wait_bound bound) {
+    const time_point at = bound.deadline();
+    return many(keys, caller, &at);
+  }
+
+  // key_loader: what loader_for returns.
+  class key_loader {
+   public:
+    // The async loader shape of singleflight::cache: `done` receives the
+    // key's value, load_result<T>::not_found() for not_found_error (so the
+    // cache's not_found_ttl applies), or the key's exception.
+    void operator()(stop_token st, completion<load_result<T>> done) const {
+      l_->async_load(
+          key_,
+          [d = std::move(done)](outcome<T> o) mutable {
+            if (o.has_value()) {
+              d.set_value(load_result<T>::value(std::move(o).value()));
+            } else if (is_not_found(o.error())) {
+              d.set_value(load_result<T>::not_found());
+            } else {
+              d.set_exception(o.error());
+            }
+          },
+          std::move(st));
+    }
+
+   private:
+    friend class batch_loader;
+    key_loader(batch_loader* l, Key key) : l_(l), key_(std::move(key)) {}
+    static bool is_not_found(const std::exception_ptr& e) noexcept {
+      try {
+        std::rethrow_exception(e);
+      } catch (const not_found_error&) {
+        return true;
+      } catch (...) {
+        return false;
+      }
+    }
+    batch_loader* l_;
+    Key key_;
+  };
+
+  // loader_for(key): a loader for `key` in the asynchronous shape of
+  // singleflight::cache (`void(stop_token, completion<load_result<T>>)`):
+  //
+  //   cache.get(key, loader.loader_for(key));
+  //
+  // The cache's misses and refreshes of many keys then share bulk calls. The
+  // cache's load token is this key's caller token. The returned loader
+  // refers to this batch_loader, which must outlive every use of it.
+  key_loader loader_for(const Key& key) { return key_loader(this, key); }
+
+  // flush(): dispatches the open batch now, without waiting for its window
+  // (as soon as max_in_flight_batches allows). Returns at once; nothing to do
+  // without an open batch. Thread-safe.
+  void flush() { queue_.flush(); }
+
+  // close()
+  //
+  // Idempotent. New calls get closed_error; every key in flight settles with
+  // closed_error for its waiters and is dropped or, in a running bulk call,
+  // has that call's token stopped. Returns once every bulk call has been
+  // answered and delivered and the loader's threads are joined. Called from
+  // a callback or a resumption the loader runs, it first delivers the rest
+  // of that batch. Called from inside the bulk function it does not wait for
+  // that batch (the destructor finishes the drain, and joins that thread).
+  // A bulk function that ignores its token makes close() wait for it.
+  // Thread-safe.
+  void close() {
+    if (queue_.has_frames()) queue_.drain_here();
+    queue_.close_begin();
+    if (queue_.has_frames() && !queue_.calling_here().empty()) {
+      (void)group_.close_for(std::chrono::nanoseconds(0));
+      queue_.close_finish(/*wait=*/false);
+      return;
+    }
+    group_.close();
+    queue_.close_finish(/*wait=*/true);
+  }
+
+  // stats(): the loader's counters (batch_options.hpp), with the group's
+  // calls and joins (read right after; not one snapshot with the rest).
+  // Thread-safe.
+  batch_stats stats() const {
+    batch_stats s = queue_.stats();
+    const singleflight::stats g = group_.stats();
+    s.calls = g.calls;
+    s.joins = g.joins;
+    return s;
+  }
+
+  // flight_stats(): the per-key group's own counters (stats.hpp), for
+  // metrics::group_metrics. Thread-safe.
+  singleflight::stats flight_stats() const { return group_.stats(); }
+
+  // in_flight(): keys whose flight has not finished (pending, loading or
+  // being delivered). Thread-safe.
+  std::size_t in_flight() const { return group_.in_flight(); }
+
+ private:
+  template <class Bulk>
+  static std::unique_ptr<detail::bulk_call<Key, T>> make_bulk(Bulk&& bulk) {
+    using F = std::decay_t<Bulk>;
+    static_assert(detail::bulk_fn_for<F, Key, T>,
+                  "singleflight::batch_loader: the bulk function must be invocable as "
+                  "R(std::span<const Key>, singleflight::stop_token) or R(std::span<const Key>), "
+                  "with R a sized sequence aligned with the keys (of T, load_result<T> or "
+                  "outcome<T>) or a map from Key to one of those; or, asynchronous, as "
+                  "void(std::span<const Key>, singleflight::stop_token, "
+                  "singleflight::batch_completion<Key, T>)");
+    if constexpr (detail::bulk_fn_for<F, Key, T>) {
+      return std::make_unique<detail::bulk_impl<Key, T, F>>(std::forward<Bulk>(bulk));
+    } else {
+      return nullptr;
+    }
+  }
+
+  static const batch_options& checked(const batch_options& o) {
+    if (o.window < std::chrono::nanoseconds::zero()) {
+      throw std::invalid_argument("singleflight::batch_loader: window must not be negative");
+    }
+    return o;
+  }
+
+  // The group's options: the bulk calls, not the per-key flights, run on
+  // the executor.
+  static options flight_options(const batch_options& o) {
+    options f = o.flight;
+    f.executor = nullptr;
+    return f;
+  }
+
+  // The outcome one caller of this loader waits for (reentrant, many).
+  struct one_waiter {
+    std::mutex m;
+    std::condition_variable cv;
+    std::optional<outcome<T>> o;
+    void set(outcome<T>&& x) {
+      const std::lock_guard<std::mutex> lk(m);
+      o.emplace(std::move(x));
+      cv.notify_all();  // under the lock: the waiter's frame may go right after
+    }
+    outcome<T> wait() {
+      std::unique_lock<std::mutex> lk(m);
+      cv.wait(lk, [&] { return o.has_value(); });
+      return std::move(*o);
+    }
+  };
+  struct many_waiter {
+    explicit many_waiter(std::size_t n) : slots(n), left(n) {}
+    std::mutex m;
+    std::condition_variable cv;
+    std::vector<std::optional<outcome<T>>> slots;
+    std::size_t left;
+    void set(std::size_t i, outcome<T>&& x) {
+      const std::lock_guard<std::mutex> lk(m);
+      slots[i].emplace(std::move(x));
+      if (--left == 0) cv.notify_all();  // under the lock, as above
+    }
+    std::vector<outcome<T>> wait() {
+      std::unique_lock<std::mutex> lk(m);
+      cv.wait(lk, [&] { return left == 0; });
+      std::vector<outcome<T>> out;
+      out.reserve(slots.size());
+      for (auto& s : slots) out.push_back(std::move(*s));
+      return out;
+    }
+  };
+
+  // A blocking call from inside the bulk function for a key of its own
+  // batch would wait for itself.
+  void check_not_own_batch(const Key& key) const {
+    for (const auto* b : queue_.calling_here()) {
+      for (const Key& k : b->keys) {
+        if (eq_(k, key)) {
+          throw std::logic_error(
+              "singleflight::batch_loader: the bulk function asked (blocking) for a key of its "
+              "own batch; it would wait for itself");
+        }
+      }
+    }
+  }
+
+  // A blocking call on a thread that is inside this loader: calling its bulk
+  // function (a key of that batch: logic_error) or delivering a batch (the
+  // key's result may be held behind this very call: attach, deliver the
+  // rest, then wait). nullopt: nothing special, go the usual way.
+  std::optional<outcome<T>> reentrant(const Key& key, const stop_token& caller,
+                                      const time_point* bound) {
+    if (!queue_.has_frames()) return std::nullopt;
+    check_not_own_batch(key);
+    if (!queue_.delivering_here()) return std::nullopt;
+    one_waiter w;
+    auto on_done = [&w](outcome<T> o) { w.set(std::move(o)); };
+    if (bound != nullptr) {
+      group_.async_do(key, by_value{&queue_, key}, on_done, caller, wait_bound(*bound));
+    } else {
+      group_.async_do(key, by_value{&queue_, key}, on_done, caller);
+    }
+    queue_.drain_here();
+    return w.wait();
+  }
+
+  std::vector<outcome<T>> many(std::span<const Key> keys, const stop_token& caller,
+                               const time_point* bound) {
+    if (keys.empty()) return {};
+    if (queue_.has_frames()) {
+      for (const Key& k : keys) check_not_own_batch(k);
+    }
+    many_waiter w(keys.size());
+    queue_.hold();
+    std::size_t i = 0;
+    try {
+      for (; i < keys.size(); ++i) {
+        auto on_done = [&w, i](outcome<T> o) { w.set(i, std::move(o)); };
+        if (bound != nullptr) {
+          group_.async_do(keys[i], by_value{&queue_, keys[i]}, on_done, caller, wait_bound(*bound));
+        } else {
+          group_.async_do(keys[i], by_value{&queue_, keys[i]}, on_done, caller);
+        }
+      }
+    } catch (...) {  // nothing attached for keys[i]; the ones before are
+      const std::exception_ptr e = std::current_exception();
+      for (; i < keys.size(); ++i) w.set(i, outcome<T>(e));
+    }
+    queue_.release();
+    if (queue_.has_frames()) queue_.drain_here();
+    return w.wait();
+  }
+
+  KeyEqual eq_{};
+  queue_t queue_;  // before group_: the group's flights refer to it
+  group_t group_;
+};
+
+}  // namespace singleflight

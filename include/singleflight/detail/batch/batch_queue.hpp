@@ -1,0 +1,567 @@
+// singleflight/detail/batch/batch_queue.hpp -- internal; do not include directly.
+//
+// batch_queue<Key, T>: the batching half of a batch_loader. The loader's
+// group makes one flight per key; that flight's (asynchronous) fn is add(),
+// which puts the key and the flight's completion into the open batch. This
+// class owns what happens next:
+//   * the window: a thread of its own (never a caller's) closes the open
+//     batch `window` after its first key arrived, or at once when it holds
+//     max_batch keys or flush() is called, and dispatches it when fewer than
+//     max_in_flight_batches bulk calls run;
+//   * a key whose flight stops before dispatch (every waiter left, its
+//     deadline, close()) is dropped from its batch, and its completion
+//     resolved at once (which frees the key in the group); a batch whose
+//     keys were all dropped is not run;
+//   * the bulk call runs on a worker (batch_workers) or on the executor,
+//     with a stop token of its own that fires once every sent key's flight
+//     has stopped;
+//   * delivery: every key's completion resolved with its result, on the
+//     thread that resolved the batch, keys in order;
+//   * frames: which thread is calling a bulk function or delivering a batch,
+//     so that a blocking call made there (by a callback, a resumption, the
+//     bulk function) can first deliver what this thread holds back, or
+//     report that it would wait for itself (batch_loader).
+//
+// Locking: one mutex, `m_`, guards the open and ready batches, the items'
+// states, the running count, the frames, the flags and the counters. It is
+// never held while user code runs (the bulk function, the executor, a
+// completion's resolution and so the callbacks and resumptions it runs, a
+// stop callback, Key's or T's copies and destructors). Stop callbacks of
+// items take it; so an item's callback is reset (which waits for a run on
+// another thread) only with it released.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "../../batch_completion.hpp"
+#include "../../batch_options.hpp"
+#include "../../completion.hpp"
+#include "../../errors.hpp"
+#include "../../executor.hpp"
+#include "../../stop_token.hpp"
+#include "../../task.hpp"
+#include "../after.hpp"
+#include "../group/owned_thread.hpp"
+#include "../task_base.hpp"
+#include "../unwind.hpp"
+#include "batch.hpp"
+#include "batch_workers.hpp"
+#include "bulk_fn.hpp"
+
+namespace singleflight::detail {
+
+template <class Key, class T>
+class batch_queue final : public batch_sink<Key, T> {
+ public:
+  using batch_t = batch<Key, T>;
+  using item_t = batch_item<Key, T>;
+  using state = typename item_t::state;
+  using clock = std::chrono::steady_clock;
+
+  // Starts the window thread: throws std::system_error when it cannot.
+  batch_queue(std::unique_ptr<bulk_call<Key, T>> bulk, const batch_options& o)
+      : bulk_(std::move(bulk)),
+        max_batch_(o.max_batch),
+        window_(o.window),
+        max_running_(o.max_in_flight_batches),
+        exec_(o.flight.executor),
+        use_exec_(static_cast<bool>(o.flight.executor) && !o.flight.executor.owns_threads()),
+        dropped_(std::make_exception_ptr(cancelled_error())),
+        closed_error_(std::make_exception_ptr(closed_error())),
+        broken_(std::make_exception_ptr(broken_promise_error())) {
+    timer_ = owned_thread([this](owned_thread::home&) { window_loop(); });
+  }
+  batch_queue(const batch_queue&) = delete;
+  batch_queue& operator=(const batch_queue&) = delete;
+  // Stops and joins the window thread and the workers. Must not run on them.
+  ~batch_queue() {
+    close_finish(/*wait=*/true);
+    timer_.join_or_orphan();
+  }
+
+  // add(key, st, c): the body of a key's flight. Puts the key into the open
+  // batch (opening one, and starting its window, if there is none), or
+  // resolves `c` at once when the flight already stopped or the loader is
+  // closed. Called with no lock held by the thread starting the flight.
+  // Throws what allocation throws (the group fails the flight with it).
+  void add(Key key, stop_token st, completion<T> c) {
+    auto it = std::make_unique<item_t>(this, std::move(key), std::move(c));
+    // May run item_stopped right here, on this thread (a stopped token).
+    it->on_stop.emplace(std::move(st), typename item_t::stopped{it.get()});
+    bool wake = false;
+    bool was_closed = false;
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      was_closed = closed_;
+      if (it->st == state::joining && !closed_) {
+        if (!pending_) {
+          pending_ = std::make_shared<batch_t>(this, after(clock::now(), window_));
+          wake = true;  // the window thread starts timing it
+        }
+        batch_t& b = *pending_;
+        // A throw here leaves `it` ours and the batch unchanged.
+        if (b.sent.capacity() < b.items.size() + 1) b.sent.reserve(2 * (b.items.size() + 1));
+        b.items.push_back(std::move(it));  // strong guarantee
+        item_t& added = *b.items.back();
+        added.st = state::pending;
+        added.owner = &b;
+        ++b.live;
+        ++pending_keys_;
+        if (max_batch_ != 0 && b.live >= max_batch_) {
+          ready_.push_back(std::move(pending_));  // full: dispatched at once
+          wake = true;
+        }
+      } else {
+        it->st = state::done;  // stopped while joining, or closed: ours to resolve
+      }
+    }
+    if (wake) window_cv_.notify_one();
+    if (it) {
+      it->on_stop.reset();
+      it->done.set_exception(was_closed ? closed_error_ : dropped_);
+    }
+  }
+
+  // flush(): the open batch is closed now and dispatched as soon as a bulk
+  // call may start (or freed unrun when every key left), without waiting for
+  // its window. Nothing to do without one. Thread-safe.
+  void flush() {
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      if (!pending_) return;
+      ready_.push_back(std::move(pending_));
+    }
+    window_cv_.notify_one();
+  }
+
+  // hold() / release(): while held, the open batch's window does not close
+  // (max_batch and flush() still dispatch it): load_many's keys go together.
+  void hold() {
+    std::lock_guard<std::mutex> lk(m_);
+    ++holds_;
+  }
+  void release() noexcept {
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      --holds_;
+    }
+    window_cv_.notify_one();
+  }
+
+  // close_begin(): keys added from now on are resolved with closed_error at
+  // once. (The group's close() then stops every flight, which drops every
+  // pending key and stops every running bulk call.)
+  void close_begin() {
+    std::lock_guard<std::mutex> lk(m_);
+    closed_ = true;
+  }
+  bool closed() const {
+    std::lock_guard<std::mutex> lk(m_);
+    return closed_;
+  }
+
+  // close_finish(wait): with `wait`, waits until no other thread calls a bulk
+  // function or delivers a batch; then stops the window thread and the
+  // workers and joins them (except the calling thread, when it is one of
+  // them), and frees the batches left (their keys all resolved by then).
+  // Idempotent.
+  void close_finish(bool wait) {
+    std::vector<std::shared_ptr<batch_t>> left;
+    {
+      std::unique_lock<std::mutex> lk(m_);
+      if (wait) drained_cv_.wait(lk, [&] { return only_own_frames_locked(); });
+      stopping_ = true;
+      if (pending_) left.push_back(std::move(pending_));
+      for (auto& b : ready_) left.push_back(std::move(b));
+      ready_.clear();
+    }
+    window_cv_.notify_all();
+    (void)timer_.join_unless_current();
+    workers_.stop_and_join();
+    left.clear();  // items' stop callbacks reset, unresolved completions (none) broken
+  }
+
+  // Frames of the calling thread. has_frames(): a cheap first look.
+  // Memory ordering: relaxed; a thread only cares about its own frames,
+  // which it wrote itself.
+  bool has_frames() const noexcept { return frame_count_.load(std::memory_order_relaxed) != 0; }
+
+  // drain_here(): delivers the rest of every batch this thread is
+  // delivering (a callback or resumption it ran is about to block).
+  void drain_here() {
+    for (;;) {
+      batch_t* b = nullptr;
+      {
+        std::lock_guard<std::mutex> lk(m_);
+        for (frame* f = frames_; f != nullptr; f = f->next) {
+          if (f->delivering && f->thread == std::this_thread::get_id() &&
+              f->b->next.load(std::memory_order_relaxed) < f->b->sent.size()) {
+            b = f->b;
+            break;
+          }
+        }
+      }
+      if (b == nullptr) return;
+      deliver_from(*b);  // alive: its frame is on this thread's stack
+    }
+  }
+
+  // delivering_here(): whether this thread is delivering a batch.
+  bool delivering_here() const {
+    std::lock_guard<std::mutex> lk(m_);
+    for (frame* f = frames_; f != nullptr; f = f->next) {
+      if (f->delivering && f->thread == std::this_thread::get_id()) return true;
+    }
+    return false;
+  }
+
+  // calling_here(): the batches whose bulk function this thread is running
+  // and that are not resolved yet (their keys are read-only and the batches
+  // alive while the frames are on this thread's stack).
+  std::vector<const batch_t*> calling_here() const {
+    std::vector<const batch_t*> out;
+    std::lock_guard<std::mutex> lk(m_);
+    for (frame* f = frames_; f != nullptr; f = f->next) {
+      if (!f->delivering && f->thread == std::this_thread::get_id() &&
+          !f->b->resolved.load(std::memory_order_acquire)) {
+        out.push_back(f->b);
+      }
+    }
+    return out;
+  }
+
+  // The counters (calls and joins are the group's: the loader adds them).
+  batch_stats stats() const {
+    std::lock_guard<std::mutex> lk(m_);
+    batch_stats s;
+    s.batches = batches_;
+    s.keys = keys_;
+    s.largest_batch = largest_;
+    s.dropped_keys = dropped_keys_;
+    s.skipped_batches = skipped_;
+    s.stopped_batches = stopped_;
+    s.failed_batches = failed_;
+    s.pending_keys = pending_keys_;
+    s.running_batches = running_;
+    return s;
+  }
+
+  // ---- batch_sink ---------------------------------------------------------
+
+  void item_stopped(item_t* it) noexcept override {
+    completion<T> drop;
+    batch_t* stop = nullptr;
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      switch (it->st) {
+        case state::joining:
+          it->st = state::gone_early;
+          break;
+        case state::pending:
+          it->st = state::dropped;
+          drop = std::move(it->done);
+          --it->owner->live;
+          --pending_keys_;
+          ++dropped_keys_;
+          break;
+        case state::sent:
+          it->st = state::left;
+          if (--it->owner->wanted == 0) {
+            stop = it->owner;
+            ++stopped_;
+          }
+          break;
+        default:
+          break;
+      }
+    }
+    // The flight has settled for its waiters (or has none): resolving only
+    // frees the key, so that a newcomer starts a fresh flight at once.
+    if (drop) drop.set_exception(dropped_);
+    // The batch is alive: it is freed only after this callback is reset.
+    if (stop != nullptr) stop->stop.request_stop();
+  }
+
+  void results_ready(std::shared_ptr<batch_t> b) noexcept override {
+    frame f{std::this_thread::get_id(), b.get(), /*delivering=*/true};
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      for (item_t* it : b->sent) it->st = state::done;  // later stops change nothing
+      --running_;
+      if (b->whole_error) ++failed_;
+      link_locked(f);
+    }
+    window_cv_.notify_one();  // a bulk call's slot is free
+    // Stop callbacks no longer matter; reset them with no lock held (each
+    // reset waits for a run of its callback on another thread).
+    for (auto& it : b->items) it->on_stop.reset();
+    deliver_from(*b);
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      unlink_locked(f);
+      drained_cv_.notify_all();  // under the lock: close_finish may free us right after
+    }
+  }
+
+  void completion_dropped(std::shared_ptr<batch_t> b) noexcept override {
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      if (b->in_call) {  // the bulk function may still throw: its exception wins
+        b->dropped_in_call = true;
+        return;
+      }
+    }
+    finish_whole(b, broken_);
+  }
+
+ private:
+  // Which thread calls a bulk function (delivering = false) or delivers a
+  // batch (true). Lives on that thread's stack; linked under m_.
+  struct frame {
+    std::thread::id thread;
+    batch_t* b;
+    bool delivering;
+    frame* prev = nullptr;
+    frame* next = nullptr;
+  };
+
+  void link_locked(frame& f) noexcept {
+    f.next = frames_;
+    if (frames_ != nullptr) frames_->prev = &f;
+    frames_ = &f;
+    frame_count_.fetch_add(1, std::memory_order_relaxed);
+  }
+  void unlink_locked(frame& f) noexcept {
+    if (f.prev != nullptr) {
+      f.prev->next = f.next;
+    } else {
+      frames_ = f.next;
+    }
+    if (f.next != nullptr) f.next->prev = f.prev;
+    frame_count_.fetch_sub(1, std::memory_order_relaxed);
+  }
+  bool only_own_frames_locked() const noexcept {
+    for (frame* f = frames_; f != nullptr; f = f->next) {
+      if (f->thread != std::this_thread::get_id()) return false;
+    }
+    return true;
+  }
+
+  // The task that runs one bulk call. Destroyed unrun (an executor dropped
+  // it), it fails the batch.
+  class bulk_task final : public task_base {
+   public:
+    bulk_task(batch_queue* q, std::shared_ptr<batch_t> b) noexcept : q_(q), b_(std::move(b)) {}
+    ~bulk_task() override {
+      if (!ran_) {
+        finish_whole(b_, std::make_exception_ptr(
+                             error("singleflight::batch_loader: the executor dropped the bulk "
+                                   "call's task without running it")));
+      }
+    }
+    void run() override {
+      ran_ = true;
+      q_->run_batch(b_);
+    }
+
+   private:
+    batch_queue* q_;
+    std::shared_ptr<batch_t> b_;
+    bool ran_ = false;
+  };
+
+  // finish_whole(b, e): every key of b fails with e, unless b was resolved.
+  // Touches nothing but b (the queue is alive while b is unresolved: the
+  // group's close waits for b's keys).
+  static void finish_whole(const std::shared_ptr<batch_t>& b, std::exception_ptr e) noexcept {
+    if (b->resolved.exchange(true, std::memory_order_acq_rel)) return;
+    b->whole_error = std::move(e);
+    b->sink->results_ready(b);
+  }
+
+  // Every sent key of b gets its result, from b->next on (shared with the
+  // nested drains of this same thread).
+  static void deliver_from(batch_t& b) noexcept {
+    for (;;) {
+      const std::size_t i = b.next.fetch_add(1, std::memory_order_relaxed);
+      if (i >= b.sent.size()) return;
+      completion<T>& c = b.sent[i]->done;
+      if (b.whole_error) {
+        c.set_exception(b.whole_error);
+      } else if (b.results[i].value) {
+        c.set_value(std::move(*b.results[i].value));  // a throwing move fails that key
+      } else {
+        c.set_exception(b.results[i].error);
+      }
+    }
+  }
+
+  // run_batch(b): the bulk call (on a worker or the executor's thread).
+  void run_batch(const std::shared_ptr<batch_t>& b) {
+    try {
+      b->keys.reserve(b->sent.size());
+      for (item_t* it : b->sent) b->keys.push_back(std::move(it->key));
+    } catch (...) {  // allocation, or Key's move
+      finish_whole(b, std::current_exception());
+      return;
+    }
+    frame f{std::this_thread::get_id(), b.get(), /*delivering=*/false};
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      b->in_call = true;
+      link_locked(f);
+    }
+    auto end_call = [&]() noexcept {
+      std::lock_guard<std::mutex> lk(m_);
+      b->in_call = false;
+      unlink_locked(f);
+      drained_cv_.notify_all();
+      return b->dropped_in_call;
+    };
+    // The bulk function ended its thread: the keys fail, the unwind goes on.
+    on_unwind abandoned([&] {
+      (void)end_call();
+      finish_whole(b, std::make_exception_ptr(abandoned_error()));
+    });
+    std::exception_ptr thrown;
+    try {
+      bulk_->call(std::span<const Key>(b->keys), b->stop.get_token(),
+                  batch_completion_access::make(b));
+    } catch (...) {
+      SINGLEFLIGHT_RETHROW_FOREIGN();
+      thrown = std::current_exception();
+    }
+    abandoned.disarm();
+    const bool dropped = end_call();
+    if (thrown) {
+      finish_whole(b, std::move(thrown));
+    } else if (dropped) {
+      finish_whole(b, broken_);
+    }
+  }
+
+  void launch(std::shared_ptr<batch_t> b) noexcept {
+    try {
+      task t(std::make_unique<bulk_task>(this, b));
+      if (use_exec_) {
+        executor_access::submit(exec_, std::move(t));
+      } else {
+        workers_.run(std::move(t));
+      }
+    } catch (...) {  // no task (allocation), or the executor threw (the task failed b first)
+      finish_whole(b, std::current_exception());
+    }
+  }
+
+  bool slot_free_locked() const noexcept { return max_running_ == 0 || running_ < max_running_; }
+
+  // start_locked(b): b's pending items are sent; b counts as running. No
+  // allocation (sent's capacity was reserved by add).
+  void start_locked(batch_t& b) noexcept {
+    for (auto& it : b.items) {
+      if (it->st != state::pending) continue;
+      it->st = state::sent;
+      b.sent.push_back(it.get());
+    }
+    b.wanted = b.sent.size();
+    pending_keys_ -= b.sent.size();
+    ++running_;
+    ++batches_;
+    keys_ += b.sent.size();
+    if (b.sent.size() > largest_) largest_ = b.sent.size();
+  }
+
+  // The batches to start now, and those to free unrun (every key dropped).
+  void take_due_locked(clock::time_point now, std::vector<std::shared_ptr<batch_t>>& start,
+                       std::vector<std::shared_ptr<batch_t>>& skip) {
+    while (!ready_.empty()) {
+      if (ready_.front()->live == 0) {
+        skip.push_back(std::move(ready_.front()));
+      } else if (slot_free_locked()) {
+        start_locked(*ready_.front());
+        start.push_back(std::move(ready_.front()));
+      } else {
+        break;
+      }
+      ready_.pop_front();
+    }
+    if (!ready_.empty() || !pending_ || holds_ != 0 || now < pending_->due) return;
+    if (pending_->live == 0) {
+      skip.push_back(std::move(pending_));
+    } else if (slot_free_locked()) {
+      start_locked(*pending_);
+      start.push_back(std::move(pending_));
+    }
+  }
+
+  // The window thread: closes batches when due and dispatches them. Runs no
+  // user code but the executor (which must hand the task off and return).
+  void window_loop() {
+    std::vector<std::shared_ptr<batch_t>> start, skip;
+    std::unique_lock<std::mutex> lk(m_);
+    while (!stopping_) {
+      try {
+        take_due_locked(clock::now(), start, skip);
+      } catch (...) {  // the vectors' allocation: try again on the next wake
+      }
+      if (!start.empty() || !skip.empty()) {
+        skipped_ += skip.size();
+        lk.unlock();
+        skip.clear();  // items' callbacks reset, with no lock held
+        for (auto& b : start) launch(std::move(b));
+        start.clear();
+        lk.lock();
+        continue;
+      }
+      const bool timed = pending_ && holds_ == 0 && ready_.empty() && slot_free_locked() &&
+                         pending_->due != clock::time_point::max();
+      if (timed) {
+        const clock::time_point due = pending_->due;  // pending_ may go while we wait
+        window_cv_.wait_until(lk, due);
+      } else {
+        window_cv_.wait(lk);
+      }
+    }
+  }
+
+  const std::unique_ptr<bulk_call<Key, T>> bulk_;
+  const std::size_t max_batch_;
+  const std::chrono::nanoseconds window_;
+  const std::size_t max_running_;
+  const executor exec_;
+  const bool use_exec_;
+  const std::exception_ptr dropped_;       // resolves dropped keys (nobody sees it)
+  const std::exception_ptr closed_error_;  // resolves keys added after close
+  const std::exception_ptr broken_;        // a completion destroyed unresolved
+
+  mutable std::mutex m_;
+  std::condition_variable window_cv_;           // the window thread waits on it
+  std::condition_variable drained_cv_;          // close_finish waits on it for frames to go
+  std::shared_ptr<batch_t> pending_;            // m_: the open batch
+  std::deque<std::shared_ptr<batch_t>> ready_;  // m_: closed, waiting for a slot
+  std::size_t running_ = 0;                     // m_: bulk calls not yet answered
+  std::size_t holds_ = 0;                       // m_
+  bool closed_ = false;                         // m_
+  bool stopping_ = false;                       // m_
+  frame* frames_ = nullptr;                     // m_
+  std::atomic<std::size_t> frame_count_{0};     // see has_frames()
+  std::uint64_t batches_ = 0, keys_ = 0, largest_ = 0, dropped_keys_ = 0, skipped_ = 0,
+                stopped_ = 0, failed_ = 0, pending_keys_ = 0;  // m_
+
+  batch_workers workers_;
+  owned_thread timer_;  // last: started once everything above exists
+};
+
+}  // namespace singleflight::detail
