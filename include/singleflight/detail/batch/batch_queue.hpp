@@ -308,6 +308,10 @@ class batch_queue final : public batch_sink<Key, T> {
     // reset waits for a run of its callback on another thread).
     for (auto& it : b->items) it->on_stop.reset();
     deliver_from(*b);
+    // Every key has its result (nested drains ran inside the loop above).
+    // The batch lets go of the error it shared: the waiters hold it now, and
+    // the thread that last drops the batch (any thread) frees nothing they read.
+    b->whole_error = nullptr;
     {
       std::lock_guard<std::mutex> lk(m_);
       unlink_locked(f);
@@ -403,7 +407,7 @@ class batch_queue final : public batch_sink<Key, T> {
       } else if (b.results[i].value) {
         c.set_value(std::move(*b.results[i].value));  // a throwing move fails that key
       } else {
-        c.set_exception(b.results[i].error);
+        c.set_exception(std::move(b.results[i].error));
       }
     }
   }
@@ -454,14 +458,17 @@ class batch_queue final : public batch_sink<Key, T> {
 
   void launch(std::shared_ptr<batch_t> b) noexcept {
     try {
-      task t(std::make_unique<bulk_task>(this, b));
+      // The task takes the only reference this thread had: the window thread
+      // never outlives a batch's delivery holding it.
+      task t(std::make_unique<bulk_task>(this, std::move(b)));
       if (use_exec_) {
         executor_access::submit(exec_, std::move(t));
       } else {
         workers_.run(std::move(t));
       }
-    } catch (...) {  // no task (allocation), or the executor threw (the task failed b first)
-      finish_whole(b, std::current_exception());
+    } catch (...) {  // no task (allocation: b is still ours), or the executor threw (the
+                     // task, destroyed, failed the batch)
+      if (b) finish_whole(b, std::current_exception());
     }
   }
 
