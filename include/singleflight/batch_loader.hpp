@@ -65,7 +65,7 @@
 //
 // Where user code runs:
 //  * the bulk function: on one of the loader's worker threads (a new one is
-//    started when every worker is busy; idle ones wait for the next batch),
+//    started when every worker is busy; one idle for 10 s exits),
 //    or, with a callable flight.executor, on whatever thread the executor
 //    runs its task; never on a caller's thread and never on the window
 //    thread;
@@ -99,7 +99,7 @@
 //
 // Where the parts live (include/singleflight/detail/batch/): batch.hpp (one
 // batch and its keys), batch_queue.hpp (the window, dispatch, delivery,
-// re-entrancy), batch_workers.hpp (the loader's threads), bulk_fn.hpp (the
+// re-entrancy), bulk_fn.hpp (the
 // bulk-function shapes), bulk_results.hpp (an answer into per-key results);
 // batch_completion.hpp and batch_options.hpp at the top.
 #pragma once

@@ -12,7 +12,9 @@
 //     deadline, close()) is dropped from its batch, and its completion
 //     resolved at once (which frees the key in the group); a batch whose
 //     keys were all dropped is not run;
-//   * the bulk call runs on a worker (batch_workers) or on the executor,
+//   * the bulk call runs on one of the loader's worker_threads (a new one
+//     when every one is busy; an idle one exits after a while) or on the
+//     executor,
 //     with a stop token of its own that fires once every sent key's flight
 //     has stopped;
 //   * delivery: every key's completion resolved with its result, on the
@@ -56,8 +58,8 @@
 #include "../group/owned_thread.hpp"
 #include "../task_base.hpp"
 #include "../unwind.hpp"
+#include "../worker_threads.hpp"
 #include "batch.hpp"
-#include "batch_workers.hpp"
 #include "bulk_fn.hpp"
 
 namespace singleflight::detail {
@@ -189,8 +191,8 @@ class batch_queue final : public batch_sink<Key, T> {
     }
     window_cv_.notify_all();
     (void)timer_.join_unless_current();
-    workers_.stop_and_join();
-    left.clear();  // items' stop callbacks reset, unresolved completions (none) broken
+    workers_.close();  // joins every worker but this thread (the destructor joins it)
+    left.clear();      // items' stop callbacks reset, unresolved completions (none) broken
   }
 
   // Frames of the calling thread. has_frames(): a cheap first look.
@@ -464,7 +466,10 @@ class batch_queue final : public batch_sink<Key, T> {
       if (use_exec_) {
         executor_access::submit(exec_, std::move(t));
       } else {
-        workers_.run(std::move(t));
+        // Not posted (closed) or throwing (no thread could start): the job, and the task in
+        // it, die here unrun, which fails the batch.
+        auto j = worker_threads::make_job([t = std::move(t)]() mutable { t(); });
+        (void)workers_.post(j);
       }
     } catch (...) {  // no task (allocation: b is still ours), or the executor threw (the
                      // task, destroyed, failed the batch)
@@ -567,7 +572,7 @@ class batch_queue final : public batch_sink<Key, T> {
   std::uint64_t batches_ = 0, keys_ = 0, largest_ = 0, dropped_keys_ = 0, skipped_ = 0,
                 stopped_ = 0, failed_ = 0, pending_keys_ = 0;  // m_
 
-  batch_workers workers_;
+  worker_threads workers_;
   owned_thread timer_;  // last: started once everything above exists
 };
 
