@@ -76,6 +76,12 @@ using sftest::no_window;
 using int_calls = std::vector<std::vector<int>>;
 using str_calls = std::vector<std::vector<std::string>>;
 
+// keep_errors: a test that reads an exception a bulk call delivered declares what holds it
+// before the loader, so that it outlives the loader's threads: the thread that delivered it
+// may drop the last other reference after the test has read it, which is safe (exception_ptr's
+// count is atomic) but invisible to TSan, as libstdc++ is not instrumented (RELIABILITY.md 14).
+// The loader's destructor joins its threads first.
+
 // A window short enough for blocking calls to be answered without flush().
 sf::batch_options short_window(std::size_t max_batch = 0) {
   sf::batch_options o;
@@ -140,6 +146,7 @@ TEST_CASE("dataloader: supports loading multiple keys in one call", "[batch][por
 
 TEST_CASE("dataloader: supports loading multiple keys in one call with errors",
           "[batch][ports][dataloader]") {
+  std::vector<sf::outcome<std::string>> values;  // before the loader: see keep_errors
   sf::batch_loader<std::string, std::string> l(
       [](std::span<const std::string> keys) {
         std::vector<sf::outcome<std::string>> out;
@@ -153,7 +160,7 @@ TEST_CASE("dataloader: supports loading multiple keys in one call with errors",
         return out;
       },
       short_window());
-  const auto values = l.load_many(std::vector<std::string>{"a", "b", "bad"});
+  values = l.load_many(std::vector<std::string>{"a", "b", "bad"});
   CHECK(values[0].value() == "a");
   CHECK(values[1].value() == "b");
   CHECK(message_of(values[2].error()) == "Bad Key");
@@ -184,7 +191,7 @@ TEST_CASE("dataloader: batches multiple requests with max batch sizes",
     logs[i].wait("answered");
     CHECK(*logs[i].value == i + 1);
   }
-  CHECK(rec.keys() == int_calls{{1, 2}, {3}});
+  CHECK(rec.sorted_keys() == int_calls{{1, 2}, {3}});
 }
 
 TEST_CASE("dataloader: applies maxBatchSize correctly with duplicate keys",
@@ -236,7 +243,7 @@ TEST_CASE("dataloader: coalesces identical requests across sized batches",
     logs[i].wait("answered");
     CHECK(*logs[i].value == expected[i]);
   }
-  CHECK(rec.keys() == int_calls{{1, 2}, {3}});
+  CHECK(rec.sorted_keys() == int_calls{{1, 2}, {3}});
 }
 
 // ---- graphql/dataloader: Represents Errors
@@ -244,10 +251,11 @@ TEST_CASE("dataloader: coalesces identical requests across sized batches",
 
 TEST_CASE("dataloader: Resolves to error to indicate failure", "[batch][ports][dataloader]") {
   bulk_record<int> rec;
+  std::optional<sf::outcome<int>> one;  // before the loader: see keep_errors
   sf::batch_loader<int, int> l(evens(rec), short_window());
-  const auto one = l.try_load(1);
-  CHECK(one.status() == sf::status::failed);
-  CHECK(message_of(one.error()) == "Odd: 1");
+  one.emplace(l.try_load(1));
+  CHECK(one->status() == sf::status::failed);
+  CHECK(message_of(one->error()) == "Odd: 1");
   CHECK(l.load(2) == 2);
   CHECK(rec.keys() == int_calls{{1}, {2}});
 }
@@ -255,8 +263,8 @@ TEST_CASE("dataloader: Resolves to error to indicate failure", "[batch][ports][d
 TEST_CASE("dataloader: Can represent failures and successes simultaneously",
           "[batch][ports][dataloader]") {
   bulk_record<int> rec;
+  callback_log<int> one, two;  // before the loader: see keep_errors
   sf::batch_loader<int, int> l(evens(rec), no_window());
-  callback_log<int> one, two;
   l.async_load(1, one.on_done());
   l.async_load(2, two.on_done());
   l.flush();
@@ -269,13 +277,13 @@ TEST_CASE("dataloader: Can represent failures and successes simultaneously",
 
 TEST_CASE("dataloader: Propagates error to all loads", "[batch][ports][dataloader]") {
   bulk_record<int> rec;
+  callback_log<int> one, two;  // before the loader: see keep_errors
   sf::batch_loader<int, int> l(
       [&](std::span<const int> keys) -> std::vector<int> {
         rec.enter(keys);
         throw std::runtime_error("I am a terrible loader");
       },
       no_window());
-  callback_log<int> one, two;
   l.async_load(1, one.on_done());
   l.async_load(2, two.on_done());
   l.flush();
@@ -464,23 +472,25 @@ TEST_CASE("dataloader: can call a loader from a loader", "[batch][ports][dataloa
 TEST_CASE("dataloader: Batch function must return a Promise, not error synchronously",
           "[batch][ports][dataloader][abuse]") {
   // A bulk function that throws at once fails every key of its batch with that exception.
+  std::optional<sf::outcome<int>> o;  // before the loader: see keep_errors
   sf::batch_loader<int, int> l(
       [](std::span<const int>) -> std::vector<int> {
         throw std::logic_error("Mock Synchronous Error");
       },
       short_window());
-  const auto o = l.try_load(1);
-  CHECK(o.status() == sf::status::failed);
-  CHECK(message_of(o.error()) == "Mock Synchronous Error");
+  o.emplace(l.try_load(1));
+  CHECK(o->status() == sf::status::failed);
+  CHECK(message_of(o->error()) == "Mock Synchronous Error");
 }
 
 TEST_CASE("dataloader: Batch function must promise an Array of correct length",
           "[batch][ports][dataloader][abuse]") {
+  std::optional<sf::outcome<int>> o;  // before the loader: see keep_errors
   sf::batch_loader<int, int> l([](std::span<const int>) { return std::vector<int>{}; },
                                short_window());
-  const auto o = l.try_load(1);
-  CHECK(sftest::holds<sf::batch_size_error>(o.error()));
-  CHECK(message_of(o.error()) ==
+  o.emplace(l.try_load(1));
+  CHECK(sftest::holds<sf::batch_size_error>(o->error()));
+  CHECK(message_of(o->error()) ==
         "singleflight::batch_loader: the bulk function returned 0 results for 1 keys (a "
         "sequence result must hold one result per key, in the keys' order)");
 }
@@ -502,6 +512,7 @@ TEST_CASE("gophers: test thunk does not contain race conditions", "[batch][ports
   auto t1 = sftest::spawn(r1, [&] { return l.load("1"); });
   auto t2 = sftest::spawn(r2, [&] { return l.load("1"); });
   must([&] { return l.stats().calls == 2; }, "both attached");
+  pending(l, 1, "the key is in the open batch");  // the leader's flight has put it there
   l.flush();
   sftest::finish(t1, r1, "t1");
   sftest::finish(t2, r2, "t2");
@@ -513,19 +524,21 @@ TEST_CASE("gophers: test thunk does not contain race conditions", "[batch][ports
 TEST_CASE("gophers: test Load Method Panic Safety", "[batch][ports][gophers]") {
   // A bulk function throwing something that is not a std::exception: an error for the key,
   // nothing escapes the loader's thread.
+  std::optional<sf::outcome<std::string>> o;  // before the loader: see keep_errors
   sf::batch_loader<std::string, std::string> l(
       [](std::span<const std::string>) -> std::vector<std::string> {
         throw sftest::not_an_exception{1};
       },
       short_window());
-  const auto o = l.try_load("1");
-  CHECK(sftest::holds<sftest::not_an_exception>(o.error()));
+  o.emplace(l.try_load("1"));
+  CHECK(sftest::holds<sftest::not_an_exception>(o->error()));
 }
 
 TEST_CASE("gophers: test Load Method Panic Safety in multiple keys", "[batch][ports][gophers]") {
   // Fails a batch of several keys; a later load of one of them is not answered with the old
   // failure.
   std::atomic<int> calls{0};
+  std::vector<sf::outcome<std::string>> failed;  // before the loader: see keep_errors
   sf::batch_loader<std::string, std::string> l(
       [&](std::span<const std::string> keys) {
         calls.fetch_add(1);
@@ -533,7 +546,7 @@ TEST_CASE("gophers: test Load Method Panic Safety in multiple keys", "[batch][po
         return std::vector<std::string>(keys.begin(), keys.end());
       },
       short_window());
-  const auto failed = l.load_many(std::vector<std::string>{"0", "1", "2"});
+  failed = l.load_many(std::vector<std::string>{"0", "1", "2"});
   for (const auto& o : failed) CHECK(message_of(o.error()) == "Programming error");
   for (int i = 0; i < 3; ++i) CHECK(l.load("1") == "1");
   CHECK(calls == 4);
@@ -638,13 +651,14 @@ TEST_CASE("gophers: test thunkmany does not contain race conditions", "[batch][p
 }
 
 TEST_CASE("gophers: test Load Many Method Panic Safety", "[batch][ports][gophers]") {
+  std::vector<sf::outcome<std::string>> failed;  // before the loader: see keep_errors
   sf::batch_loader<std::string, std::string> l(
       [](std::span<const std::string> keys) {
         if (keys.size() > 1) throw sftest::not_an_exception{2};
         return std::vector<std::string>(keys.begin(), keys.end());
       },
       short_window());
-  const auto failed = l.load_many(std::vector<std::string>{"1", "2"});
+  failed = l.load_many(std::vector<std::string>{"1", "2"});
   CHECK(sftest::holds<sftest::not_an_exception>(failed[0].error()));
   const auto again = l.load_many(std::vector<std::string>{"1"});
   CHECK(again[0].value() == "1");
@@ -672,12 +686,12 @@ TEST_CASE("gophers: batches many requests", "[batch][ports][gophers]") {
 }
 
 TEST_CASE("gophers: number of results matches number of keys", "[batch][ports][gophers]") {
+  std::vector<callback_log<std::string>> logs(10);  // before the loader: see keep_errors
   sf::batch_loader<std::string, std::string> l(
       [](std::span<const std::string> keys) {
         return std::vector<std::string>(keys.begin(), keys.end() - 1);  // one short
       },
       no_window());
-  std::vector<callback_log<std::string>> logs(10);
   for (int i = 0; i < 10; ++i) l.async_load(std::to_string(i), logs[i].on_done());
   l.flush();
   for (auto& log : logs) {
@@ -693,7 +707,7 @@ TEST_CASE("gophers: responds to max batch size", "[batch][ports][gophers]") {
   for (int i = 0; i < 3; ++i) l.async_load(std::to_string(i + 1), logs[i].on_done());
   l.flush();
   for (auto& log : logs) log.wait("answered");
-  CHECK(rec.keys() == str_calls{{"1", "2"}, {"3"}});
+  CHECK(rec.sorted_keys() == str_calls{{"1", "2"}, {"3"}});
 }
 
 TEST_CASE("gophers: caches repeated requests", "[batch][ports][gophers]") {

@@ -12,6 +12,7 @@
 
 #include <singleflight/batch_loader.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <mutex>
@@ -56,6 +57,13 @@ class bulk_record {
     std::lock_guard<std::mutex> lk(m_);
     std::vector<std::vector<Key>> out;
     for (const auto& c : calls_) out.push_back(c.keys);
+    return out;
+  }
+  // keys(), in sorted order: the batches whatever order their calls started in (batches
+  // dispatched together run at once, on different threads).
+  std::vector<std::vector<Key>> sorted_keys() const {
+    auto out = keys();
+    std::sort(out.begin(), out.end());
     return out;
   }
   call at(std::size_t i) const {

@@ -309,11 +309,7 @@ class batch_queue final : public batch_sink<Key, T> {
     // Stop callbacks no longer matter; reset them with no lock held (each
     // reset waits for a run of its callback on another thread).
     for (auto& it : b->items) it->on_stop.reset();
-    deliver_from(*b);
-    // Every key has its result (nested drains ran inside the loop above).
-    // The batch lets go of the error it shared: the waiters hold it now, and
-    // the thread that last drops the batch (any thread) frees nothing they read.
-    b->whole_error = nullptr;
+    deliver_from(*b);  // every key has its result (nested drains ran inside)
     {
       std::lock_guard<std::mutex> lk(m_);
       unlink_locked(f);
@@ -405,7 +401,15 @@ class batch_queue final : public batch_sink<Key, T> {
       if (i >= b.sent.size()) return;
       completion<T>& c = b.sent[i]->done;
       if (b.whole_error) {
-        c.set_exception(b.whole_error);
+        // The last key takes the batch's reference, before its waiters wake: a waiter never
+        // reads an exception whose last reference another thread may drop (TSan cannot see
+        // exception_ptr's count; nor can it see that this is safe). An earlier index's copy
+        // was made before its resolution ran any callback (and so any nested drain).
+        if (i + 1 == b.sent.size()) {
+          c.set_exception(std::move(b.whole_error));
+        } else {
+          c.set_exception(b.whole_error);
+        }
       } else if (b.results[i].value) {
         c.set_value(std::move(*b.results[i].value));  // a throwing move fails that key
       } else {
