@@ -8,7 +8,8 @@
 //
 //  * Counting: while a thread's `counting` flag is set, each allocation it makes adds one to
 //    its own `thread_allocations` and to the process-wide `allocations`.
-//    allocations_during(f) runs f on this thread and returns the allocations it made.
+//    allocations_during(f) runs f on this thread and returns the allocations it made;
+//    bytes_during(f) the bytes they asked for.
 //  * Fail at N: arm(n) makes the n-th allocation (1-based) of the current thread after arming
 //    throw std::bad_alloc (nothrow forms return nullptr); then the thread is disarmed (the
 //    unwinding may allocate again). Other threads are never affected. `hit` says whether the
@@ -51,8 +52,9 @@ inline constexpr bool replaced = true;
 // ---- counting ---------------------------------------------------------------------------
 // All thread_local state is constant-initialised: touching it never allocates.
 
-inline thread_local bool counting = false;        // this thread counts its allocations
-inline thread_local long thread_allocations = 0;  // this thread's, while counting
+inline thread_local bool counting = false;         // this thread counts its allocations
+inline thread_local long thread_allocations = 0;   // this thread's, while counting
+inline thread_local std::size_t thread_bytes = 0;  // the bytes those allocations asked for
 // Every thread's, while counting. Relaxed: a tally read after the counting threads were joined
 // or after the counted call returned on the reading thread; it orders nothing.
 inline std::atomic<long> allocations{0};
@@ -65,6 +67,16 @@ long allocations_during(F&& call) {
   static_cast<F&&>(call)();
   counting = false;
   return thread_allocations - before;
+}
+
+// Runs call() on this thread with counting on; returns the bytes its allocations asked for.
+template <class F>
+std::size_t bytes_during(F&& call) {
+  const std::size_t before = thread_bytes;
+  counting = true;
+  static_cast<F&&>(call)();
+  counting = false;
+  return thread_bytes - before;
 }
 
 // ---- fail at N ----------------------------------------------------------------------------
@@ -94,10 +106,11 @@ struct pause {
 
 namespace detail {
 
-// Called by every operator new before it allocates: counts, and says whether to fail.
-inline bool on_allocation() noexcept {
+// Called by every operator new before it allocates `n` bytes: counts, and says whether to fail.
+inline bool on_allocation(std::size_t n) noexcept {
   if (counting) {
     ++thread_allocations;
+    thread_bytes += n;
     allocations.fetch_add(1, std::memory_order_relaxed);
   }
   if (!armed) return false;
@@ -120,13 +133,13 @@ extern "C" {
 namespace sftest::alloc::detail {
 // noinline: keeps every allocation an observable call (the counts are what the tests assert).
 [[gnu::noinline]] inline void* allocate(std::size_t n) {
-  if (on_allocation()) throw std::bad_alloc();
+  if (on_allocation(n)) throw std::bad_alloc();
   void* p = std::malloc(n == 0 ? 1 : n);
   if (p == nullptr) throw std::bad_alloc();
   return p;
 }
 [[gnu::noinline]] inline void* allocate_aligned(std::size_t n, std::align_val_t al) {
-  if (on_allocation()) throw std::bad_alloc();
+  if (on_allocation(n)) throw std::bad_alloc();
   auto a = static_cast<std::size_t>(al);
   if (a < sizeof(void*)) a = sizeof(void*);
   const std::size_t size = ((n == 0 ? 1 : n) + a - 1) / a * a;  // aligned_alloc's rule
