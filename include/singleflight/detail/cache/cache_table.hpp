@@ -5,8 +5,11 @@
 // policy and the writer-side counters each), the per-stripe reader counters,
 // and the read_gate that lets hits read a shard without its mutex.
 //
-// Locking (one shard at a time, never two):
-//   * shard::mu guards everything in the shard. A writer (anything that
+// Locking (one shard at a time; a second one only with try_lock):
+//   * shard::mu guards everything in the shard. The one place that holds two
+//     is admission into a full bounded table, which may take a slot from
+//     another shard (cache_writes.hpp, make_room): it only ever try_locks
+//     the second shard, so no thread waits for a mutex while holding one. A writer (anything that
 //     changes what a reader may look at: links, outcomes, times, versions)
 //     also locks the shard's readers out (shard_lock::write()).
 //   * A hit reads inside a read section (read_gate::try_enter): the bucket
@@ -37,6 +40,16 @@
 #include "read_gate.hpp"
 
 namespace singleflight::detail {
+
+#if defined(SINGLEFLIGHT_TEST_HOOKS)
+// A test-only seam: when nonzero, the shard count of every cache_table made
+// from then on (rounded down to a power of two), so that tests and the trace
+// benchmark can run the table as a machine with more (or fewer) cores would.
+// Relaxed: set before the caches it applies to are made, on the same thread.
+inline std::atomic<std::size_t> cache_shards_for_tests{0};
+// The shard count of the last cache_table made (what the default rule chose).
+inline std::atomic<std::size_t> cache_shards_last_made{0};
+#endif
 
 // What a node holds.
 enum class held : std::uint8_t {
@@ -214,15 +227,20 @@ class cache_table {
 
   // cache_table(max_entries): max_entries == 0 is unbounded. Shards: about
   // four per hardware thread (8..256); a bounded table has at most one shard
-  // per 64 entries, and the capacities of its shards add up to max_entries.
+  // per min_share entries, and the shares of its shards add up to
+  // max_entries (see the entry budget below).
   explicit cache_table(std::size_t max_entries)
-      : shard_bits_(bits_for(shard_count(max_entries))),
+      : max_entries_(max_entries),
+        shard_bits_(bits_for(shard_count(max_entries))),
         shards_(make_shards(std::size_t{1} << shard_bits_, max_entries)),
         gate_(std::size_t{1} << shard_bits_, stripe_count()),
         stripes_(new stripe_counters[gate_.stripes()]) {
     for (std::size_t i = 0; i < shard_total(); ++i) {
       shards_[i].rng.state = mix64(reinterpret_cast<std::uintptr_t>(this) + i);
     }
+#if defined(SINGLEFLIGHT_TEST_HOOKS)
+    cache_shards_last_made.store(shard_total(), std::memory_order_relaxed);
+#endif
   }
 
   cache_table(const cache_table&) = delete;
@@ -242,6 +260,40 @@ class cache_table {
   }
 
   std::size_t shard_total() const noexcept { return std::size_t{1} << shard_bits_; }
+  std::size_t index_of(const shard& s) const noexcept {
+    return static_cast<std::size_t>(&s - shards_.get());
+  }
+
+  // -- the entry budget (bounded tables) --
+  //
+  // max_entries is one budget for the whole table, not a fixed capacity per
+  // shard: `used` counts the entries of every shard, and a shard may hold
+  // more than its share (its policy's capacity, max_entries / shards) while
+  // the table has room. When it is full, a new entry takes the slot of an
+  // entry evicted from its own shard if that shard holds its share or more,
+  // else from a shard that holds more than its share (so that, under
+  // pressure, shards drift back to their shares, and a hot set that fits in
+  // max_entries fits whatever the hash does to it).
+  // Memory ordering: `used` is changed by read-modify-writes (acq_rel for
+  // the reservation's compare-exchange, so that two writers of different
+  // shards never both take the last slot; relaxed elsewhere: a count).
+  bool bounded() const noexcept { return max_entries_ != 0; }
+  std::size_t max_entries() const noexcept { return max_entries_; }
+  // try_reserve(): one more entry, if the table has room.
+  bool try_reserve() noexcept {
+    std::size_t u = used_.load(std::memory_order_relaxed);
+    while (u < max_entries_) {
+      if (used_.compare_exchange_weak(u, u + 1, std::memory_order_acq_rel,
+                                      std::memory_order_relaxed)) {
+        return true;
+      }
+    }
+    return false;
+  }
+  // release(): an entry left the table (not replaced by another).
+  void release() noexcept { used_.fetch_sub(1, std::memory_order_relaxed); }
+  // used(): the entries held (bounded tables), never above max_entries.
+  std::size_t used() const noexcept { return used_.load(std::memory_order_relaxed); }
   std::size_t shard_index(std::uint64_t mixed) const noexcept {
     return shard_bits_ == 0 ? 0 : static_cast<std::size_t>(mixed >> (64U - shard_bits_));
   }
@@ -258,6 +310,11 @@ class cache_table {
   class shard_lock {
    public:
     shard_lock(cache_table& t, std::size_t i) : t_(t), i_(i) { lock(); }
+    // The shard's mutex if it is free at once; owns() says whether it was.
+    shard_lock(cache_table& t, std::size_t i, std::try_to_lock_t) : t_(t), i_(i) {
+      held_ = t_.shards_[i_].mu.try_lock();
+    }
+    bool owns() const noexcept { return held_; }
     shard_lock(const shard_lock&) = delete;
     shard_lock& operator=(const shard_lock&) = delete;
     ~shard_lock() {
@@ -288,10 +345,20 @@ class cache_table {
   };
 
  private:
+  // A bounded table has at most one shard per min_share entries: below that
+  // a shard's S3-FIFO (small queue 10% of its share) decides on too few
+  // entries, and the hit ratio on real traces falls (docs/cache.md,
+  // "Eviction, measured").
+  static constexpr std::size_t min_share = 1024;
   static std::size_t shard_count(std::size_t max_entries) noexcept {
+#if defined(SINGLEFLIGHT_TEST_HOOKS)
+    if (const std::size_t n = cache_shards_for_tests.load(std::memory_order_relaxed); n != 0) {
+      return n;
+    }
+#endif
     const std::size_t hw = std::max(1U, std::thread::hardware_concurrency());
     std::size_t n = std::clamp<std::size_t>(4 * hw, 8, 256);
-    if (max_entries != 0) n = std::min(n, std::max<std::size_t>(1, max_entries / 64));
+    if (max_entries != 0) n = std::min(n, std::max<std::size_t>(1, max_entries / min_share));
     return n;
   }
   // Stripes: four per hardware thread (8..64), so that threads running at
@@ -318,6 +385,8 @@ class cache_table {
     return shards;
   }
 
+  std::size_t max_entries_;
+  alignas(64) std::atomic<std::size_t> used_{0};  // entries held, bounded tables (the budget)
   unsigned shard_bits_;
   std::unique_ptr<shard[]> shards_;
   read_gate gate_;

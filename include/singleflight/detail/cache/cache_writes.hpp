@@ -7,18 +7,21 @@
 //     node stops holding an entry), erase_if_unused() (a node that holds
 //     nothing and is pinned by nobody leaves its shard), unpin() (a holder
 //     of a node's address lets go of it);
-//   * entries: admit() (into the shard's S3-FIFO policy, evicting first and
-//     sweeping dead entries after) and set_windows() (the windows of a write);
+//   * entries: admit() (into the shard's S3-FIFO policy, making room first
+//     in a bounded table's entry budget, and sweeping dead entries after),
+//     make_room() / take_from_other() (a slot of the budget: free, or that of
+//     an evicted entry of this shard or of one over its share), leave() (an
+//     entry's count and slot) and set_windows() (the windows of a write);
 //   * put(), invalidate(), clear(): each gives the key a new version, so that
 //     a load that started before it cannot publish over it;
 //   * size(), stats(): the counters, summed.
 //
 // Locking: one shard's mutex at a time (clear() and stats() take them in
-// turn); anything a reader may look at changes with the shard's readers
-// locked out (shard_lock::write()). Nodes, values and exceptions leave under
-// the mutex and are destroyed after it (garbage_t and the `old_*` locals are
-// declared before the lock). No user code runs under the mutex except
-// KeyEqual; find_or_make() copies Key with the mutex released.
+// turn), except take_from_other(), which try_locks a second shard while
+// holding one and never waits for it; anything a reader may look at changes with the shard's
+// readers locked out (shard_lock::write()). Nodes, values and exceptions leave under the mutex and
+// are destroyed after it (garbage_t and the `old_*` locals are declared before the lock). No user
+// code runs under the mutex except KeyEqual; find_or_make() copies Key with the mutex released.
 #pragma once
 
 #include <atomic>
@@ -26,6 +29,8 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <utility>
 
 #include "../../cache_options.hpp"
@@ -82,11 +87,10 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
 
   // drop(n): n stops holding an entry. Its value and error stay in the node
   // (destroyed when it is rewritten or freed, never under the lock).
-  static void drop(shard_t& s, node_t* n) noexcept {
+  void drop(shard_t& s, node_t* n) noexcept {
     if (n->kind == detail::held::nothing) return;
     s.policy.remove(n);
-    s.entries.fetch_sub(1, std::memory_order_relaxed);
-    n->kind = detail::held::nothing;
+    leave(s, n, true);
   }
 
   // erase_if_unused(s, n, g): unlinks n if it holds nothing and nobody holds
@@ -99,39 +103,86 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
   }
 
   // admit(s, n, now, g): n (readers locked out) now holds an entry. A new
-  // entry first makes room (evicting, dead entries first), so that size()
-  // never exceeds max_entries, not even for a moment; then a couple of dead
-  // entries are swept (no timer does it).
+  // entry first makes room (make_room: evicting, dead entries first), so
+  // that size() never exceeds max_entries, not even for a moment; then the
+  // sweep removes dead entries it finds within its budget of looks (no
+  // timer does it; s3fifo::sweep).
   void admit(shard_t& s, node_t* n, time_point now, garbage_t& g) {
     const auto dead = [now](const detail::policy_hook* h) {
       return is_dead(*static_cast<const node_t*>(h), now);
     };
-    const auto remove = [&](node_t* v) {
-      s.entries.fetch_sub(1, std::memory_order_relaxed);
-      v->kind = detail::held::nothing;
-      erase_if_unused(s, v, g);
-    };
     if (n->queue == detail::s3fifo::none) {
-      while (s.policy.capacity() != 0 && s.policy.size() >= s.policy.capacity()) {
-        auto* v = static_cast<node_t*>(s.policy.evict(dead));
-        if (v == nullptr) break;
-        ++s.evictions;
-        remove(v);
-      }
+      if (table.bounded()) make_room(s, dead, g);
       s.policy.insert(n);
       s.entries.fetch_add(1, std::memory_order_relaxed);
     } else {
       s.policy.rewritten(n);
     }
-    for (int i = 0; i < 2; ++i) {
-      auto* v = static_cast<node_t*>(s.policy.sweep_one(dead));
-      if (v == nullptr) break;
-      if (v == n) {  // n itself cannot be dead: it was just written
+    int budget = detail::s3fifo::sweep_budget;
+    while (auto* v = static_cast<node_t*>(s.policy.sweep(dead, budget))) {
+      if (v == n) {  // n itself is dead on arrival (a ttl of zero): it stays until evicted
         s.policy.insert(n);
-        break;
+        continue;
       }
-      remove(v);
+      leave(s, v, true);
+      erase_if_unused(s, v, g);
     }
+  }
+
+  // make_room(s, dead, g): a slot of the table's budget for one new entry of
+  // shard s (cache_table.hpp, "the entry budget"): a free one, else that of
+  // an entry evicted from s (if s holds its share or more) or from a shard
+  // holding more than its share, taken with try_lock (never waiting for a
+  // second mutex; s3fifo prefers dead entries). Readers of s locked out.
+  template <class Dead>
+  void make_room(shard_t& s, const Dead& dead, garbage_t& g) {
+    for (;;) {
+      if (table.try_reserve()) return;
+      if (s.policy.size() < s.policy.capacity() && take_from_other(s, dead, g)) return;
+      if (auto* v = static_cast<node_t*>(s.policy.evict(dead))) {
+        ++s.evictions;
+        leave(s, v, false);  // its slot is the new entry's
+        erase_if_unused(s, v, g);
+        return;
+      }
+      // s is empty and every shard over its share was busy: they finish
+      // without waiting for s's mutex (they only try_lock), so try again.
+      std::this_thread::yield();
+    }
+  }
+
+  // take_from_other(s, dead, g): evicts one entry of a shard (other than s)
+  // that holds more than its share and whose mutex is free; its slot becomes
+  // s's. False when there is none.
+  template <class Dead>
+  bool take_from_other(shard_t& s, const Dead& dead, garbage_t& g) {
+    const std::size_t count = table.shard_total();
+    const std::size_t self = table.index_of(s);
+    const std::size_t start = static_cast<std::size_t>(s.rng.next());
+    for (std::size_t k = 0; k < count; ++k) {
+      const std::size_t i = (start + k) & (count - 1);
+      shard_t& o = table.at(i);
+      if (i == self || o.entries.load(std::memory_order_relaxed) <= o.policy.capacity()) continue;
+      shard_lock lk(table, i, std::try_to_lock);
+      if (!lk.owns() || o.policy.size() <= o.policy.capacity()) continue;
+      lk.write();
+      if (auto* v = static_cast<node_t*>(o.policy.evict(dead))) {
+        ++o.evictions;
+        leave(o, v, false);
+        erase_if_unused(o, v, g);  // freed with s's garbage, after both locks
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // leave(s, v, release): v stops holding an entry (it is in no queue any
+  // more); `release`: its slot of the budget is free (false: a new entry
+  // takes it).
+  void leave(shard_t& s, node_t* v, bool release) noexcept {
+    s.entries.fetch_sub(1, std::memory_order_relaxed);
+    v->kind = detail::held::nothing;
+    if (release && table.bounded()) table.release();
   }
 
   // set_windows(s, n, now, d): the windows of a write at `now` whose fresh
@@ -207,9 +258,12 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
     }
   }
 
-  // size(): the entries held, summed without a lock. Memory ordering:
-  // relaxed; a snapshot, possibly of different moments for different shards.
+  // size(): the entries held, without a lock: a bounded table's budget in
+  // use (never above max_entries), an unbounded one's shards summed.
+  // Memory ordering: relaxed; a snapshot, possibly of different moments for
+  // different shards.
   std::size_t size() const noexcept {
+    if (table.bounded()) return table.used();
     std::size_t n = 0;
     for (std::size_t si = 0; si < table.shard_total(); ++si) {
       n += table.at(si).entries.load(std::memory_order_relaxed);
@@ -241,6 +295,7 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
       st.rejected_publishes += s.rejected_publishes;
       st.size += s.entries.load(std::memory_order_relaxed);
     }
+    if (table.bounded()) st.size = table.used();
     return st;
   }
 

@@ -1,0 +1,197 @@
+// singleflight::cache's eviction and memory (issue 23, item 5, R04, R05, R06): the entry budget
+// across shards, the sweep of dead entries, S3-FIFO's promotion threshold on a scan, and what
+// an entry and an empty bounded cache cost. One test case per point, named after the failure
+// it pins. Time is a manual clock; shard counts are forced through the test seam
+// detail::cache_shards_for_tests; every wait is bounded.
+#define SINGLEFLIGHT_TEST_HOOKS  // detail::cache_shards_for_tests
+#include <singleflight/cache.hpp>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/alloc.hpp"  // this executable's operator new/delete
+#include "support/catch.hpp"
+#include "support/jthread.hpp"
+#include "support/manual_clock.hpp"
+
+namespace sf = singleflight;
+using sftest::manual_clock;
+using namespace std::chrono_literals;
+
+namespace {
+
+using ucache =
+    sf::cache<std::uint64_t, std::uint64_t, sf::default_hash, std::equal_to<>, manual_clock>;
+
+sf::cache_options opts(std::chrono::nanoseconds ttl, std::size_t max_entries) {
+  sf::cache_options o;
+  o.ttl = ttl;
+  o.jitter = 0;
+  o.max_entries = max_entries;
+  return o;
+}
+
+// Forces the shard count of the caches made while it lives.
+struct forced_shards {
+  explicit forced_shards(std::size_t n) { sf::detail::cache_shards_for_tests.store(n); }
+  ~forced_shards() { sf::detail::cache_shards_for_tests.store(0); }
+  forced_shards(const forced_shards&) = delete;
+  forced_shards& operator=(const forced_shards&) = delete;
+};
+
+}  // namespace
+
+// ---- R04: the sweep ------------------------------------------------------------------------
+
+TEST_CASE("dead entries behind long-lived ones are swept from an unbounded cache",
+          "[cache][eviction][r04]") {
+  // 1,024 entries with a long ttl at the old end, then rounds of one-shot keys that die at the
+  // end of their round. A sweep that stops at the first live entry keeps every dead one
+  // (size ~ rounds x keys); the hand that walks past live entries keeps about one round.
+  manual_clock::reset();
+  ucache c(opts(1s, 0));
+  for (std::uint64_t k = 0; k < 1024; ++k) {
+    c.get(k, [k] { return sf::load_result<std::uint64_t>::value(k, 24h); });
+  }
+  constexpr std::uint64_t per_round = 20'000;
+  constexpr int rounds = 10;
+  std::uint64_t next = 1'000'000;
+  for (int r = 0; r < rounds; ++r) {
+    for (std::uint64_t i = 0; i < per_round; ++i) c.put(next++, i);
+    manual_clock::advance(2s);  // this round's keys are dead
+  }
+  INFO("size " << c.size());
+  CHECK(c.size() <= 2 * per_round + 1024);
+  // The long-lived entries are all still there.
+  const std::uint64_t loads = c.stats().loads;
+  for (std::uint64_t k = 0; k < 1024; ++k) c.get(k, [k] { return k; });
+  CHECK(c.stats().loads == loads);
+}
+
+// ---- item 5 (a): one budget for all shards ---------------------------------------------------
+
+TEST_CASE("a hot set of max_entries keys fits whatever the hash does to it across shards",
+          "[cache][eviction][budget]") {
+  // With a fixed capacity of max_entries / shards per shard, the shards that draw more than
+  // their share of the hot set evict in a loop (88.7% hits instead of 99.8%, issue 23).
+  manual_clock::reset();
+  for (const std::size_t shards : {std::size_t{1}, std::size_t{8}, std::size_t{64}}) {
+    const forced_shards f(shards);
+    ucache c(opts(1h, 1024));
+    for (int round = 0; round < 3; ++round) {
+      for (std::uint64_t k = 0; k < 1024; ++k) c.get(k, [k] { return k; });
+    }
+    INFO("shards " << shards);
+    CHECK(c.stats().loads == 1024);
+    CHECK(c.stats().evictions == 0);
+    CHECK(c.size() == 1024);
+  }
+}
+
+TEST_CASE("size never exceeds max_entries while shards take slots from each other",
+          "[cache][eviction][budget]") {
+  // Four writers on distinct keys of 16 shards, a budget of 2,048 (a share of 128 each): shards
+  // under their share take slots from shards over it. size() is checked by every writer after
+  // every write and must never pass max_entries; at the end the counts add up.
+  manual_clock::reset();
+  const forced_shards f(16);
+  constexpr std::size_t max_entries = 2048;
+  ucache c(opts(1h, max_entries));
+  std::atomic<int> over{0};
+  constexpr int writers = 4;
+  constexpr std::uint64_t per_writer = 20'000;
+  {
+    std::vector<sftest::jthread> ts;
+    for (int w = 0; w < writers; ++w) {
+      ts.emplace_back([&c, &over, w] {
+        for (std::uint64_t i = 0; i < per_writer; ++i) {
+          // Writer 0 spreads over all shards; the others crowd a few hot keys' shards by
+          // reusing a small key range, so that shards drift over and under their shares.
+          const std::uint64_t k = w == 0 ? i : (static_cast<std::uint64_t>(w) << 40U) | (i % 700);
+          if (i % 2 == 0) {
+            c.put(k, i);
+          } else {
+            c.get(k, [k] { return k; });
+          }
+          if (c.size() > max_entries) over.fetch_add(1, std::memory_order_relaxed);
+        }
+      });
+    }
+  }
+  CHECK(over.load() == 0);
+  const sf::cache_stats s = c.stats();
+  CHECK(s.size <= max_entries);
+  CHECK(s.size == c.size());
+  std::size_t held = 0;
+  for (std::uint64_t k = 0; k < per_writer; ++k) held += c.peek(k) ? 1 : 0;
+  for (int w = 1; w < writers; ++w) {
+    for (std::uint64_t i = 0; i < 700; ++i) {
+      held += c.peek((static_cast<std::uint64_t>(w) << 40U) | i) ? 1 : 0;
+    }
+  }
+  CHECK(held == s.size);  // the budget counts exactly the entries there are
+}
+
+// ---- R06: promotion after two hits -----------------------------------------------------------
+
+TEST_CASE("a scan whose keys are each read twice does not push the hot keys out",
+          "[cache][eviction][r06]") {
+  // One shard of 64 entries; 40 hot keys read in turn, then 40 scanned keys each read twice
+  // in a row, 100 rounds (4,000 scanned keys). Promoting from small after one hit lets every
+  // scanned key into main, which then evicts the hot keys (78% of their reads missed); after
+  // two hits, as S3-FIFO's paper does, the scan passes through small.
+  manual_clock::reset();
+  ucache c(opts(1h, 64));
+  std::uint64_t hot_reads = 0;
+  std::uint64_t hot_misses = 0;
+  std::uint64_t scan = 1000;
+  for (int round = 0; round < 100; ++round) {
+    for (std::uint64_t h = 0; h < 40; ++h) {
+      bool loaded = false;
+      c.get(h, [&loaded, h] {
+        loaded = true;
+        return h;
+      });
+      if (round > 0) {
+        ++hot_reads;
+        hot_misses += loaded ? 1 : 0;
+      }
+    }
+    for (int i = 0; i < 40; ++i, ++scan) {
+      c.get(scan, [scan] { return scan; });
+      c.get(scan, [scan] { return scan; });
+    }
+  }
+  INFO("hot-key misses " << hot_misses << " of " << hot_reads);
+  CHECK(hot_misses * 100 <= hot_reads * 2);  // at most 2%
+}
+
+// ---- R05: memory -----------------------------------------------------------------------------
+
+TEST_CASE("an empty bounded cache allocates little, its ghost table grows as it fills",
+          "[cache][eviction][r05]") {
+  // The ghost tables were allocated up front for max_entries (32 MB for 1M entries).
+  if (!sftest::alloc::replaced) {
+    WARN("allocation counting is not available under ThreadSanitizer");
+    return;
+  }
+  manual_clock::reset();
+  std::size_t empty = 0;
+  std::size_t filled = 0;
+  constexpr std::uint64_t n = 10'000;
+  {
+    std::unique_ptr<ucache> c;
+    empty = sftest::alloc::bytes_during([&] { c = std::make_unique<ucache>(opts(1h, 1'000'000)); });
+    filled = sftest::alloc::bytes_during([&] {
+      for (std::uint64_t k = 0; k < n; ++k) c->put(k, k);
+    });
+  }
+  INFO("empty " << empty << " B, then " << filled / n << " B per entry for " << n << " entries");
+  CHECK(empty < 256 * 1024);
+  CHECK(filled / n < 400);  // the entry itself and its share of buckets and ghost slots
+}
