@@ -1,0 +1,288 @@
+// bench/traces/reference.hpp: the reference points of bench_traces' table, each replaying a
+// trace (a vector of keys) at a capacity and returning its hits:
+//   lru_hits      plain LRU (a list and a hash map)
+//   w_tinylfu_hits  W-TinyLFU, static 1% window (below)
+//   optimal_hits  Belady's MIN: on a miss with the cache full, evict the entry whose next use is
+//                 farthest in the future (or never), the new key included; no online policy can do
+//                 better.
+// Single-threaded; no part of the library.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <limits>
+#include <list>
+#include <queue>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace sftrace {
+
+inline std::uint64_t lru_hits(const std::vector<std::uint32_t>& t, std::size_t capacity) {
+  std::list<std::uint32_t> order;  // front = most recent
+  std::unordered_map<std::uint32_t, std::list<std::uint32_t>::iterator> where;
+  where.reserve(capacity * 2);
+  std::uint64_t hits = 0;
+  for (const std::uint32_t k : t) {
+    if (auto it = where.find(k); it != where.end()) {
+      order.splice(order.begin(), order, it->second);
+      ++hits;
+      continue;
+    }
+    if (order.size() == capacity) {
+      where.erase(order.back());
+      order.pop_back();
+    }
+    order.push_front(k);
+    where[k] = order.begin();
+  }
+  return hits;
+}
+
+// next_use(t): for each access i, the index of the next access to the same key (or "never").
+inline std::vector<std::uint32_t> next_use(const std::vector<std::uint32_t>& t) {
+  constexpr std::uint32_t never = std::numeric_limits<std::uint32_t>::max();
+  std::vector<std::uint32_t> next(t.size(), never);
+  std::unordered_map<std::uint32_t, std::uint32_t> seen;
+  for (std::size_t i = t.size(); i-- > 0;) {
+    auto [it, fresh] = seen.try_emplace(t[i], static_cast<std::uint32_t>(i));
+    if (!fresh) {
+      next[i] = it->second;
+      it->second = static_cast<std::uint32_t>(i);
+    }
+  }
+  return next;
+}
+
+inline std::uint64_t optimal_hits(const std::vector<std::uint32_t>& t,
+                                  const std::vector<std::uint32_t>& next, std::size_t capacity) {
+  // key -> its next use while cached; a max-heap of (next use, key) with stale pairs skipped.
+  std::unordered_map<std::uint32_t, std::uint32_t> cached;
+  cached.reserve(capacity * 2);
+  std::priority_queue<std::pair<std::uint32_t, std::uint32_t>> heap;
+  std::uint64_t hits = 0;
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    const std::uint32_t k = t[i];
+    if (auto it = cached.find(k); it != cached.end()) {
+      ++hits;
+      it->second = next[i];
+      heap.emplace(next[i], k);
+      continue;
+    }
+    // The new key competes too: when its own next use is the farthest, it is the one dropped.
+    cached.emplace(k, next[i]);
+    heap.emplace(next[i], k);
+    while (cached.size() > capacity) {
+      const auto [when, victim] = heap.top();
+      heap.pop();
+      auto v = cached.find(victim);
+      if (v != cached.end() && v->second == when) cached.erase(v);
+    }
+  }
+  return hits;
+}
+
+}  // namespace sftrace
+
+namespace sftrace {
+
+// count_min4: TinyLFU's frequency sketch (Einziger, Friedman, Manes, "TinyLFU: A Highly
+// Efficient Cache Admission Policy", ACM ToS 2017): four rows of 4-bit counters (kept in bytes
+// here: this is a model, not a space-efficient one), at least `capacity` wide; every counter is
+// halved after 10 x capacity increments (the paper's reset).
+class count_min4 {
+ public:
+  explicit count_min4(std::size_t capacity) : sample_(10 * std::max<std::size_t>(1, capacity)) {
+    std::size_t w = 16;
+    while (w < capacity) w <<= 1U;
+    mask_ = w - 1;
+    rows_.assign(4 * w, 0);
+  }
+  int estimate(std::uint64_t k) const {
+    int m = 15;
+    for (int i = 0; i < 4; ++i) m = std::min<int>(m, rows_[slot(k, i)]);
+    return m;
+  }
+  void increment(std::uint64_t k) {
+    const int e = estimate(k);
+    bool added = false;
+    for (int i = 0; i < 4; ++i) {
+      std::uint8_t& c = rows_[slot(k, i)];
+      if (c == e && c < 15) {  // conservative update
+        ++c;
+        added = true;
+      }
+    }
+    if (added && ++adds_ >= sample_) {
+      for (std::uint8_t& c : rows_) c = static_cast<std::uint8_t>(c >> 1U);
+      adds_ /= 2;
+    }
+  }
+
+ private:
+  std::size_t slot(std::uint64_t k, int row) const {
+    std::uint64_t x = k + 0x9e3779b97f4a7c15ULL * static_cast<std::uint64_t>(row + 1);
+    x = (x ^ (x >> 30U)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27U)) * 0x94d049bb133111ebULL;
+    x ^= x >> 31U;
+    return static_cast<std::size_t>(row) * (mask_ + 1) + (x & mask_);
+  }
+  std::vector<std::uint8_t> rows_;
+  std::size_t mask_ = 0;
+  std::uint64_t adds_ = 0;
+  std::uint64_t sample_;
+};
+
+// w_tinylfu_hits: W-TinyLFU as the TinyLFU paper describes it, with its static configuration:
+// a 1% LRU window in front of a segmented LRU main region (20% probation, 80% protected); when
+// the window overflows, its LRU entry enters main only if the sketch says it is more frequent
+// than main's probation victim. Caffeine adapts the window's size at run time (hill climbing);
+// this static model does not, so it trails Caffeine on recency-biased traces.
+inline std::uint64_t w_tinylfu_hits(const std::vector<std::uint32_t>& t, std::size_t capacity) {
+  using list = std::list<std::uint32_t>;
+  const std::size_t window_cap = std::max<std::size_t>(1, capacity / 100);
+  const std::size_t main_cap = capacity > window_cap ? capacity - window_cap : 1;
+  const std::size_t protected_cap = main_cap * 8 / 10;
+  count_min4 sketch(capacity);
+  list window, probation, prot;  // front = most recent
+  struct where {
+    int region;  // 0 window, 1 probation, 2 protected
+    list::iterator it;
+  };
+  std::unordered_map<std::uint32_t, where> at;
+  at.reserve(capacity * 2);
+  std::uint64_t hits = 0;
+  for (const std::uint32_t k : t) {
+    sketch.increment(k);
+    if (auto f = at.find(k); f != at.end()) {
+      ++hits;
+      where& w = f->second;
+      if (w.region == 0) {
+        window.splice(window.begin(), window, w.it);
+      } else if (w.region == 2) {
+        prot.splice(prot.begin(), prot, w.it);
+      } else {
+        prot.splice(prot.begin(), probation, w.it);
+        w.region = 2;
+        if (prot.size() > protected_cap) {  // demote protected's LRU to probation
+          probation.splice(probation.begin(), prot, std::prev(prot.end()));
+          at[probation.front()].region = 1;
+        }
+      }
+      continue;
+    }
+    window.push_front(k);
+    at[k] = where{0, window.begin()};
+    if (window.size() <= window_cap) continue;
+    const std::uint32_t cand = window.back();
+    if (probation.size() + prot.size() < main_cap) {
+      probation.splice(probation.begin(), window, std::prev(window.end()));
+      at[cand].region = 1;
+      continue;
+    }
+    list& victims = probation.empty() ? prot : probation;
+    const std::uint32_t victim = victims.back();
+    if (sketch.estimate(cand) > sketch.estimate(victim)) {
+      victims.pop_back();
+      at.erase(victim);
+      probation.splice(probation.begin(), window, std::prev(window.end()));
+      at[cand].region = 1;
+    } else {
+      window.pop_back();
+      at.erase(cand);
+    }
+  }
+  return hits;
+}
+
+}  // namespace sftrace
+
+namespace sftrace {
+
+// s3fifo_hits: S3-FIFO (Yang et al., SOSP 2023, Algorithm 1) unsharded, with the two knobs of
+// the choice the library makes (docs/cache.md, "Eviction, measured"): an entry leaves the small
+// queue for main after `promote_at` hits there (the paper: 2, i.e. freq > 1), and the ghost
+// queue remembers the last `ghost_ratio` x capacity keys that left small unread (the paper:
+// 0.9). Small is 10% of the capacity; main is a CLOCK with 2-bit frequencies. An exact FIFO of
+// keys for the ghost (the library keeps fingerprints).
+// s3fifo_replay returns, for each access, whether it hit.
+inline std::vector<bool> s3fifo_replay(const std::vector<std::uint32_t>& t, std::size_t capacity,
+                                       int promote_at, double ghost_ratio) {
+  struct entry {
+    int freq = 0;
+    bool in_main = false;
+  };
+  std::unordered_map<std::uint32_t, entry> at;
+  std::list<std::uint32_t> small, main;  // front = newest
+  std::list<std::uint32_t> ghost;
+  std::unordered_map<std::uint32_t, int> in_ghost;  // key -> copies in `ghost`
+  const auto ghost_cap = static_cast<std::size_t>(static_cast<double>(capacity) * ghost_ratio);
+  const std::size_t small_cap = std::max<std::size_t>(1, capacity / 10);
+  const auto ghost_add = [&](std::uint32_t k) {
+    if (ghost_cap == 0) return;
+    ghost.push_front(k);
+    ++in_ghost[k];
+    if (ghost.size() > ghost_cap) {
+      const std::uint32_t old = ghost.back();
+      ghost.pop_back();
+      if (--in_ghost[old] == 0) in_ghost.erase(old);
+    }
+  };
+  const auto evict = [&] {
+    for (;;) {
+      if (!small.empty() && (small.size() >= small_cap || main.empty())) {
+        const std::uint32_t k = small.back();
+        small.pop_back();
+        entry& e = at[k];
+        if (e.freq >= promote_at) {
+          e.freq = 0;
+          e.in_main = true;
+          main.push_front(k);
+          continue;
+        }
+        ghost_add(k);
+        at.erase(k);
+        return;
+      }
+      const std::uint32_t k = main.back();
+      main.pop_back();
+      entry& e = at[k];
+      if (e.freq > 0) {
+        --e.freq;
+        main.push_front(k);
+        continue;
+      }
+      at.erase(k);
+      return;
+    }
+  };
+  std::vector<bool> hit(t.size(), false);
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    const std::uint32_t k = t[i];
+    if (auto f = at.find(k); f != at.end()) {
+      hit[i] = true;
+      f->second.freq = std::min(f->second.freq + 1, 3);
+      continue;
+    }
+    if (at.size() >= capacity) evict();
+    entry& e = at[k];
+    if (in_ghost.count(k) != 0) {
+      e.in_main = true;
+      main.push_front(k);
+    } else {
+      small.push_front(k);
+    }
+  }
+  return hit;
+}
+
+inline std::uint64_t s3fifo_hits(const std::vector<std::uint32_t>& t, std::size_t capacity,
+                                 int promote_at, double ghost_ratio) {
+  const std::vector<bool> h = s3fifo_replay(t, capacity, promote_at, ghost_ratio);
+  return static_cast<std::uint64_t>(std::count(h.begin(), h.end(), true));
+}
+
+}  // namespace sftrace

@@ -1,0 +1,77 @@
+// bench/traces/trace_file.hpp: reads the access traces of ../shared/traces (see its README for
+// formats and licences) into memory, one key per access, decompressing at run time with the
+// system's xz / gzip (the traces are not part of this repository).
+//
+//   big-endian 32-bit ints, xz:   web07, web12, orm-busy, w106
+//   text, one key a line, gzip:   multi2, sprite, gli (lines "*" and empty are skipped)
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace sftrace {
+
+struct trace_spec {
+  const char* name;  // file stem
+  bool binary;       // big-endian u32 in .xz; else decimal text in .gz
+};
+
+inline constexpr trace_spec all_traces[] = {
+    {"web07", true},   {"web12", true},   {"orm-busy", true}, {"w106", true},
+    {"multi2", false}, {"sprite", false}, {"gli", false},
+};
+
+// The traces' directory: `arg` if given, else $SINGLEFLIGHT_TRACES, else ../shared/traces next
+// to the repository (the layout of the machine this was written on), else the working
+// directory's ../shared/traces.
+inline std::filesystem::path traces_dir(const char* arg) {
+  namespace fs = std::filesystem;
+  if (arg != nullptr && *arg != '\0') return arg;
+  if (const char* e = std::getenv("SINGLEFLIGHT_TRACES"); e != nullptr && *e != '\0') return e;
+#ifdef SFTRACE_SOURCE_DIR
+  for (const char* up : {"/../shared/traces", "/../../shared/traces"}) {
+    const fs::path p = fs::path(SFTRACE_SOURCE_DIR + std::string(up));
+    if (fs::exists(p / "README.md")) return fs::weakly_canonical(p);
+  }
+#endif
+  return fs::path("../shared/traces");
+}
+
+// read_trace(dir, spec): every access of the trace, in order.
+inline std::vector<std::uint32_t> read_trace(const std::filesystem::path& dir,
+                                             const trace_spec& spec) {
+  const std::filesystem::path file =
+      dir / (std::string(spec.name) + (spec.binary ? ".trace.xz" : ".trace.gz"));
+  if (!std::filesystem::exists(file)) {
+    throw std::runtime_error("no trace " + file.string() +
+                             " (give the traces' directory as the first argument or in "
+                             "SINGLEFLIGHT_TRACES)");
+  }
+  const std::string cmd =
+      std::string(spec.binary ? "xz -dc '" : "gzip -dc '") + file.string() + "'";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) throw std::runtime_error("cannot run " + cmd);
+  std::vector<std::uint32_t> out;
+  if (spec.binary) {
+    unsigned char b[4];
+    while (std::fread(b, 1, 4, p) == 4) {
+      out.push_back((std::uint32_t{b[0]} << 24U) | (std::uint32_t{b[1]} << 16U) |
+                    (std::uint32_t{b[2]} << 8U) | std::uint32_t{b[3]});
+    }
+  } else {
+    char line[128];
+    while (std::fgets(line, sizeof line, p) != nullptr) {
+      if (line[0] == '*' || line[0] == '\n' || line[0] == '\0') continue;
+      out.push_back(static_cast<std::uint32_t>(std::strtoull(line, nullptr, 10)));
+    }
+  }
+  if (::pclose(p) != 0 || out.empty()) throw std::runtime_error("failed: " + cmd);
+  return out;
+}
+
+}  // namespace sftrace
