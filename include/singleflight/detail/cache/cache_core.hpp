@@ -4,7 +4,7 @@
 // object while callbacks still run (group::close() does not wait for
 // callbacks already handed out): the options, the sharded entry table, and
 // everything that reads or writes it — what a lookup decides (the decision
-// table of README.md, "Cache"), put / invalidate / clear, and the life of a
+// table of docs/cache.md, "What get does"), put / invalidate / clear, and the life of a
 // load (register, call the loader, publish or record the failure). The cache
 // holds it by shared_ptr, as does every pending callback; flights refer to it
 // by address (close() waits for them).
@@ -16,10 +16,14 @@
 //                     decides: lookup (get), fresh_hit (the hit path), peek;
 //   cache_writes.hpp  records and entries: put / invalidate / clear,
 //                     admission and eviction, unpin, size, stats;
-//   cache_loads.hpp   the life of a load: register, call the loader (raw
-//                     groups for async loaders), publish or record the
-//                     failure; stale-if-error, get_fresh, refreshes ending;
+//   cache_loads.hpp   the life of a load: register, call the loader (an
+//                     async one through a relayed completion), publish or
+//                     record the failure; stale-if-error, get_fresh,
+//                     refreshes ending;
 // with the loader vocabulary (loader_traits, loaded) in cache_loader.hpp.
+// What a call of the cache does with it (lookup, refresh, a load as a
+// flight of the cache's group) is cache_calls.hpp, which is not shared: the
+// cache object owns it.
 // Single inheritance, no virtual function: the layers add no indirection;
 // a member is called, and inlined, as it was when they were one class.
 //
@@ -32,10 +36,10 @@
 
 namespace singleflight::detail {
 
-template <class Key, class T, class Hash, class KeyEqual, class Clock>
-class cache_core : public cache_loads<Key, T, Hash, KeyEqual, Clock> {
+template <class Key, class T, class KeyEqual, class Clock>
+class cache_core : public cache_loads<Key, T, KeyEqual, Clock> {
  public:
-  using cache_loads<Key, T, Hash, KeyEqual, Clock>::cache_loads;
+  using cache_loads<Key, T, KeyEqual, Clock>::cache_loads;
 };
 
 }  // namespace singleflight::detail

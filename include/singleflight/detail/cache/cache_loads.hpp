@@ -1,6 +1,6 @@
 // singleflight/detail/cache/cache_loads.hpp -- internal; do not include directly.
 //
-// cache_loads<Key, T, Hash, KeyEqual, Clock>: the top layer of cache_core
+// cache_loads<Key, T, KeyEqual, Clock>: the top layer of cache_core
 // (see cache_core.hpp), on cache_writes: the life of a load.
 //   * begin_load() registers a load on its key's node (a pin, and the
 //     version it saw) and makes the double check; the registration it
@@ -9,19 +9,17 @@
 //     records the outcome only if the key's version is still the one the
 //     load saw;
 //   * run_sync() / run_async(): a loader called inside a flight, between
-//     begin_load() and publish() / fail(); asynchronous loaders run as
-//     flights of the raw groups (raw(), close_raw());
-//   * fresh_enter() / fresh_leave(): get_fresh callers announce themselves
-//     on the key; refresh_done(): a background refresh is over;
+//     begin_load() and publish() / fail(); an asynchronous loader finishes
+//     through a relayed completion (detail/completion_relay.hpp);
+//   * pin / fresh_waiter: a caller's hold on a node (released on every
+//     exit); refresh_done(): a background refresh is over;
 //   * serve_on_error() / applies(): the stale-if-error answer for a caller
 //     whose load failed;
 //   * entry_of(): what a caller of a finished load receives.
 //
 // Locking: the key's shard mutex around every change of a node, with the
-// readers locked out for anything they may see (finish_load() always). raw_mu
-// guards the raw groups' pointers and raw_closed; it is never held with a
-// shard's mutex, nor while a group closes. The loader, T's copies and the
-// completion a load resolves run with no lock held.
+// readers locked out for anything they may see (finish_load() always). The
+// loader, T's copies and the completion a load resolves run with no lock held.
 #pragma once
 
 #include <chrono>
@@ -29,8 +27,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <type_traits>
 #include <utility>
@@ -38,10 +36,10 @@
 #include "../../cache_options.hpp"
 #include "../../completion.hpp"
 #include "../../errors.hpp"
-#include "../../group.hpp"
 #include "../../outcome.hpp"
 #include "../../stats.hpp"
 #include "../../stop_token.hpp"
+#include "../completion_relay.hpp"
 #include "../unwind.hpp"
 #include "cache_clock.hpp"
 #include "cache_loader.hpp"
@@ -49,7 +47,7 @@
 
 namespace singleflight::detail {
 
-template <class Key, class T, class Hash, class KeyEqual, class Clock>
+template <class Key, class T, class KeyEqual, class Clock>
 class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
   using base = cache_writes<Key, T, KeyEqual, Clock>;
 
@@ -74,50 +72,6 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
   using base::throttle;
   using base::ttl;
   using base::unpin;
-
-  // Loaders of async-loader caches run as flights of these (created on first
-  // use): the group creates the completion<X> they finish through.
-  std::mutex raw_mu;
-  bool raw_closed = false;
-  std::unique_ptr<group<Key, T, Hash, KeyEqual>> raw_value;
-  std::unique_ptr<group<Key, load_result<T>, Hash, KeyEqual>> raw_result;
-
-  // raw<X>(): the raw group of loaders that finish through a completion<X>
-  // (X is T or load_result<T>), made on first use. Throws closed_error once
-  // close_raw() has run. Thread-safe (raw_mu).
-  template <class X>
-  auto& raw() {
-    std::lock_guard<std::mutex> lk(raw_mu);
-    if (raw_closed) throw closed_error();
-    if constexpr (std::same_as<X, T>) {
-      if (!raw_value) raw_value = std::make_unique<group<Key, T, Hash, KeyEqual>>();
-      return *raw_value;
-    } else {
-      if (!raw_result) raw_result = std::make_unique<group<Key, load_result<T>, Hash, KeyEqual>>();
-      return *raw_result;
-    }
-  }
-
-  // close_raw(wait): no raw group is made after this; the ones made close,
-  // waiting for their flights (wait) or not. Thread-safe; raw_mu is released
-  // before a group closes.
-  void close_raw(bool wait) {
-    group<Key, T, Hash, KeyEqual>* v = nullptr;
-    group<Key, load_result<T>, Hash, KeyEqual>* r = nullptr;
-    {
-      std::lock_guard<std::mutex> lk(raw_mu);
-      raw_closed = true;
-      v = raw_value.get();
-      r = raw_result.get();
-    }
-    if (wait) {
-      if (v != nullptr) v->close();
-      if (r != nullptr) r->close();
-    } else {
-      if (v != nullptr) (void)v->close_for(std::chrono::nanoseconds::zero());
-      if (r != nullptr) (void)r->close_for(std::chrono::nanoseconds::zero());
-    }
-  }
 
   // -- loads --
 
@@ -167,16 +121,16 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
     time_point t0_;
   };
 
-  // begin_load(key, m, foreground): registers a load. A foreground load
+  // begin_load(key, mixed, foreground): registers a load. A foreground load
   // (its caller found no usable value) first checks again: if a fresh value
   // was stored meanwhile and no get_fresh caller is waiting on the key, the
   // flight answers with it and calls no loader (the double check inside the
   // flight).
   template <class P>
-  registration begin_load(const P& key, std::uint64_t m, bool foreground) {
-    shard_lock lk(table, table.shard_index(m));
-    node_t* n = find_or_make(key, m, lk);
-    auto& s = table.at(table.shard_index(m));
+  registration begin_load(const P& key, std::uint64_t mixed, bool foreground) {
+    shard_lock lk(table, table.shard_index(mixed));
+    node_t* n = find_or_make(key, mixed, lk);
+    auto& s = table.at(table.shard_index(mixed));
     const time_point now = Clock::now();
     registration r(this, n, n->version, now);
     ++n->pins;
@@ -256,19 +210,46 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
     return out;
   }
 
-  // fresh_enter / fresh_leave: get_fresh callers announce themselves on
-  // the key's node, so that no flight they may join answers from the cache.
-  template <class P>
-  node_t* fresh_enter(const P& key, std::uint64_t m) {
-    shard_lock lk(table, table.shard_index(m));
-    node_t* n = find_or_make(key, m, lk);
-    ++n->pins;
-    ++n->fresh_waiters;
-    return n;
-  }
-  void fresh_leave(node_t* n) noexcept {
-    unpin(n, [n]() noexcept { --n->fresh_waiters; });
-  }
+  // pin: a caller's hold on a node it found (lookup() took it): the node
+  // stays linked while held; released on every exit. Null: nothing held.
+  class pin {
+   public:
+    pin(cache_loads* c, node_t* n) noexcept : c_(c), n_(n) {}
+    pin(const pin&) = delete;
+    pin& operator=(const pin&) = delete;
+    ~pin() {
+      if (n_ != nullptr) c_->unpin(n_);
+    }
+    node_t* get() const noexcept { return n_; }
+
+   private:
+    cache_loads* c_;
+    node_t* n_;
+  };
+
+  // fresh_waiter: a get_fresh caller announced on its key's node, so that no
+  // flight it may join answers from the cache (begin_load's double check);
+  // withdrawn on every exit.
+  class fresh_waiter {
+   public:
+    template <class P>
+    fresh_waiter(cache_loads* c, const P& key, std::uint64_t mixed) : c_(c) {
+      shard_lock lk(c->table, c->table.shard_index(mixed));
+      n_ = c->find_or_make(key, mixed, lk);
+      ++n_->pins;
+      ++n_->fresh_waiters;
+    }
+    fresh_waiter(const fresh_waiter&) = delete;
+    fresh_waiter& operator=(const fresh_waiter&) = delete;
+    ~fresh_waiter() {
+      node_t* n = n_;
+      c_->unpin(n, [n]() noexcept { --n->fresh_waiters; });
+    }
+
+   private:
+    cache_loads* c_;
+    node_t* n_ = nullptr;
+  };
 
   // refresh_done(n, id): a background refresh is over, on every path.
   // Clears the key's refresh mark only if it is still this refresh's.
@@ -340,13 +321,13 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
 
   // -- running loaders --
 
-  // run_sync(key, m, loader, st, foreground): a synchronous loader inside a
+  // run_sync(key, mixed, loader, st, foreground): a synchronous loader inside a
   // flight: register, call, publish. Rethrows what the loader threw.
   template <class P, class L>
-  loaded_t run_sync(const P& key, std::uint64_t m, L& loader, const stop_token& st,
+  loaded_t run_sync(const P& key, std::uint64_t mixed, L& loader, const stop_token& st,
                     bool foreground) {
     using traits = detail::loader_traits<L, T>;
-    registration r = begin_load(key, m, foreground);
+    registration r = begin_load(key, mixed, foreground);
     loaded_t out;
     if (r.shortcut(out)) {
       r.fail(nullptr, true);  // release the claim; nothing to record
@@ -374,24 +355,25 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
     return r.publish(std::move(box), found, ttl_override);
   }
 
-  // run_async(key, m, loader, st, done, foreground): an asynchronous loader
-  // runs as a flight of a raw group (which makes the completion it needs);
-  // its outcome is published, then `done` is resolved. Throws only before
-  // the raw flight started (then `done` is left to the caller).
+  // run_async(key, mixed, loader, st, done, foreground): an asynchronous
+  // loader, called with a relayed completion (completion_relay.hpp); its
+  // outcome is published, then `done` is resolved, on the thread that
+  // resolves the loader's completion. A synchronous throw of the loader fails
+  // the load with that exception. Throws only before the loader was called
+  // (then `done` is left to the caller).
   template <class P, class L>
-  void run_async(const P& key, std::uint64_t m, L loader, stop_token st, completion<loaded_t>& done,
-                 bool foreground) {
+  void run_async(const P& key, std::uint64_t mixed, L& loader, const stop_token& st,
+                 completion<loaded_t>& done, bool foreground) {
     using traits = detail::loader_traits<L, T>;
     using X = std::conditional_t<traits::async_value, T, load_result<T>>;
-    registration r = begin_load(key, m, foreground);
+    registration r = begin_load(key, mixed, foreground);
     loaded_t out;
     if (r.shortcut(out)) {
       r.fail(nullptr, true);
       done.set_value(std::move(out));
       return;
     }
-    auto& g = raw<X>();
-    auto finish = [r = std::move(r), st, d = std::move(done)](outcome<X> o) mutable noexcept {
+    auto finish = [r = std::move(r), st, d = std::move(done)](outcome<X>&& o) mutable noexcept {
       try {
         if (!o.has_value()) {
           r.fail(o.error(), st.stop_requested());
@@ -412,7 +394,8 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
         if (d) d.set_exception(std::current_exception());
       }
     };
-    g.async_do(key, std::move(loader), std::move(finish), std::move(st));
+    auto start = [&](completion<X> c) { std::invoke(loader, st, std::move(c)); };
+    detail::start_relayed<X>(start, std::move(finish));
   }
 };
 

@@ -4,7 +4,7 @@
 // cache_core.hpp for the layers above). It holds the cache's options (as
 // durations of Clock; immutable once constructed), KeyEqual and the sharded
 // entry table (cache_table.hpp), and decides what a read does — the decision
-// table of README.md, "Cache":
+// table of docs/cache.md, "What get does":
 //   * classify(): what an entry's state at `now` calls for (a verdict), with
 //     XFetch's random draw (draws()) for a fresh value that may refresh;
 //   * lookup(): get's decision, first inside a read section (no mutex) and,
@@ -31,6 +31,7 @@
 #include <exception>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <type_traits>
 #include <utility>
 
@@ -105,11 +106,16 @@ class cache_lookup {
     }
   };
 
-  explicit cache_lookup(const cache_options& o)
+  // Throws std::invalid_argument for invalid options (see cache_options).
+  explicit cache_lookup(const cache_options& o) : cache_lookup(validated(o), checked{}) {}
+
+ private:
+  struct checked {};
+  cache_lookup(const cache_options& o, checked)
       : ttl(detail::to_duration<duration>(o.ttl)),
         jitter(o.jitter),
-        swr(detail::to_duration<duration>(o.stale_while_revalidate)),
-        sie(detail::to_duration<duration>(o.stale_if_error)),
+        stale_while_revalidate(detail::to_duration<duration>(o.stale_while_revalidate)),
+        stale_if_error(detail::to_duration<duration>(o.stale_if_error)),
         error_ttl(detail::to_duration<duration>(o.error_ttl)),
         not_found_ttl(detail::to_duration<duration>(o.not_found_ttl)),
         throttle(detail::to_duration<duration>(o.error_ttl > std::chrono::nanoseconds::zero()
@@ -118,12 +124,31 @@ class cache_lookup {
         beta(o.early_refresh_beta),
         table(o.max_entries) {}
 
+  static const cache_options& validated(const cache_options& o) {
+    if (o.ttl <= std::chrono::nanoseconds::zero()) {
+      throw std::invalid_argument("singleflight::cache: cache_options::ttl must be > 0");
+    }
+    if (o.stale_while_revalidate.count() < 0 || o.stale_if_error.count() < 0 ||
+        o.error_ttl.count() < 0 || o.not_found_ttl.count() < 0) {
+      throw std::invalid_argument("singleflight::cache: cache_options durations must be >= 0");
+    }
+    if (!(o.jitter >= 0.0 && o.jitter < 1.0)) {
+      throw std::invalid_argument("singleflight::cache: cache_options::jitter must be in [0, 1)");
+    }
+    if (!(o.early_refresh_beta >= 0.0)) {
+      throw std::invalid_argument(
+          "singleflight::cache: cache_options::early_refresh_beta must be >= 0");
+    }
+    return o;
+  }
+
+ public:
   // The options (cache_options.hpp says what each means), in Clock's
   // duration. Immutable: read by any thread, with or without a lock.
   const duration ttl;
   const double jitter;
-  const duration swr;
-  const duration sie;
+  const duration stale_while_revalidate;
+  const duration stale_if_error;
   const duration error_ttl;
   const duration not_found_ttl;
   const duration throttle;
@@ -230,11 +255,11 @@ class cache_lookup {
     }
   }
 
-  // lookup(key, m): the hit path. Decides what a get does; pins what the
+  // lookup(key, mixed): the hit path. Decides what a get does; pins what the
   // decision refers to.
   template <class P>
-  decision lookup(const P& key, std::uint64_t m, time_point now, bool fired) {
-    const std::size_t si = table.shard_index(m);
+  decision lookup(const P& key, std::uint64_t mixed, time_point now, bool fired) {
+    const std::size_t si = table.shard_index(mixed);
     detail::read_gate& gate = table.gate();
     const std::size_t stripe = gate.my_stripe();
     detail::stripe_counters& sc = table.stripe(stripe);
@@ -242,7 +267,7 @@ class cache_lookup {
     bool early = fired;
     if (!fired && gate.try_enter(si, stripe)) {
       section s(gate, si, stripe);
-      node_t* n = table.at(si).find(key, m, eq);
+      node_t* n = table.at(si).find(key, mixed, eq);
       if (n == nullptr) {
         sc.add(sc.misses);
         d.seen = table.at(si).versions.load(std::memory_order_relaxed);
@@ -252,25 +277,25 @@ class cache_lookup {
       if (answer(d, *n, v, now, sc, &s.hit)) return d;
       early = v == verdict::fresh_refresh;
     }
-    return lookup_locked(key, m, si, now, early, sc);
+    return lookup_locked(key, mixed, si, now, early, sc);
   }
 
-  // fresh_hit(key, m, now, ...): the hit path proper, for the common case
+  // fresh_hit(key, mixed, now, ...): the hit path proper, for the common case
   // of a fresh value that starts no refresh: one read section, then the
   // value is copied out (inside it for a small trivially copyable T, after
   // it from the pinned box otherwise). Returns false, having changed
   // nothing, for anything else; `fired` then says whether XFetch's draw
   // fired (the caller's lookup must not draw again).
   template <class P>
-  bool fresh_hit(const P& key, std::uint64_t m, time_point now, copied_t& copy,
+  bool fresh_hit(const P& key, std::uint64_t mixed, time_point now, copied_t& copy,
                  std::shared_ptr<const T>& pin, duration& age, std::uint64_t& version,
                  bool& fired) {
-    const std::size_t si = table.shard_index(m);
+    const std::size_t si = table.shard_index(mixed);
     detail::read_gate& gate = table.gate();
     const std::size_t stripe = gate.my_stripe();
     if (!gate.try_enter(si, stripe)) return false;
     section s(gate, si, stripe);
-    node_t* n = table.at(si).find(key, m, eq);
+    node_t* n = table.at(si).find(key, mixed, eq);
     if (n == nullptr || n->kind != detail::held::value || !(now < n->fresh_until)) return false;
     if (beta > 0.0 && n->refresh_id.load(std::memory_order_relaxed) == 0 &&
         now >= n->throttle_until && draws(*n, now, table.stripe(stripe))) {
@@ -296,7 +321,7 @@ class cache_lookup {
     return detail::xfetch_fires(n.fresh_until - now, n.cost, beta, [&] { return sc.draw(); });
   }
 
-  // lookup_locked(key, m, si, now, early, sc): lookup() under the shard's
+  // lookup_locked(key, mixed, si, now, early, sc): lookup() under the shard's
   // mutex, for what the read section could not decide (the gate was closed,
   // or the verdict needs a write): a refresh to start (the node's refresh
   // mark and a pin), or a load, pinning a value that may yet serve as
@@ -304,12 +329,12 @@ class cache_lookup {
   // Memory ordering: relaxed for refresh_id and versions (cache_table.hpp
   // says why).
   template <class P>
-  decision lookup_locked(const P& key, std::uint64_t m, std::size_t si, time_point now, bool early,
-                         detail::stripe_counters& sc) {
+  decision lookup_locked(const P& key, std::uint64_t mixed, std::size_t si, time_point now,
+                         bool early, detail::stripe_counters& sc) {
     decision d;
     shard_lock lk(table, si);
     auto& s = table.at(si);
-    node_t* n = s.find(key, m, eq);
+    node_t* n = s.find(key, mixed, eq);
     if (n == nullptr) {
       sc.add(sc.misses);
       d.seen = s.versions.load(std::memory_order_relaxed);
@@ -336,7 +361,8 @@ class cache_lookup {
     }
     sc.add(sc.misses);
     d.seen = n->version;
-    if (sie > duration::zero() && n->kind == detail::held::value && now < n->error_until) {
+    if (stale_if_error > duration::zero() && n->kind == detail::held::value &&
+        now < n->error_until) {
       ++n->pins;
       d.pinned = n;
     }
@@ -346,8 +372,8 @@ class cache_lookup {
 
   // peek: lookup without effects.
   template <class P>
-  std::optional<cached<T>> peek(const P& key, std::uint64_t m) {
-    const std::size_t si = table.shard_index(m);
+  std::optional<cached<T>> peek(const P& key, std::uint64_t mixed) {
+    const std::size_t si = table.shard_index(mixed);
     detail::read_gate& gate = table.gate();
     const std::size_t stripe = gate.my_stripe();
     const time_point now = Clock::now();
@@ -377,10 +403,10 @@ class cache_lookup {
     };
     if (gate.try_enter(si, stripe)) {
       const section s(gate, si, stripe);
-      look(table.at(si).find(key, m, eq));
+      look(table.at(si).find(key, mixed, eq));
     } else {
       shard_lock lk(table, si);
-      look(table.at(si).find(key, m, eq));
+      look(table.at(si).find(key, mixed, eq));
     }
     if (d.what != decision::act::serve && d.what != decision::act::not_found) return std::nullopt;
     return std::move(d).entry();

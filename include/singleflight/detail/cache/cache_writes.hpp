@@ -57,26 +57,26 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
   using base::eq;
   using base::is_dead;
   using base::jitter;
-  using base::sie;
-  using base::swr;
+  using base::stale_if_error;
+  using base::stale_while_revalidate;
   using base::table;
   using base::ttl;
 
   // -- records --
 
-  // find_or_make(key, m, lk): the node for key, created if missing (Key's
+  // find_or_make(key, mixed, lk): the node for key, created if missing (Key's
   // copy and the allocation happen with `lk` released). `lk` holds the
   // key's shard; returns with it held and the readers locked out.
   template <class P>
-  node_t* find_or_make(const P& key, std::uint64_t m, shard_lock& lk) {
-    auto& s = table.at(table.shard_index(m));
+  node_t* find_or_make(const P& key, std::uint64_t mixed, shard_lock& lk) {
+    auto& s = table.at(table.shard_index(mixed));
     lk.write();
-    if (node_t* n = s.find(key, m, eq)) return n;
+    if (node_t* n = s.find(key, mixed, eq)) return n;
     lk.unlock();
-    auto made = std::make_unique<node_t>(key, m);  // user code: no lock
+    auto made = std::make_unique<node_t>(key, mixed);  // user code: no lock
     lk.lock();
     lk.write();
-    if (node_t* n = s.find(key, m, eq)) return n;  // `made` is freed after the lock
+    if (node_t* n = s.find(key, mixed, eq)) return n;  // `made` is freed after the lock
     s.reserve_one();
     made->version = s.versions.load(std::memory_order_relaxed);  // only grows, per key too
     made->throttle_until = time_point::min();
@@ -190,20 +190,20 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
   void set_windows(shard_t& s, node_t* n, time_point now, duration d) noexcept {
     n->written = now;
     n->fresh_until = detail::sat_add(now, detail::jittered(d, jitter, s.rng.next()));
-    n->stale_until = detail::sat_add(n->fresh_until, swr);
-    n->error_until = detail::sat_add(n->fresh_until, sie);
+    n->stale_until = detail::sat_add(n->fresh_until, stale_while_revalidate);
+    n->error_until = detail::sat_add(n->fresh_until, stale_if_error);
     n->throttle_until = time_point::min();
   }
 
-  // put(key, m, box): key holds `box`, fresh from now, under a new version
+  // put(key, mixed, box): key holds `box`, fresh from now, under a new version
   // (returned). Clears the refresh mark, so that a new refresh may start.
   template <class P>
-  std::uint64_t put(const P& key, std::uint64_t m, std::shared_ptr<const T> box) {
+  std::uint64_t put(const P& key, std::uint64_t mixed, std::shared_ptr<const T> box) {
     std::exception_ptr old_error;  // destroyed after the lock (declared before it)
     garbage_t g;
-    shard_lock lk(table, table.shard_index(m));
-    node_t* n = find_or_make(key, m, lk);
-    auto& s = table.at(table.shard_index(m));
+    shard_lock lk(table, table.shard_index(mixed));
+    node_t* n = find_or_make(key, mixed, lk);
+    auto& s = table.at(table.shard_index(mixed));
     const time_point now = Clock::now();
     n->version = s.next_version();
     n->kind = detail::held::value;
@@ -218,16 +218,16 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
     return v;
   }
 
-  // invalidate(key, m): key holds no entry, under a new version (returned)
+  // invalidate(key, mixed): key holds no entry, under a new version (returned)
   // that a load already running cannot publish over.
   template <class P>
-  std::uint64_t invalidate(const P& key, std::uint64_t m) {
+  std::uint64_t invalidate(const P& key, std::uint64_t mixed) {
     garbage_t g;
-    const std::size_t si = table.shard_index(m);
+    const std::size_t si = table.shard_index(mixed);
     auto& s = table.at(si);
     shard_lock lk(table, si);
     const std::uint64_t v = s.next_version();
-    if (node_t* n = s.find(key, m, eq)) {
+    if (node_t* n = s.find(key, mixed, eq)) {
       lk.write();
       n->version = v;
       n->refresh_id.store(0, std::memory_order_relaxed);

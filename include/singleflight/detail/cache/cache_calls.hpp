@@ -1,0 +1,462 @@
+// singleflight/detail/cache/cache_calls.hpp -- internal; do not include directly.
+//
+// cache_calls<Key, T, Hash, KeyEqual, Clock>: what one call of singleflight::cache does,
+// on the shared state (cache_core) it owns with every pending callback:
+//   * keys: with_key() converts a key argument that cannot probe the table as it is, once,
+//     before any lock; hash_of() is the mixed hash every layer below takes;
+//   * the blocking path: the hit path (try_fresh), else lookup, then the decision's answer
+//     (answered: served, not found, a cached failure, and the refresh it asks for), else a
+//     load as a flight of the cache's group (load_blocking), with stale-if-error;
+//   * the callback path: the same lookup and answer, then the load through group::async_do
+//     (start_async); co_get's awaiter on top of it;
+//   * refreshes: flights the cache owns, run on flight.executor or on the cache's own
+//     threads (worker_threads), never on the reader's;
+//   * close().
+// The facade (cache.hpp) holds one and forwards to it.
+//
+// Locking: none of its own. The group's and the core's locks are taken inside their calls;
+// no lock is held while user code runs here (the loader, the callback, Hash, copies of Key
+// and T). `closed_` is a relaxed flag: a call that misses a concurrent close() is rejected
+// by the group, or finds the entry close() leaves intact.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <concepts>
+#include <coroutine>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <type_traits>
+#include <utility>
+
+#include "../../cache_options.hpp"
+#include "../../completion.hpp"
+#include "../../errors.hpp"
+#include "../../group.hpp"
+#include "../../hash.hpp"
+#include "../../outcome.hpp"
+#include "../../stats.hpp"
+#include "../../stop_token.hpp"
+#include "../resume_gate.hpp"
+#include "../unwind.hpp"
+#include "../worker_threads.hpp"
+#include "cache_core.hpp"
+
+namespace singleflight::detail {
+
+template <class Key, class T, class Hash, class KeyEqual, class Clock>
+class cache_calls {
+ public:
+  using core = cache_core<Key, T, KeyEqual, Clock>;
+  using loaded_t = typename core::loaded_t;
+  using group_t = group<Key, loaded_t, Hash, KeyEqual>;
+  using time_point = typename Clock::time_point;
+
+  // Throws std::invalid_argument for invalid options, and what group's constructor throws.
+  explicit cache_calls(const cache_options& opts)
+      : core_(std::make_shared<core>(opts)),
+        group_has_executor_(static_cast<bool>(opts.flight.executor)),
+        group_(opts.flight) {}
+  cache_calls(const cache_calls&) = delete;
+  cache_calls& operator=(const cache_calls&) = delete;
+  ~cache_calls() { close(); }
+
+  // ---- keys ------------------------------------------------------------------------------
+
+  // Whether K probes the table as it is (hash.hpp); otherwise it is converted to Key once,
+  // before any lock.
+  template <class K>
+  static constexpr bool direct_probe = detail::direct_probe<K, Key, Hash, KeyEqual>;
+
+  template <class K, class F>
+  static decltype(auto) with_key(const K& key, F&& f) {
+    static_assert(direct_probe<K> || std::constructible_from<Key, const K&>,
+                  "singleflight::cache: the key argument must be a Key or something a Key can "
+                  "be constructed from");
+    if constexpr (direct_probe<K>) {
+      return std::forward<F>(f)(key);
+    } else {
+      const Key converted(key);
+      return std::forward<F>(f)(converted);
+    }
+  }
+
+  template <class P>
+  std::uint64_t hash_of(const P& key) const {
+    return detail::mix64(static_cast<std::uint64_t>(hash_(key)));  // user code: no lock
+  }
+
+  // ---- the blocking path -----------------------------------------------------------------
+
+  // get(key, loader, caller): the value itself (get's path: no cached<T> on a fresh hit).
+  template <class P, class L>
+  T get(const P& key, L&& loader, stop_token caller) {
+    if (closed_.load(std::memory_order_relaxed)) throw closed_error();
+    const std::uint64_t mixed = hash_of(key);
+    const time_point now = Clock::now();
+    bool fired = false;
+    std::optional<T> hit;
+    if (try_fresh(key, mixed, now, fired, hit)) return std::move(*hit);
+    cached<T> e = get_slow(key, std::forward<L>(loader), std::move(caller), mixed, now, fired);
+    if (!e.value) throw not_found_error();
+    return std::move(*e.value);
+  }
+
+  // get_entry(key, loader, caller, fresh): get_entry's path, and get_fresh's (fresh: a load
+  // that started after this call, never the cache).
+  template <class P, class L>
+  cached<T> get_entry(const P& key, L&& loader, stop_token caller, bool fresh) {
+    if (closed_.load(std::memory_order_relaxed)) throw closed_error();
+    const std::uint64_t mixed = hash_of(key);
+    core* c = core_.get();
+    if (fresh) {
+      auto& sc = c->table.stripe(c->table.gate().my_stripe());
+      sc.add(sc.misses);
+      const typename core::fresh_waiter announced(c, key, mixed);
+      return load_blocking(key, mixed, std::forward<L>(loader), nullptr, std::move(caller), true,
+                           0);
+    }
+    const time_point now = Clock::now();
+    bool fired = false;
+    std::optional<cached<T>> hit;
+    if (try_fresh(key, mixed, now, fired, hit)) return std::move(*hit);
+    return get_slow(key, std::forward<L>(loader), std::move(caller), mixed, now, fired);
+  }
+
+  // ---- the callback path -----------------------------------------------------------------
+
+  // get_async(key, loader, cb, caller): answers from the cache (cb runs here) or starts /
+  // joins a load whose outcome reaches cb.
+  template <class P, class L, class Cb>
+  void get_async(const P& key, L&& loader, Cb cb, stop_token caller) {
+    if (closed_.load(std::memory_order_relaxed)) {
+      deliver(cb, outcome<T>(std::make_exception_ptr(closed_error())));
+      return;
+    }
+    const std::uint64_t mixed = hash_of(key);
+    core* c = core_.get();
+    decision d = c->lookup(key, mixed, Clock::now(), false);
+    if (d.what != decision::act::load && d.what != decision::act::load_fresh) {
+      std::optional<outcome<T>> o;
+      try {
+        o.emplace(value_of(answered(key, mixed, loader, d)));
+      } catch (...) {
+        o.emplace(std::current_exception());
+      }
+      deliver(cb, std::move(*o));
+      return;
+    }
+    node_t* pinned = d.pinned;
+    try {
+      auto on_done = [owner = core_, pinned,
+                      cb = std::move(cb)](outcome<loaded_t> o) mutable noexcept {
+        std::optional<outcome<T>> out;
+        {
+          const typename core::pin held(owner.get(), pinned);
+          try {
+            if (o.has_value()) {
+              const loaded_t& r = o.value();
+              if (r.value) {
+                out.emplace(std::in_place, *r.value);  // this caller's copy
+              } else {
+                out.emplace(std::make_exception_ptr(not_found_error()));
+              }
+            } else if (auto e = owner->serve_on_error(pinned, o.error())) {
+              out.emplace(std::in_place, std::move(*e->value));
+            } else {
+              out.emplace(o.error());
+            }
+          } catch (...) {
+            out.emplace(std::current_exception());
+          }
+        }
+        deliver(cb, std::move(*out));
+      };
+      // group has no asynchronous do_fresh: on act::load_fresh (a load that started before an
+      // invalidation is still running) an async caller may join that load (docs/cache.md,
+      // "Choices").
+      group_.async_do(key, owned_fn(key_of(key), mixed, std::forward<L>(loader), true),
+                      std::move(on_done), std::move(caller));
+    } catch (...) {
+      if (pinned != nullptr) c->unpin(pinned);
+      throw;
+    }
+  }
+
+  // The awaitable co_get returns: async_get on await_suspend, resumed through a resume_gate.
+  template <class Facade, class K, class L>
+  class get_awaitable {
+   public:
+    get_awaitable(Facade* c, const K& key, L& loader, stop_token caller) noexcept
+        : c_(c), key_(&key), loader_(&loader), caller_(std::move(caller)) {}
+    get_awaitable(const get_awaitable&) = delete;
+    get_awaitable& operator=(const get_awaitable&) = delete;
+    ~get_awaitable() = default;
+
+    class awaiter {
+     public:
+      awaiter(Facade* c, const K& key, L& loader, stop_token caller) noexcept
+          : c_(c), key_(&key), loader_(&loader), caller_(std::move(caller)) {}
+      awaiter(const awaiter&) = delete;
+      awaiter& operator=(const awaiter&) = delete;
+      ~awaiter() = default;
+
+      // Starts the lookup (and the load if needed); does not suspend when the outcome is
+      // already there.
+      bool await_ready() const noexcept { return false; }
+      bool await_suspend(std::coroutine_handle<> h) {
+        gate_.arm(h);
+        c_->async_get(
+            *key_, *loader_,
+            [this](outcome<T> o) noexcept {
+              result_.emplace(std::move(o));
+              gate_.complete();
+            },
+            std::move(caller_));
+        return gate_.suspend();
+      }
+      T await_resume() { return std::move(*result_).value(); }
+
+     private:
+      Facade* c_;
+      const K* key_;
+      L* loader_;
+      stop_token caller_;
+      std::optional<outcome<T>> result_;
+      detail::resume_gate gate_;
+    };
+
+    awaiter operator co_await() && { return awaiter(c_, *key_, *loader_, std::move(caller_)); }
+
+   private:
+    Facade* c_;
+    const K* key_;
+    L* loader_;
+    stop_token caller_;
+  };
+
+  // ---- the rest of the facade ------------------------------------------------------------
+
+  core& state() const noexcept { return *core_; }
+  singleflight::stats flight_stats() const { return group_.stats(); }
+
+  // close(): see cache::close. On one of the cache's own threads (a loader or callback run
+  // there) it stops and rejects without waiting; the destructor waits.
+  void close() {
+    closed_.store(true, std::memory_order_relaxed);
+    if (threads_.on_own_thread()) {
+      (void)group_.close_for(std::chrono::nanoseconds::zero());
+      threads_.close();
+      return;
+    }
+    group_.close();
+    threads_.close();
+  }
+
+ private:
+  using node_t = typename core::node_t;
+  using duration = typename Clock::duration;
+  using decision = typename core::decision;
+  static constexpr bool copy_inside = core::copy_inside;
+
+  template <class P>
+  static Key key_of(const P& key) {
+    if constexpr (std::same_as<P, Key>) {
+      return key;
+    } else {
+      return Key(key);
+    }
+  }
+
+  // try_fresh(key, mixed, now, fired, out): the hit path: a fresh value that starts nothing,
+  // copied out as Out (T, or cached<T> with its age and version). False otherwise, having
+  // changed nothing; `fired` then says whether XFetch's draw fired (the lookup must not draw
+  // again).
+  template <class P, class Out>
+  bool try_fresh(const P& key, std::uint64_t mixed, time_point now, bool& fired,
+                 std::optional<Out>& out) {
+    typename core::copied_t copy;
+    std::shared_ptr<const T> pin;
+    duration age{};
+    std::uint64_t version = 0;
+    if (!core_->fresh_hit(key, mixed, now, copy, pin, age, version, fired)) return false;
+    const T& v = [&]() -> const T& {
+      if constexpr (copy_inside) {
+        return *copy;
+      } else {
+        return *pin;  // copied below: no lock, no section
+      }
+    }();
+    if constexpr (std::same_as<Out, T>) {
+      out.emplace(v);
+    } else {
+      out.emplace();
+      out->value.emplace(v);
+      out->age = std::chrono::duration_cast<std::chrono::nanoseconds>(age);
+      out->version = version;
+    }
+    return true;
+  }
+
+  // answered(key, mixed, loader, d): what a decision that needs no load answers — a value
+  // (starting the refresh the decision asks for), a cached not-found (an entry without a
+  // value), or the cached failure — as an outcome. Throws what T's copy throws.
+  template <class P, class L>
+  outcome<cached<T>> answered(const P& key, std::uint64_t mixed, L& loader, decision& d) {
+    if (d.what == decision::act::failed) return outcome<cached<T>>(d.error);
+    if (d.refresh != nullptr) start_refresh(key, mixed, loader, d.refresh, d.refresh_id);
+    return outcome<cached<T>>(std::in_place, std::move(d).entry());
+  }
+
+  // An async caller's value: the entry's, or not_found_error.
+  static outcome<T> value_of(outcome<cached<T>>&& a) {
+    if (!a.has_value()) return outcome<T>(a.error());
+    cached<T>& e = a.value();
+    if (!e.value) return outcome<T>(std::make_exception_ptr(not_found_error()));
+    return outcome<T>(std::in_place, std::move(*e.value));
+  }
+
+  template <class P, class L>
+  cached<T> get_slow(const P& key, L&& loader, stop_token caller, std::uint64_t mixed,
+                     time_point now, bool fired) {
+    core* c = core_.get();
+    decision d = c->lookup(key, mixed, now, fired);
+    if (d.what != decision::act::load && d.what != decision::act::load_fresh) {
+      outcome<cached<T>> a = answered(key, mixed, loader, d);
+      if (!a.has_value()) std::rethrow_exception(a.error());
+      return std::move(a).value();
+    }
+    const typename core::pin held(c, d.pinned);
+    return load_blocking(key, mixed, std::forward<L>(loader), d.pinned, std::move(caller),
+                         d.what == decision::act::load_fresh, d.seen);
+  }
+
+  // A flight body that owns copies of the key and the loader (executor flights, async
+  // callers, refreshes: it may outlive the caller's frame).
+  template <class L>
+  auto owned_fn(const Key& key, std::uint64_t mixed, L&& loader, bool foreground) {
+    using Ld = std::decay_t<L>;
+    core* c = core_.get();
+    if constexpr (detail::loader_traits<Ld, T>::is_async) {
+      return [c, key, mixed, foreground, loader = Ld(std::forward<L>(loader))](
+                 stop_token st, completion<loaded_t> done) mutable {
+        c->run_async(key, mixed, loader, st, done, foreground);
+      };
+    } else {
+      return [c, key, mixed, foreground,
+              loader = Ld(std::forward<L>(loader))](stop_token st) mutable -> loaded_t {
+        return c->run_sync(key, mixed, loader, st, foreground);
+      };
+    }
+  }
+
+  template <class P, class L>
+  cached<T> load_blocking(const P& key, std::uint64_t mixed, L&& loader, node_t* pinned,
+                          stop_token caller, bool fresh, std::uint64_t seen) {
+    using Ld = std::remove_reference_t<L>;
+    core* c = core_.get();
+    call_info info;
+    try {
+      const auto run = [&](bool fresh_flight) {
+        if constexpr (!detail::loader_traits<std::decay_t<L>, T>::is_async) {
+          if (!group_has_executor_) {
+            // Inline: the leader runs the loader on this thread and cannot leave before it
+            // returns, so the body may refer to this frame.
+            auto body = [c, &key, mixed, &loader, fresh_flight](stop_token st) -> loaded_t {
+              return c->run_sync(key, mixed, static_cast<Ld&>(loader), st, !fresh_flight);
+            };
+            return fresh_flight ? group_.do_fresh(key, body, caller, info)
+                                : group_.do_(key, body, caller, info);
+          }
+        }
+        auto body = owned_fn(key_of(key), mixed, loader, !fresh_flight);
+        return fresh_flight ? group_.do_fresh(key, std::move(body), caller, info)
+                            : group_.do_(key, std::move(body), caller, info);
+      };
+      loaded_t r = run(fresh);
+      // A load that started before a write this call saw (it joined a flight that was still
+      // settling when the call looked): take a newer one.
+      if (!fresh && r.version < seen) r = run(true);
+      return core::entry_of(r, info.role);
+    } catch (...) {
+      if (auto e = c->serve_on_error(pinned, std::current_exception())) {
+        e->taken_as = info.role;
+        return std::move(*e);
+      }
+      throw;
+    }
+  }
+
+  // A background refresh: a flight the cache owns (no caller token), run on flight.executor
+  // or on the cache's threads, never on this thread.
+  template <class P, class L>
+  void start_refresh(const P& key, std::uint64_t mixed, L& loader, node_t* n,
+                     std::uint64_t id) noexcept {
+    std::shared_ptr<core> owner = core_;
+    try {
+      auto done = [owner, n, id](outcome<loaded_t>&&) noexcept { owner->refresh_done(n, id); };
+      if (group_has_executor_) {
+        group_.async_do(key, owned_fn(key_of(key), mixed, loader, false), std::move(done));
+      } else {
+        using Ld = std::decay_t<L>;
+        auto hand_off = [this, k = key_of(key), mixed, ld = Ld(loader)](
+                            stop_token st, completion<loaded_t> d) mutable {
+          std::unique_ptr<detail::worker_threads::job> j = std::make_unique<refresh_job<Ld>>(
+              core_.get(), std::move(k), mixed, std::move(ld), std::move(st), std::move(d));
+          (void)threads_.post(j);  // after close(): j dies here, unrun (its completion breaks)
+        };
+        group_.async_do(key, std::move(hand_off), std::move(done));
+      }
+    } catch (...) {
+      owner->refresh_done(n, id);  // async_do threw before attaching: on_done never runs
+    }
+  }
+
+  template <class Ld>
+  struct refresh_job final : detail::worker_threads::job {
+    refresh_job(core* c_in, Key k, std::uint64_t mixed_in, Ld ld, stop_token st_in,
+                completion<loaded_t> d)
+        : c(c_in),
+          key(std::move(k)),
+          mixed(mixed_in),
+          loader(std::move(ld)),
+          st(std::move(st_in)),
+          done(std::move(d)) {}
+    void run() override {  // throws only a forced unwind (the thread then ends)
+      try {
+        if (st.stop_requested()) throw cancelled_error();
+        if constexpr (detail::loader_traits<Ld, T>::is_async) {
+          c->run_async(key, mixed, loader, st, done, false);
+        } else {
+          done.set_value(c->run_sync(key, mixed, loader, st, false));
+        }
+      } catch (...) {
+        SINGLEFLIGHT_RETHROW_FOREIGN();
+        if (done) done.set_exception(std::current_exception());
+      }
+    }
+    core* c;
+    Key key;
+    std::uint64_t mixed;
+    Ld loader;
+    stop_token st;
+    completion<loaded_t> done;
+  };
+
+  template <class Cb>
+  static void deliver(Cb& cb, outcome<T>&& o) noexcept {
+    std::invoke(cb, std::move(o));  // a throw terminates (noexcept)
+  }
+
+  [[no_unique_address]] Hash hash_{};
+  std::shared_ptr<core> core_;
+  std::atomic<bool> closed_{false};
+  bool group_has_executor_ = false;
+  group_t group_;
+  detail::worker_threads threads_;  // declared after group_: destroyed (joined) first
+};
+
+}  // namespace singleflight::detail
