@@ -67,7 +67,8 @@ struct fleet_options {
   // load time, or a slow but live leader costs a second origin call.
   std::chrono::milliseconds max_wait{0};
 
-  // Bound on every wait for Redis: connect, each command's write and reply.
+  // Bound on every wait for Redis: the connect, the handshake, and each
+  // command's whole round trip (its writes and reads together).
   std::chrono::milliseconds redis_timeout{50};
 
   // How long a stored value lives in Redis (the fleet-wide freshness).

@@ -187,7 +187,9 @@ class fleet_engine {
     try {
       pooled c = pool.acquire();
       bool published = true;
-      gen = detail::invalidate(*c, names, cfg.meta_ttl, published);
+      // A second run (pooled::run) bumps the generation once more: harmless.
+      gen = c.run(
+          [&](redis_conn& rc) { return detail::invalidate(rc, names, cfg.meta_ttl, published); });
       if (!published) fleet_counters::bump(counters.publish_failures);
       if (cfg.replicas > 0)
         acked = wait_replicas(*c, cfg.replicas, cfg.replica_timeout, cfg.redis_timeout);

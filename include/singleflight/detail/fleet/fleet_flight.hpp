@@ -198,7 +198,10 @@ class fleet_flight {
     try {
       if (!conn_) conn_.emplace(e_.pool.acquire());
       sent_ = true;  // from here the command may reach the server, whatever happens next
-      step(**conn_);
+      // Once more on a fresh connection if a pooled one was closed under it
+      // (pooled::run): a repeated GET or lease attempt costs at most a wait
+      // for our own lease, never a wrong value.
+      conn_->run(step);
       return true;
     } catch (const redis_failure&) {
       conn_.reset();
@@ -257,8 +260,11 @@ class fleet_flight {
     try {
       c.emplace(e_.pool.acquire());
       bool published = true;
-      switch (
-          store(**c, names_, token, fence, gen, rec, ttl, message, e_.cfg.meta_ttl, published)) {
+      // A second run of the fenced store changes nothing (pooled::run).
+      const store_result sr = c->run([&](redis_conn& rc) {
+        return store(rc, names_, token, fence, gen, rec, ttl, message, e_.cfg.meta_ttl, published);
+      });
+      switch (sr) {
         case store_result::stored:
           stored = !rec.empty();
           break;

@@ -49,8 +49,6 @@
 // reports whether it published instead of failing after its writes.
 #pragma once
 
-#include <sys/time.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
@@ -415,6 +413,36 @@ inline bool renew(redis_conn& c, const fleet_names& n, std::string_view token,
   return r->integer == 1;
 }
 
+// renew_all(c, leases, lease_ttl, meta_ttl): renew() for every (names, token) in `leases`, in
+// one pipelined round trip (EVALSHA each; a NOSCRIPT reply is run again alone with the body):
+// for each lease, whether it was still ours. One round trip for any number of leases, so a
+// process with many long loads renews them all within one RTT, not one RTT each.
+inline std::vector<bool> renew_all(
+    redis_conn& c, const std::vector<std::pair<const fleet_names*, std::string_view>>& leases,
+    std::chrono::milliseconds lease_ttl, std::chrono::milliseconds meta_ttl) {
+  const std::string lease_ms = ms_text(lease_ttl);
+  const std::string meta_ms = ms_text(meta_ttl);
+  const lua_script& s = renew_script();
+  std::vector<std::vector<std::string_view>> commands;
+  commands.reserve(leases.size());
+  for (const auto& [n, token] : leases) {
+    commands.push_back({"EVALSHA", s.sha, "2", n->lease, n->meta, token, lease_ms, meta_ms});
+  }
+  std::vector<redis_reply> replies = c.pipeline(commands);
+  std::vector<bool> ours(leases.size(), false);
+  for (std::size_t i = 0; i < leases.size(); ++i) {
+    const redisReply* r = replies[i].get();
+    if (is_error(r) && text_of(r).starts_with("NOSCRIPT")) {
+      ours[i] = renew(c, *leases[i].first, leases[i].second, lease_ttl, meta_ttl);
+      continue;
+    }
+    if (is_error(r)) throw redis_failure("renew: " + std::string(text_of(r)));
+    if (r->type != REDIS_REPLY_INTEGER) throw redis_failure("renew: unexpected reply");
+    ours[i] = r->integer == 1;
+  }
+  return ours;
+}
+
 // A {code, published} reply (store, invalidate): the code; `published` set from the flag.
 inline long long coded_reply(const redis_reply& r, const char* step, bool& published) {
   if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
@@ -470,23 +498,12 @@ inline std::uint64_t invalidate(redis_conn& c, const fleet_names& n,
 
 // wait_replicas(c, replicas, bound, timeout): WAIT replicas bound; how many replicas
 // acknowledged every write made on `c` so far. The server blocks up to `bound`, so this one
-// round trip waits up to bound + timeout (the connection's own bound, restored after it).
+// round trip is bounded by bound + timeout instead of the connection's own timeout.
 inline long long wait_replicas(redis_conn& c, std::uint32_t replicas,
                                std::chrono::milliseconds bound, std::chrono::milliseconds timeout) {
-  const auto tv = [](std::chrono::milliseconds d) {
-    timeval t{};
-    t.tv_sec = static_cast<decltype(t.tv_sec)>(d.count() / 1000);
-    t.tv_usec = static_cast<decltype(t.tv_usec)>((d.count() % 1000) * 1000);
-    return t;
-  };
-  if (redisSetTimeout(c.raw(), tv(bound + timeout)) != REDIS_OK) {
-    c.mark_broken();
-    throw redis_failure("WAIT: cannot set the timeout");
-  }
   const std::string n = std::to_string(replicas);
   const std::string ms = ms_text(bound);
-  const redis_reply r = c.command({"WAIT", n, ms});
-  if (redisSetTimeout(c.raw(), tv(timeout)) != REDIS_OK) c.mark_broken();
+  const redis_reply r = c.command_within(bound + timeout, {"WAIT", n, ms});
   if (r->type != REDIS_REPLY_INTEGER) {
     throw redis_failure("WAIT: " +
                         std::string(is_error(r.get()) ? text_of(r.get()) : "unexpected reply"));

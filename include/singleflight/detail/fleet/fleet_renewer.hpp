@@ -3,15 +3,16 @@
 // detail::lease_renewer: keeps the leases of this process's leaders alive
 // while their loaders run. One thread and one connection of its own; every
 // `renew_every` it runs the token-checked renew script for each registered
-// lease. A renewal that finds the lease gone (it expired while the process was
-// paused, or Redis lost it) marks the lease lost: the leader goes on (the
-// lease is an efficiency lease, not a lock) and its store is then fenced out
-// if another leader took over meanwhile.
+// lease, all due leases pipelined in one round trip (batches of 128). A renewal that finds the
+// lease gone (it expired while the process was paused, or Redis lost it) marks the lease lost: the
+// leader goes on (the lease is an efficiency lease, not a lock) and its store is then fenced out if
+// another leader took over meanwhile.
 //
 // Locking: `mu_` guards `leases_`, `closing_` and each entry's `registered`
 // flag. Round trips happen without it. The thread runs no user code.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -20,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -124,6 +126,10 @@ class lease_renewer {
   void run() {
     std::unique_ptr<redis_conn> conn;
     std::vector<std::shared_ptr<entry>> due;
+    std::vector<std::pair<const fleet_names*, std::string_view>> batch_args;
+    // Leases per pipelined round trip: the whole batch shares one
+    // redis_timeout, so it is kept to what a server answers well within one.
+    constexpr std::size_t batch = 128;
     std::unique_lock<std::mutex> lk(mu_);
     while (!closing_) {
       if (leases_.empty()) {
@@ -145,20 +151,30 @@ class lease_renewer {
         }
       }
       lk.unlock();
-      for (const auto& e : due) {
-        bool ours = true;
+      // Every due lease in pipelined batches: one round trip per batch, not
+      // per lease (at 20 ms RTT, 64 leases renewed one by one took longer
+      // than a 1 s lease_ttl, and every lease was lost).
+      for (std::size_t from = 0; from < due.size(); from += batch) {
+        const std::size_t to = std::min(due.size(), from + batch);
+        batch_args.clear();
+        for (std::size_t i = from; i < to; ++i) {
+          batch_args.emplace_back(&due[i]->names, due[i]->token);
+        }
+        std::vector<bool> ours(to - from, true);  // unknown on failure: not lost
         try {
           if (!conn) conn = pool_.open();
-          ours = renew(*conn, e->names, e->token, lease_ttl_, meta_ttl_);
+          ours = renew_all(*conn, batch_args, lease_ttl_, meta_ttl_);
         } catch (const redis_failure&) {
           errors_.fetch_add(1, std::memory_order_relaxed);
           conn.reset();
         }
-        if (!ours) {
+        for (std::size_t i = from; i < to; ++i) {
+          if (ours[i - from]) continue;
           // Counted only while the leader still waits on it: a renewal that
           // raced the leader's own release finds the lease gone legitimately.
           const std::lock_guard<std::mutex> relock(mu_);
-          if (e->registered && !e->lost.exchange(true, std::memory_order_acq_rel)) {
+          entry& e = *due[i];
+          if (e.registered && !e.lost.exchange(true, std::memory_order_acq_rel)) {
             lost_.fetch_add(1, std::memory_order_relaxed);
           }
         }

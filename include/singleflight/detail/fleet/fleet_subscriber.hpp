@@ -372,28 +372,32 @@ class fleet_subscriber {
     conn.reset();
   }
 
-  static bool send(redis_conn& c, const char* verb, const std::vector<std::string>& names) {
+  // Appends `verb names...` to c's output buffer (nothing when `names` is
+  // empty); false when that failed (out of memory: the connection is dropped).
+  static bool send(redis_conn& c, std::string_view verb, const std::vector<std::string>& names) {
     if (names.empty()) return true;
-    std::vector<const char*> argv;
-    std::vector<std::size_t> lens;
-    argv.reserve(names.size() + 1);
-    lens.reserve(names.size() + 1);
-    argv.push_back(verb);
-    lens.push_back(std::char_traits<char>::length(verb));
-    for (const std::string& n : names) {
-      argv.push_back(n.data());
-      lens.push_back(n.size());
-    }
-    return redisAppendCommandArgv(c.raw(), static_cast<int>(argv.size()), argv.data(),
-                                  lens.data()) == REDIS_OK;
-  }
-
-  static bool flush(redis_conn& c) {
-    int done = 0;
-    while (done == 0) {
-      if (redisBufferWrite(c.raw(), &done) != REDIS_OK) return false;
+    std::vector<std::string_view> args;
+    try {
+      args.reserve(names.size() + 1);
+      args.push_back(verb);
+      for (const std::string& n : names) args.push_back(n);
+      c.append(args);
+    } catch (const std::bad_alloc&) {
+      c.mark_broken();
+      return false;
     }
     return true;
+  }
+
+  // Sends what send() appended, bounded by the connection's timeout (a server
+  // that stopped reading, e.g. SIGSTOPped, costs one timeout and a reconnect).
+  static bool flush(redis_conn& c) {
+    try {
+      c.flush(redis_conn::clock::now() + c.timeout());
+      return true;
+    } catch (const redis_failure&) {
+      return false;
+    }
   }
 
   // Waits for the connection or a poke; reads whatever replies arrived.

@@ -9,15 +9,26 @@
 // (redis_pool.hpp) hands each one out exclusively, and the subscriber and the
 // renewer own theirs.
 //
-// Bounded waits: connect, every write and every read wait at most the
-// `timeout` given to open() (SO_SNDTIMEO / SO_RCVTIMEO on the socket, which
-// is what hiredis 0.14's redisSetTimeout sets). A command that times out
-// leaves its reply in flight, so the connection is then `broken()` and must be
-// dropped, never reused. Name resolution (getaddrinfo) is not bounded by the
-// timeout: use an address or a local resolver you trust.
+// Bounded waits: the connect, the handshake, and each command's whole round
+// trip (every write and every read of it together, however the reply is cut
+// into packets) each wait at most the `timeout` given to open(): one deadline
+// per round trip, and poll() with the time left to it before each read or
+// write of the non-blocking socket. A command that times out leaves its reply
+// in flight, so the connection is then `broken()` and must be dropped, never
+// reused. Name resolution (getaddrinfo) is not bounded by the timeout: use an
+// address or a local resolver you trust.
+//
+// Descriptors: the socket is created close-on-exec (SOCK_CLOEXEC), so a
+// fork+exec on another thread, even while it connects, does not inherit it (a
+// child holding it would keep the connection, and its subscriptions, alive on
+// the server).
 //
 // hiredis 0.14 (Debian 12) has no TLS, no RESP3 and no per-command timeout;
-// this file uses only the synchronous API that hiredis 1.x still has.
+// this file connects the socket itself and hands it to hiredis
+// (redisConnectFd), formats commands with redisFormatCommandArgv and sends
+// them itself (send with MSG_NOSIGNAL: no SIGPIPE), and uses hiredis's reply
+// parser (redisReaderFeed, redisGetReplyFromReader); hiredis 1.x has all of
+// these.
 #pragma once
 
 #if __has_include(<hiredis/hiredis.h>)
@@ -29,16 +40,27 @@
 #endif
 
 #include <fcntl.h>
-#include <sys/time.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <memory>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -47,9 +69,23 @@ namespace singleflight::detail {
 // redis_failure: Redis could not be reached or answered unusably (I/O error,
 // timeout, refused connection, failed AUTH). The fleet never lets it reach a
 // caller of get(): it falls back to a local load.
+//
+// cause() tells a caller whether the command may be sent again: `unanswered`
+// means the connection closed (or was reset, or the write failed) before any
+// byte of the reply arrived. On a connection that waited in the pool that is
+// the signature of a server that closed it while it was idle (its `timeout`, a
+// restart, a proxy), before it read the command; redis_pool's pooled::run
+// then sends it once more on a fresh connection.
 class redis_failure : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  enum class cause { failed, unanswered };
+  explicit redis_failure(const std::string& what, cause c = cause::failed)
+      : std::runtime_error(what), cause_(c) {}
+  cause why() const noexcept { return cause_; }
+  bool unanswered() const noexcept { return cause_ == cause::unanswered; }
+
+ private:
+  cause cause_;
 };
 
 // redis_endpoint
@@ -164,37 +200,32 @@ struct context_deleter {
 // redis_failure (and then leaves the connection broken) or std::bad_alloc.
 class redis_conn {
  public:
-  // open(ep, timeout, username, password): connects (bounded by `timeout`),
-  // sets the same bound on every later read and write, enables TCP keepalive,
-  // then AUTH (when a password is given) and SELECT (when db != 0).
+  using clock = std::chrono::steady_clock;
+
+  // open(ep, timeout, username, password): connects (bounded by `timeout`;
+  // the socket is close-on-exec and non-blocking from its creation), enables
+  // TCP keepalive, then runs the handshake in one round trip (bounded by
+  // `timeout`): AUTH when a password is given, SELECT when db != 0, else
+  // PING. A server that accepted the connection only to reject it (maxclients
+  // reached: "-ERR max number of clients reached" is its first reply) fails
+  // the handshake, so the connection counts as failed, not opened.
   static std::unique_ptr<redis_conn> open(const redis_endpoint& ep,
                                           std::chrono::milliseconds timeout,
                                           const std::string& username,
                                           const std::string& password) {
-    const timeval tv = to_timeval(timeout);
-    std::unique_ptr<redisContext, context_deleter> ctx(
-        ep.unix_socket ? redisConnectUnixWithTimeout(ep.host.c_str(), tv)
-                       : redisConnectWithTimeout(ep.host.c_str(), ep.port, tv));
-    if (!ctx) throw std::bad_alloc();
-    if (ctx->err != 0) throw redis_failure(std::string("connect: ") + ctx->errstr);
-    if (redisSetTimeout(ctx.get(), tv) != REDIS_OK) {
-      throw redis_failure(std::string("set timeout: ") + ctx->errstr);
+    const int fd = connect_socket(ep, timeout);
+    redisContext* raw = redisConnectFd(fd);
+    if (raw == nullptr) {
+      ::close(fd);
+      throw std::bad_alloc();
     }
+    std::unique_ptr<redisContext, context_deleter> ctx(raw);
+    // Every wait is this file's own (poll with the time left to the command's
+    // deadline): hiredis only reads and writes what is ready.
+    ctx->flags &= ~REDIS_BLOCK;
     if (!ep.unix_socket) (void)redisEnableKeepAlive(ctx.get());
-    // Not inherited by programs the process starts (a child holding the socket
-    // would keep the connection, and its subscriptions, alive on the server).
-    (void)::fcntl(ctx->fd, F_SETFD, ::fcntl(ctx->fd, F_GETFD) | FD_CLOEXEC);
-    auto conn = std::unique_ptr<redis_conn>(new redis_conn(std::move(ctx)));
-    if (!password.empty()) {
-      const redis_reply r = username.empty() ? conn->command({"AUTH", password})
-                                             : conn->command({"AUTH", username, password});
-      if (is_error(r.get())) throw redis_failure("AUTH: " + std::string(text_of(r.get())));
-    }
-    if (ep.db != 0) {
-      const std::string db = std::to_string(ep.db);
-      const redis_reply r = conn->command({"SELECT", db});
-      if (is_error(r.get())) throw redis_failure("SELECT: " + std::string(text_of(r.get())));
-    }
+    auto conn = std::unique_ptr<redis_conn>(new redis_conn(std::move(ctx), timeout));
+    conn->handshake(ep, username, password);
     return conn;
   }
 
@@ -202,38 +233,241 @@ class redis_conn {
   redis_conn& operator=(const redis_conn&) = delete;
   ~redis_conn() = default;
 
-  // command(args): sends one command and waits (bounded) for its reply. An
+  // command(args): sends one command and waits for its reply; the whole round
+  // trip (writes and reads) is bounded by the timeout given to open(). An
   // error reply (-ERR ...) is returned, not thrown: the caller decides.
   redis_reply command(std::initializer_list<std::string_view> args) {
     return command_argv(args.begin(), args.size());
+  }
+
+  // command_within(bound, args): command(args) with this round trip bounded
+  // by `bound` instead of the connection's timeout (WAIT, which the server
+  // itself holds for up to its own bound).
+  redis_reply command_within(std::chrono::milliseconds bound,
+                             std::initializer_list<std::string_view> args) {
+    return command_argv(args.begin(), args.size(), bound);
   }
   redis_reply command(const std::vector<std::string_view>& args) {
     return command_argv(args.data(), args.size());
   }
 
+  // pipeline(commands): sends every command in one write and reads their
+  // replies, in order; the whole exchange is bounded by one timeout.
+  std::vector<redis_reply> pipeline(const std::vector<std::vector<std::string_view>>& commands) {
+    if (broken()) throw redis_failure("connection already broken");
+    const clock::time_point deadline = clock::now() + timeout_;
+    for (const auto& args : commands) append(args.data(), args.size());
+    flush(deadline);
+    std::vector<redis_reply> out;
+    out.reserve(commands.size());
+    bool received = false;
+    for (std::size_t i = 0; i < commands.size(); ++i) out.push_back(read_reply(deadline, received));
+    last_used_ = clock::now();
+    return out;
+  }
+
+  // append(args): adds one command to the output buffer (nothing is sent
+  // until flush()). Throws std::bad_alloc (the connection is then broken).
+  void append(std::span<const std::string_view> args) { append(args.data(), args.size()); }
+
+  // flush(deadline): sends the output buffer, waiting for the socket at most
+  // until `deadline`; throws redis_failure (the connection is then broken) on
+  // an error or at the deadline. Sent with MSG_NOSIGNAL: a peer that closed
+  // gives an error here, never a SIGPIPE that would kill the host process.
+  void flush(clock::time_point deadline) {
+    std::size_t off = 0;
+    while (off < out_.size()) {
+#ifdef MSG_NOSIGNAL
+      constexpr int flags = MSG_NOSIGNAL;
+#else
+      constexpr int flags = 0;  // SO_NOSIGPIPE is set on the socket instead (macOS)
+#endif
+      const ssize_t n = ::send(ctx_->fd, out_.data() + off, out_.size() - off, flags);
+      if (n > 0) {
+        off += static_cast<std::size_t>(n);
+        continue;
+      }
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+        wait_for(POLLOUT, deadline, "write");
+        continue;
+      }
+      // Nothing of a reply was read: the command did not reach the server whole.
+      const int e = n < 0 ? errno : EPIPE;
+      out_.clear();
+      fail("write: " + error_text(e), redis_failure::cause::unanswered);
+    }
+    out_.clear();
+  }
+
   // broken(): an I/O error or a timeout happened; drop this connection.
   bool broken() const noexcept { return broken_ || ctx_->err != 0; }
 
-  // The raw context, for the subscriber's non-blocking read loop.
+  // quiet(): nothing arrived while no command was outstanding (one poll, no
+  // wait). Readable bytes, end of file or an error on an idle connection mean
+  // the server closed it (its idle `timeout`, a restart, CLIENT KILL) or the
+  // stream is out of step: either way it must not be used.
+  bool quiet() const noexcept {
+    pollfd p{ctx_->fd, POLLIN, 0};
+    return !broken() && ::poll(&p, 1, 0) == 0;
+  }
+
+  // When the last command on it completed (or it was opened).
+  clock::time_point last_used() const noexcept { return last_used_; }
+
+  std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+
+  // The raw context, for the subscriber's read loop (non-blocking: hiredis
+  // reads and writes only what is ready; wait with poll first).
   redisContext* raw() noexcept { return ctx_.get(); }
 
   // Marks the connection unusable (the subscriber, after its own I/O error).
   void mark_broken() noexcept { broken_ = true; }
 
  private:
-  explicit redis_conn(std::unique_ptr<redisContext, context_deleter> ctx) noexcept
-      : ctx_(std::move(ctx)) {}
+  redis_conn(std::unique_ptr<redisContext, context_deleter> ctx,
+             std::chrono::milliseconds timeout) noexcept
+      : ctx_(std::move(ctx)), timeout_(timeout), last_used_(clock::now()) {}
 
-  static timeval to_timeval(std::chrono::milliseconds d) noexcept {
-    const auto ms = d.count() > 0 ? d.count() : 1;
-    timeval tv{};
-    tv.tv_sec = static_cast<decltype(tv.tv_sec)>(ms / 1000);
-    tv.tv_usec = static_cast<decltype(tv.tv_usec)>((ms % 1000) * 1000);
-    return tv;
+  static int wait_ms(clock::time_point deadline) noexcept {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - clock::now());
+    return static_cast<int>(std::clamp<long long>(left.count(), 0, 1'000'000));
   }
 
-  redis_reply command_argv(const std::string_view* args, std::size_t n) {
-    if (broken()) throw redis_failure("connection already broken");
+  static std::string error_text(int e) { return std::generic_category().message(e); }
+
+  // A connected socket (close-on-exec and non-blocking from its creation), or
+  // redis_failure. Name resolution is not bounded by the timeout.
+  static int connect_socket(const redis_endpoint& ep, std::chrono::milliseconds timeout) {
+    const clock::time_point deadline = clock::now() + timeout;
+    std::string why = "no address";
+    if (ep.unix_socket) {
+      sockaddr_un a{};
+      a.sun_family = AF_UNIX;
+      if (ep.host.size() >= sizeof a.sun_path) throw redis_failure("connect: socket path too long");
+      std::memcpy(a.sun_path, ep.host.data(), ep.host.size());
+      const int fd =
+          try_connect(AF_UNIX, 0, reinterpret_cast<const sockaddr*>(&a), sizeof a, deadline, why);
+      if (fd < 0) throw redis_failure("connect: " + ep.host + ": " + why);
+      return fd;
+    }
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    addrinfo* list = nullptr;
+    const std::string port = std::to_string(ep.port);
+    const int rc = ::getaddrinfo(ep.host.c_str(), port.c_str(), &hints, &list);
+    if (rc != 0) throw redis_failure("connect: " + ep.host + ": " + ::gai_strerror(rc));
+    const std::unique_ptr<addrinfo, void (*)(addrinfo*)> owned(list, ::freeaddrinfo);
+    for (const addrinfo* ai = list; ai != nullptr; ai = ai->ai_next) {
+      const int fd =
+          try_connect(ai->ai_family, ai->ai_protocol, ai->ai_addr, ai->ai_addrlen, deadline, why);
+      if (fd >= 0) {
+        const int one = 1;
+        (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        return fd;
+      }
+      if (clock::now() >= deadline) break;
+    }
+    throw redis_failure("connect: " + ep.host + ":" + port + ": " + why);
+  }
+
+  // One address: a socket that is close-on-exec before it connects (no window
+  // for a fork+exec on another thread to inherit it), connected by `deadline`;
+  // -1 with `why` set otherwise.
+  static int try_connect(int family, int protocol, const sockaddr* addr, socklen_t len,
+                         clock::time_point deadline, std::string& why) {
+#if defined(SOCK_CLOEXEC) && defined(SOCK_NONBLOCK)
+    const int fd = ::socket(family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, protocol);
+#else
+    // No atomic flags (macOS): set at once, a short window remains.
+    const int fd = ::socket(family, SOCK_STREAM, protocol);
+    if (fd >= 0) {
+      (void)::fcntl(fd, F_SETFD, FD_CLOEXEC);
+      (void)::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+    }
+#endif
+    if (fd < 0) {
+      why = error_text(errno);
+      return -1;
+    }
+#ifdef SO_NOSIGPIPE
+    const int on = 1;  // no MSG_NOSIGNAL there: a closed peer must not raise SIGPIPE
+    (void)::setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &on, sizeof on);
+#endif
+    if (::connect(fd, addr, len) == 0) return fd;
+    if (errno != EINPROGRESS && errno != EINTR) {
+      why = error_text(errno);
+      ::close(fd);
+      return -1;
+    }
+    for (;;) {
+      const int ms = wait_ms(deadline);
+      if (ms <= 0) {
+        why = "connect timed out";
+        ::close(fd);
+        return -1;
+      }
+      pollfd p{fd, POLLOUT, 0};
+      const int r = ::poll(&p, 1, ms);
+      if (r < 0 && errno != EINTR) {
+        why = error_text(errno);
+        ::close(fd);
+        return -1;
+      }
+      if (r <= 0) continue;
+      int err = 0;
+      socklen_t err_len = sizeof err;
+      if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &err_len) != 0) err = errno;
+      if (err == 0) return fd;
+      why = error_text(err);
+      ::close(fd);
+      return -1;
+    }
+  }
+
+  void handshake(const redis_endpoint& ep, const std::string& username,
+                 const std::string& password) {
+    std::vector<std::vector<std::string_view>> commands;
+    if (!password.empty()) {
+      commands.push_back(username.empty()
+                             ? std::vector<std::string_view>{"AUTH", password}
+                             : std::vector<std::string_view>{"AUTH", username, password});
+    }
+    const std::string db = std::to_string(ep.db);
+    if (ep.db != 0) commands.push_back({"SELECT", db});
+    if (commands.empty()) commands.push_back({"PING"});
+    const std::vector<redis_reply> replies = pipeline(commands);
+    for (std::size_t i = 0; i < replies.size(); ++i) {
+      if (is_error(replies[i].get())) {
+        broken_ = true;
+        throw redis_failure(std::string(commands[i][0]) + ": " +
+                            std::string(text_of(replies[i].get())));
+      }
+    }
+  }
+
+  [[noreturn]] void fail(const std::string& what,
+                         redis_failure::cause c = redis_failure::cause::failed) {
+    broken_ = true;
+    throw redis_failure(what, c);
+  }
+
+  // Waits until the socket is ready for `events`, or fails at `deadline`.
+  void wait_for(short events, clock::time_point deadline, const char* what) {
+    for (;;) {
+      const int ms = wait_ms(deadline);
+      if (ms <= 0) {
+        fail(std::string(what) + ": timed out after " + std::to_string(timeout_.count()) + " ms");
+      }
+      pollfd p{ctx_->fd, events, 0};
+      const int r = ::poll(&p, 1, ms);
+      if (r > 0) return;
+      if (r < 0 && errno != EINTR) fail(std::string("poll: ") + error_text(errno));
+    }
+  }
+
+  void append(const std::string_view* args, std::size_t n) {
     constexpr std::size_t inline_args = 12;
     const char* argv_small[inline_args];
     std::size_t len_small[inline_args];
@@ -251,15 +485,67 @@ class redis_conn {
       argv[i] = args[i].data();
       lens[i] = args[i].size();
     }
-    void* raw = redisCommandArgv(ctx_.get(), static_cast<int>(n), argv, lens);
-    if (raw == nullptr) {
-      broken_ = true;
-      throw redis_failure(ctx_->err != 0 ? std::string(ctx_->errstr) : "no reply");
+    char* cmd = nullptr;
+    const int len = redisFormatCommandArgv(&cmd, static_cast<int>(n), argv, lens);
+    if (len < 0 || cmd == nullptr) {
+      broken_ = true;  // out of memory in hiredis
+      throw std::bad_alloc();
     }
-    return redis_reply(static_cast<redisReply*>(raw));
+    const std::unique_ptr<char, void (*)(char*)> owned(cmd, redisFreeCommand);
+    try {
+      out_.append(cmd, static_cast<std::size_t>(len));
+    } catch (...) {
+      broken_ = true;  // a command cut short must not be sent
+      throw;
+    }
+  }
+
+  // The next reply, reading until `deadline`. `received` turns true with the
+  // first byte read: a failure before it is `unanswered`.
+  redis_reply read_reply(clock::time_point deadline, bool& received) {
+    for (;;) {
+      void* raw = nullptr;
+      if (redisGetReplyFromReader(ctx_.get(), &raw) != REDIS_OK) {
+        fail(std::string("protocol error: ") + ctx_->errstr);
+      }
+      if (raw != nullptr) return redis_reply(static_cast<redisReply*>(raw));
+      wait_for(POLLIN, deadline, "read");
+      char buf[16 * 1024];
+      const ssize_t n = ::recv(ctx_->fd, buf, sizeof buf, 0);
+      if (n > 0) {
+        received = true;
+        if (redisReaderFeed(ctx_->reader, buf, static_cast<std::size_t>(n)) != REDIS_OK) {
+          fail("protocol error");
+        }
+        continue;
+      }
+      const auto c = received ? redis_failure::cause::failed : redis_failure::cause::unanswered;
+      if (n == 0) fail("Server closed the connection", c);
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
+      fail("read: " + error_text(errno), c);
+    }
+  }
+
+  redis_reply command_argv(const std::string_view* args, std::size_t n) {
+    return command_argv(args, n, timeout_);
+  }
+
+  redis_reply command_argv(const std::string_view* args, std::size_t n,
+                           std::chrono::milliseconds bound) {
+    if (broken()) throw redis_failure("connection already broken");
+    const clock::time_point deadline = clock::now() + bound;
+    append(args, n);
+    flush(deadline);
+    bool received = false;
+    redis_reply r = read_reply(deadline, received);
+    last_used_ = clock::now();
+    return r;
   }
 
   std::unique_ptr<redisContext, context_deleter> ctx_;
+  std::string out_;  // commands appended, not yet flushed
+  const std::chrono::milliseconds timeout_;
+  clock::time_point last_used_;
   bool broken_ = false;
 };
 

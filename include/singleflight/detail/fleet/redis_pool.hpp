@@ -5,6 +5,15 @@
 // gives it back; a connection that broke (I/O error, timeout) is dropped, not
 // given back, so no later call ever reads a reply meant for another.
 //
+// Dead idle connections: a server closes connections idle longer than its
+// `timeout` (a common production setting), and so do proxies and restarts. A
+// connection taken from the idle list is checked first (redis_conn::quiet():
+// one poll, no wait) and dropped when the server closed it or when it has been
+// idle longer than `max_idle_age` (a middlebox may drop such a flow without a
+// word); and a step that fails on a reused connection before any byte of its
+// reply arrived (the close raced the command) is sent once more on a fresh
+// connection (pooled::run).
+//
 // Locking: `mu_` guards the idle list and the closed flag, and is held only
 // to push or pop. Connecting, and every round trip, happen without it.
 #pragma once
@@ -27,9 +36,9 @@ class redis_pool;
 // unless it broke.
 class pooled {
  public:
-  pooled(redis_pool* pool, std::unique_ptr<redis_conn> c) noexcept
-      : pool_(pool), conn_(std::move(c)) {}
-  pooled(pooled&& o) noexcept : pool_(o.pool_), conn_(std::move(o.conn_)) {}
+  pooled(redis_pool* pool, std::unique_ptr<redis_conn> c, bool reused) noexcept
+      : pool_(pool), conn_(std::move(c)), reused_(reused) {}
+  pooled(pooled&& o) noexcept : pool_(o.pool_), conn_(std::move(o.conn_)), reused_(o.reused_) {}
   pooled& operator=(pooled&&) = delete;
   pooled(const pooled&) = delete;
   pooled& operator=(const pooled&) = delete;
@@ -38,37 +47,64 @@ class pooled {
   redis_conn& operator*() const noexcept { return *conn_; }
   redis_conn* operator->() const noexcept { return conn_.get(); }
 
+  // run(step): step(connection), whose result it returns. When the step
+  // fails with the connection closed before any byte of its reply arrived
+  // (redis_failure::unanswered) and the connection had waited in the pool,
+  // the server most likely closed it while it was idle, before it read the
+  // command: the step runs once more on a fresh connection. For steps that
+  // may run twice: idempotent reads and the fleet's fenced scripts (a second
+  // store or renew of the same fence changes nothing; a second invalidate
+  // bumps the generation once more). Throws what the step or open() throws.
+  template <class Step>
+  decltype(auto) run(Step&& step);
+
+  // reused(): the connection came from the idle list (it was not opened for
+  // this caller).
+  bool reused() const noexcept { return reused_; }
+
  private:
   redis_pool* pool_;
   std::unique_ptr<redis_conn> conn_;
+  bool reused_;
 };
 
 class redis_pool {
  public:
+  using clock = redis_conn::clock;
+
+  // The default bound on how long a connection may wait in the idle list.
+  static constexpr std::chrono::milliseconds default_max_idle_age{30000};
+
   redis_pool(redis_endpoint ep, std::chrono::milliseconds timeout, std::string username,
-             std::string password, std::size_t max_idle)
+             std::string password, std::size_t max_idle,
+             std::chrono::milliseconds max_idle_age = default_max_idle_age)
       : ep_(std::move(ep)),
         timeout_(timeout),
         username_(std::move(username)),
         password_(std::move(password)),
-        max_idle_(max_idle == 0 ? 1 : max_idle) {
+        max_idle_(max_idle == 0 ? 1 : max_idle),
+        max_idle_age_(max_idle_age) {
     idle_.reserve(max_idle_);  // give_back() never allocates
   }
 
-  // acquire(): an idle connection, or a new one (connect + AUTH + SELECT,
-  // each bounded by the timeout). Throws redis_failure when Redis cannot be
-  // reached or the pool is closed. Thread-safe.
+  // acquire(): the most recently used idle connection that is still quiet
+  // and not older than max_idle_age (the others are dropped), or a new one
+  // (connect + handshake, each bounded by the timeout). Throws redis_failure
+  // when Redis cannot be reached or the pool is closed. Thread-safe.
   pooled acquire() {
-    {
-      const std::lock_guard<std::mutex> lk(mu_);
-      if (closed_) throw redis_failure("the fleet is closed");
-      if (!idle_.empty()) {
-        std::unique_ptr<redis_conn> c = std::move(idle_.back());
+    for (;;) {
+      std::unique_ptr<redis_conn> c;
+      {
+        const std::lock_guard<std::mutex> lk(mu_);
+        if (closed_) throw redis_failure("the fleet is closed");
+        if (idle_.empty()) break;
+        c = std::move(idle_.back());
         idle_.pop_back();
-        return pooled(this, std::move(c));
       }
+      // Checked without the lock (a poll); a dead one is closed without it too.
+      if (fresh_enough(*c, clock::now()) && c->quiet()) return pooled(this, std::move(c), true);
     }
-    return pooled(this, open());
+    return pooled(this, open(), false);
   }
 
   // open(): a new connection that belongs to the caller (the subscriber and
@@ -93,15 +129,26 @@ class redis_pool {
  private:
   friend class pooled;
 
+  bool fresh_enough(const redis_conn& c, clock::time_point now) const noexcept {
+    return now - c.last_used() <= max_idle_age_;
+  }
+
   // Keeps `c` for the next caller, unless it broke, the pool is closed or
-  // already holds max_idle connections; a dropped connection is closed after
-  // the lock is released.
+  // already holds max_idle connections; the oldest idle connection, when it
+  // has waited longer than max_idle_age, goes (one per call: the list stays
+  // short without a timer). Dropped connections are closed after the lock is
+  // released.
   void give_back(std::unique_ptr<redis_conn> c) noexcept {
     if (!c || c->broken()) return;
+    std::unique_ptr<redis_conn> aged;
     std::unique_lock<std::mutex> lk(mu_);
+    if (!idle_.empty() && !fresh_enough(*idle_.front(), clock::now())) {
+      aged = std::move(idle_.front());
+      idle_.erase(idle_.begin());
+    }
     if (!closed_ && idle_.size() < max_idle_) {
       idle_.push_back(std::move(c));  // within the capacity reserved at construction
-      return;
+      return;                         // `aged` closes after the lock is released
     }
     lk.unlock();
     c.reset();
@@ -112,6 +159,7 @@ class redis_pool {
   const std::string username_;
   const std::string password_;
   const std::size_t max_idle_;
+  const std::chrono::milliseconds max_idle_age_;
   std::mutex mu_;
   std::vector<std::unique_ptr<redis_conn>> idle_;  // guarded by mu_
   bool closed_ = false;                            // guarded by mu_
@@ -119,6 +167,21 @@ class redis_pool {
 
 inline pooled::~pooled() {
   if (conn_ && pool_ != nullptr) pool_->give_back(std::move(conn_));
+}
+
+template <class Step>
+decltype(auto) pooled::run(Step&& step) {
+  if (!conn_) throw redis_failure("no connection");
+  if (!reused_) return step(*conn_);
+  try {
+    return step(*conn_);
+  } catch (const redis_failure& f) {
+    if (!f.unanswered()) throw;
+  }
+  conn_.reset();  // broken: not given back
+  reused_ = false;
+  conn_ = pool_->open();
+  return step(*conn_);
 }
 
 }  // namespace singleflight::detail
