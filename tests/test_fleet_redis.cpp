@@ -222,6 +222,54 @@ TEST_CASE(
   CHECK(s.origin_calls == static_cast<std::uint64_t>(leaders));
 }
 
+// ---- F8: a late SUBSCRIBE reply does not confirm a new watch -----------------------------------
+
+TEST_CASE(
+    "a late reply to an earlier SUBSCRIBE, followed by an UNSUBSCRIBE the server applied, does "
+    "not confirm a new watch of the same channel: only the reply to the last request does",
+    "[fleet][redis]") {
+  sftest::private_redis server;
+  auto admin = server.client();
+  fault_proxy proxy(server.port());
+  d::redis_pool pool(d::redis_endpoint::parse(proxy.uri()), 2000ms, "", "", 2);
+  std::atomic<std::uint64_t> errors{0};
+  const d::fleet_hook no_hook;
+  d::fleet_subscriber sub(pool, errors, no_hook);
+  const sf::stop_token never;
+
+  // The subscriber's connection first (its handshake needs the replies to flow).
+  auto warm = sub.subscribe("warm");
+  REQUIRE(warm.wait_confirmed(clock_type::now() + 20s, never));
+
+  const std::size_t warm_subscribes = proxy.commands("SUBSCRIBE");
+
+  proxy.pause(fault_proxy::down);  // the server's replies wait in the proxy
+  {
+    const auto first = sub.subscribe("ch");
+    sftest::must([&] { return proxy.commands("SUBSCRIBE") == warm_subscribes + 1; },
+                 "the first SUBSCRIBE");
+  }  // the first watch goes: an UNSUBSCRIBE follows
+  sftest::must([&] { return proxy.commands("UNSUBSCRIBE") == 1; }, "the UNSUBSCRIBE");
+  proxy.hold_command("SUBSCRIBE", fault_proxy::until_released);
+  auto second = sub.subscribe("ch");
+  sftest::must([&] { return proxy.held_commands() == 1; }, "the second SUBSCRIBE is held");
+  sftest::must([&] { return admin->numsub("ch") == 0; }, "the server applied the UNSUBSCRIBE");
+
+  // The replies to the first SUBSCRIBE and to the UNSUBSCRIBE arrive; the server has no
+  // subscription on ch, so a confirmation now would be a lie and a message would be lost.
+  proxy.resume(fault_proxy::down);
+  CHECK_FALSE(second.wait_confirmed(clock_type::now() + 500ms, never));
+  CHECK(admin->command({"PUBLISH", "ch", "lost"}).integer == 0);
+
+  proxy.release_commands();  // the second SUBSCRIBE reaches the server
+  REQUIRE(second.wait_confirmed(clock_type::now() + 20s, never));
+  CHECK(admin->command({"PUBLISH", "ch", "m"}).integer == 1);
+  std::string message;
+  CHECK(second.wait_event(clock_type::now() + 20s, never, message) ==
+        d::fleet_subscriber::event::message);
+  CHECK(message == "m");
+}
+
 // ---- F7: a connection the server accepted only to reject -------------------------------------
 
 TEST_CASE(
@@ -235,6 +283,27 @@ TEST_CASE(
   const auto ep = d::redis_endpoint::parse(server.uri());
   CHECK_THROWS_AS(d::redis_conn::open(ep, 2000ms, "", ""), d::redis_failure);
   CHECK(info_number(*admin, "stats", "rejected_connections") >= 1);
+}
+
+TEST_CASE(
+    "maxclients reached: a watched channel's subscriber retries with its backoff, not in a "
+    "tight loop (one waiting process made 10-15k rejected connections a second)",
+    "[fleet][redis]") {
+  sftest::private_redis server;
+  auto admin = server.client();
+  const d::redis_pool pool(d::redis_endpoint::parse(server.uri()), 2000ms, "", "", 2);
+  std::atomic<std::uint64_t> errors{0};
+  const d::fleet_hook no_hook;
+  d::fleet_subscriber sub(pool, errors, no_hook);
+  const long long connected = info_number(*admin, "clients", "connected_clients");
+  admin->command({"CONFIG", "SET", "maxclients", std::to_string(connected)});
+  const long long before = info_number(*admin, "stats", "rejected_connections");
+  const auto w = sub.subscribe("ch");
+  // The backoff (50 ms doubling to 2 s) allows 6 attempts in 1.5 s; a tight loop thousands.
+  const bool hammered = sftest::becomes(
+      [&] { return info_number(*admin, "stats", "rejected_connections") - before > 20; }, 1500ms);
+  CHECK_FALSE(hammered);
+  CHECK(info_number(*admin, "stats", "rejected_connections") - before >= 1);  // it did try
 }
 
 // ---- FD_CLOEXEC from the socket's creation ---------------------------------------------------

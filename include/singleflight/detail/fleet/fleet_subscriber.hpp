@@ -15,8 +15,10 @@
 //
 // Connection: opened lazily, when the first channel is watched; on any I/O
 // error (including CLIENT KILL TYPE pubsub, or a server restart) it is
-// dropped and reopened with a backoff (immediately, then 50 ms doubling to
-// 2 s) while channels are watched.
+// dropped and reopened while channels are watched: at once when the lost
+// connection had answered, else with a backoff (50 ms doubling to 2 s, reset
+// by the first reply on a connection), so a server that accepts connections
+// only to drop or reject them (maxclients) is not hammered.
 //
 // Locking: `mu_` guards `channels_`, `closing_`, `dirty_` and every
 // channel_state. The thread holds it only to read the wanted subscriptions
@@ -64,6 +66,13 @@ class fleet_subscriber {
     std::size_t refs = 0;    // watches alive
     bool on_server = false;  // SUBSCRIBE sent on the current connection, no UNSUBSCRIBE since
     bool confirmed = false;  // the server confirmed it on the current connection
+    // (UN)SUBSCRIBEs sent on the current connection whose reply has not come
+    // back. Replies come in order, so only the reply to the last request sent
+    // (pending back to 0) tells the channel's state: a late reply to an
+    // earlier SUBSCRIBE, followed by an UNSUBSCRIBE the server has already
+    // applied, must not confirm a new watch (its message would be lost). A
+    // state with replies pending is kept, so they cannot land on a new one.
+    std::size_t pending = 0;
     std::uint64_t confirmations = 0;
     std::uint64_t messages = 0;
     std::string last;  // the latest message
@@ -251,8 +260,8 @@ class fleet_subscriber {
     {
       const std::lock_guard<std::mutex> lk(mu_);
       ch->refs -= 1;
-      if (ch->refs == 0 && !ch->on_server) {
-        // Never subscribed on the server (or already unsubscribed): forget it.
+      if (ch->refs == 0 && !ch->on_server && ch->pending == 0) {
+        // Never subscribed on the server (or unsubscribed, and answered): forget it.
         channels_.erase(name);
       } else {
         dirty_ = true;
@@ -274,6 +283,12 @@ class fleet_subscriber {
     }
   }
 
+  // The reconnect backoff: 50 ms, doubling to 2 s.
+  static std::chrono::milliseconds grow(std::chrono::milliseconds b) noexcept {
+    return b.count() == 0 ? std::chrono::milliseconds(50)
+                          : std::min(b * 2, std::chrono::milliseconds(2000));
+  }
+
   // The thread.
   void run() {
     using clock = std::chrono::steady_clock;
@@ -284,6 +299,7 @@ class fleet_subscriber {
     std::vector<std::string> unsubs;
     std::vector<redis_reply> replies;
     bool lost_once = false;  // a connection was lost: the next one is a reconnection
+    bool answered = false;   // a reply came on the current connection
 
     std::unique_lock<std::mutex> lk(mu_);
     while (!closing_) {
@@ -308,8 +324,7 @@ class fleet_subscriber {
         }
         lk.lock();
         if (!fresh) {
-          backoff = backoff.count() == 0 ? std::chrono::milliseconds(50)
-                                         : std::min(backoff * 2, std::chrono::milliseconds(2000));
+          backoff = grow(backoff);
           next_attempt = clock::now() + backoff;
           continue;
         }
@@ -319,10 +334,11 @@ class fleet_subscriber {
           lk.lock();
         }
         conn = std::move(fresh);
-        backoff = std::chrono::milliseconds(0);
+        answered = false;
         for (auto& [name, ch] : channels_) {
           ch->on_server = false;
           ch->confirmed = false;
+          ch->pending = 0;
         }
       }
 
@@ -334,12 +350,14 @@ class fleet_subscriber {
         if (ch.refs > 0 && !ch.on_server) {
           subs.push_back(it->first);
           ch.on_server = true;
+          ch.pending += 1;
         } else if (ch.refs == 0 && ch.on_server) {
           unsubs.push_back(it->first);
           ch.on_server = false;
           ch.confirmed = false;
+          ch.pending += 1;
         }
-        if (ch.refs == 0 && !ch.on_server) {
+        if (ch.refs == 0 && !ch.on_server && ch.pending == 0) {
           it = channels_.erase(it);
         } else {
           ++it;
@@ -355,6 +373,10 @@ class fleet_subscriber {
 
       lk.lock();
       for (const redis_reply& r : replies) apply(*r);
+      if (!replies.empty()) {
+        answered = true;  // the server talks pub/sub on this connection
+        backoff = std::chrono::milliseconds(0);
+      }
       if (!ok) {
         lost_once = true;
         errors_.fetch_add(1, std::memory_order_relaxed);
@@ -364,8 +386,14 @@ class fleet_subscriber {
         for (auto& [name, ch] : channels_) {
           ch->on_server = false;
           ch->confirmed = false;
+          ch->pending = 0;
         }
-        next_attempt = clock::now();  // reconnect at once; back off only if that fails
+        // A connection that worked is replaced at once; one that died before
+        // any reply (killed as it opened, refused by an ACL, a server that
+        // closes every connection) is retried with the backoff, never in a
+        // tight loop.
+        if (!answered) backoff = grow(backoff);
+        next_attempt = clock::now() + backoff;
       }
     }
     lk.unlock();
@@ -436,8 +464,10 @@ class fleet_subscriber {
     const auto it = channels_.find(std::string(text_of(r.element[1])));
     if (it == channels_.end()) return;
     channel_state& ch = *it->second;
-    if (kind == "subscribe") {
-      if (!ch.on_server || ch.confirmed) return;
+    if (kind == "subscribe" || kind == "unsubscribe") {
+      if (ch.pending > 0) ch.pending -= 1;
+      // Only the reply to the last request sent says where the server is.
+      if (kind == "unsubscribe" || ch.pending != 0 || !ch.on_server || ch.confirmed) return;
       ch.confirmed = true;
       ch.confirmations += 1;
       ch.cv.notify_all();
@@ -447,7 +477,7 @@ class fleet_subscriber {
       ch.messages += 1;
       ch.cv.notify_all();
     }
-    // "unsubscribe": nothing to do; the state was updated when it was sent.
+    // A forgotten channel (no watch, nothing pending) is erased by the thread's next pass.
   }
 
   const redis_pool& pool_;
