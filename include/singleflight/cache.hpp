@@ -135,6 +135,24 @@ class cache {
   cache() : cache(cache_options{}) {}
   explicit cache(const cache_options& opts) : calls_(opts) {}
 
+  // cache(options, loader)
+  //
+  // A cache with a cache-wide loader: get(key), get_entry(key),
+  // get_fresh(key), async_get(key, on_done) and co_get(key) load through it,
+  // and every background refresh (stale_while_revalidate, XFetch) runs it,
+  // whichever call triggered it — also a call that passed a loader of its
+  // own. `loader` is a synchronous loader of any shape get accepts (taking
+  // the key: T(const Key&), T(const Key&, stop_token), or returning
+  // load_result<T>); the cache keeps one copy, shared with the flights and
+  // refreshes running it, so nothing it is given can dangle; what it
+  // captures by reference must outlive the cache. It is called concurrently
+  // for different keys. Throws as cache(options), and what copying the
+  // loader throws.
+  template <class L>
+  requires(!std::same_as<std::remove_cvref_t<L>, cache_options>)
+      cache(const cache_options& opts, L&& loader)
+      : calls_(opts, detail::shared_loader<Key, T>::of(checked_wide<L>(std::forward<L>(loader)))) {}
+
   cache(const cache&) = delete;
   cache& operator=(const cache&) = delete;
 
@@ -147,11 +165,12 @@ class cache {
   //
   // The value for `key`: from the cache when it is fresh (or stale within
   // stale_while_revalidate, starting one background refresh), else from a
-  // load that this call starts or joins. `loader` is anything group::do_
-  // accepts — T(), T(stop_token), or asynchronous
-  // void(stop_token, completion<T>) — or returns load_result<T> (or
-  // completes a completion<load_result<T>>) to set this entry's ttl or to
-  // report "not found". The loader receives the flight's token.
+  // load that this call starts or joins. `loader` takes the key or not, the
+  // flight's token or not: T(const Key&), T(const Key&, stop_token), T(),
+  // T(stop_token), or asynchronous void(const Key&, stop_token,
+  // completion<T>) / void(stop_token, completion<T>); it may return
+  // load_result<T> (or complete a completion<load_result<T>>) instead, to
+  // set this entry's ttl or to report "not found".
   //
   // A call that waits on a load is a caller of the inner group: it leaves
   // on `caller` (cancelled_error) without cancelling the load for others,
@@ -171,7 +190,8 @@ class cache {
   // calls get for its own key on its own thread; what Hash, KeyEqual, copies
   // of Key and T or allocation throw. Thread-safe.
   template <class K, class L>
-  T get(const K& key, L&& loader, stop_token caller = {}) {
+  requires(!std::same_as<std::remove_cvref_t<L>, stop_token>) T
+      get(const K& key, L&& loader, stop_token caller = {}) {
     check_loader<L>();
     return calls_t::with_key(key, [&](const auto& k) {
       return calls_.get(k, std::forward<L>(loader), std::move(caller));
@@ -185,7 +205,8 @@ class cache {
   // returned as an entry without a value (found() == false) instead of
   // throwing. Thread-safe.
   template <class K, class L>
-  cached<T> get_entry(const K& key, L&& loader, stop_token caller = {}) {
+  requires(!std::same_as<std::remove_cvref_t<L>, stop_token>) cached<T> get_entry(
+      const K& key, L&& loader, stop_token caller = {}) {
     check_loader<L>();
     return calls_t::with_key(key, [&](const auto& k) {
       return calls_.get_entry(k, std::forward<L>(loader), std::move(caller), false);
@@ -200,7 +221,8 @@ class cache {
   // it never overlaps another load of the key. The value is published as any
   // load's is. No stale-if-error fallback. Throws as get. Thread-safe.
   template <class K, class L>
-  T get_fresh(const K& key, L&& loader, stop_token caller = {}) {
+  requires(!std::same_as<std::remove_cvref_t<L>, stop_token>) T
+      get_fresh(const K& key, L&& loader, stop_token caller = {}) {
     check_loader<L>();
     cached<T> e = calls_t::with_key(key, [&](const auto& k) {
       return calls_.get_entry(k, std::forward<L>(loader), std::move(caller), true);
@@ -289,7 +311,8 @@ class cache {
   // and the loader, and allocation throw. If on_done throws, std::terminate.
   // Thread-safe.
   template <class K, class L, class Callback>
-  void async_get(const K& key, L&& loader, Callback&& on_done, stop_token caller = {}) {
+  requires(!std::is_invocable_v<std::decay_t<L>&, outcome<T>&&>) void async_get(
+      const K& key, L&& loader, Callback&& on_done, stop_token caller = {}) {
     check_loader<L>();
     static_assert(std::is_invocable_v<std::decay_t<Callback>&, outcome<T>&&>,
                   "singleflight::cache::async_get: on_done must be invocable with "
@@ -312,20 +335,61 @@ class cache {
   // With GCC 12, name a capturing lambda loader before the co_await (see
   // group::co_do). Thread-safe.
   template <class K, class L>
-  [[nodiscard]] auto co_get(const K& key, L&& loader, stop_token caller = {}) {
+  requires(!std::same_as<std::remove_cvref_t<L>, stop_token>)
+      [[nodiscard]] auto co_get(const K& key, L&& loader, stop_token caller = {}) {
     check_loader<L>();
     using awaitable =
         typename calls_t::template get_awaitable<cache, K, std::remove_reference_t<L>>;
     return awaitable(this, key, loader, std::move(caller));
   }
 
+  // ---- with the cache-wide loader ------------------------------------------------------
+  //
+  // get(key, caller), get_entry(key, caller), get_fresh(key, caller),
+  // async_get(key, on_done, caller), co_get(key, caller): as the forms
+  // above, loading through the loader given at construction. Throw
+  // std::logic_error (async_get: before calling on_done) when the cache was
+  // built without one.
+  template <class K>
+  T get(const K& key, stop_token caller = {}) {
+    return get(key, calls_.wide_loader(), std::move(caller));
+  }
+  template <class K>
+  cached<T> get_entry(const K& key, stop_token caller = {}) {
+    return get_entry(key, calls_.wide_loader(), std::move(caller));
+  }
+  template <class K>
+  T get_fresh(const K& key, stop_token caller = {}) {
+    return get_fresh(key, calls_.wide_loader(), std::move(caller));
+  }
+  template <class K, class Callback>
+  requires std::is_invocable_v < std::decay_t<Callback>
+  &, outcome<T>&& > void async_get(const K& key, Callback&& on_done, stop_token caller = {}) {
+    async_get(key, calls_.wide_loader(), std::forward<Callback>(on_done), std::move(caller));
+  }
+  template <class K>
+  [[nodiscard]] auto co_get(const K& key, stop_token caller = {}) {
+    return co_get(key, calls_.wide_loader(), std::move(caller));
+  }
+
  private:
   template <class L>
+  static L&& checked_wide(L&& loader) noexcept {
+    check_loader<L>();
+    static_assert(!detail::loader_traits<std::decay_t<L>, Key, T>::is_async,
+                  "singleflight::cache: a cache-wide loader is synchronous: T(const Key&), "
+                  "T(const Key&, stop_token) or load_result<T>(...) (pass an asynchronous "
+                  "loader to async_get or co_get per call)");
+    return std::forward<L>(loader);
+  }
+
+  template <class L>
   static constexpr void check_loader() {
-    static_assert(detail::loader_traits<std::decay_t<L>, T>::valid,
-                  "singleflight::cache: the loader must be invocable as T(), T(stop_token), "
-                  "load_result<T>(), load_result<T>(stop_token), or (asynchronous) "
-                  "void(stop_token, completion<T>) / void(stop_token, "
+    static_assert(detail::loader_traits<std::decay_t<L>, Key, T>::valid,
+                  "singleflight::cache: the loader must be invocable as T(const Key&), "
+                  "T(const Key&, stop_token), T() or T(stop_token) (or return "
+                  "load_result<T> instead of T), or (asynchronous) void(const Key&, stop_token, "
+                  "completion<T>) / void(stop_token, completion<T>) (or with "
                   "completion<load_result<T>>)");
   }
 

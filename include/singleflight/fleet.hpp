@@ -94,8 +94,8 @@
 #include "codec.hpp"
 #include "detail/fleet/fleet_engine.hpp"
 #include "detail/fleet/fleet_flight.hpp"
+#include "detail/fn_shapes.hpp"
 #include "detail/get_awaitable.hpp"
-#include "detail/group/fn_shape.hpp"
 #include "errors.hpp"
 #include "fleet_options.hpp"
 #include "group.hpp"
@@ -122,7 +122,7 @@ std::string_view codec_tag() {
   }
 }
 
-// A fleet's loader: a group's synchronous fn shapes (fn_shape.hpp), T(stop_token) or T().
+// A fleet's loader: a group's synchronous fn shapes (detail/fn_shapes.hpp), T(stop_token) or T().
 template <class L, class T>
 concept fleet_loader = (takes_token<L> &&
                         std::convertible_to<std::invoke_result_t<L&, stop_token>, T>) ||

@@ -18,7 +18,7 @@
 // exception object. Settled flights are forgotten at once: a group is not a cache, and it never
 // hands out a value or an error that had settled before the caller arrived.
 //
-// Guarantees (README.md, "Guarantees", has the full list and the tests):
+// Guarantees (docs/group.md, "Guarantees", has the full list and the tests):
 //  1. At most one fn per key runs at any moment, including a stopped fn that
 //     is still winding down; only forget() lifts this.
 //  2. Every caller receives the outcome of a flight that had not settled when
@@ -47,7 +47,7 @@
 // number of threads, except the destructor, which must not run concurrently
 // with any other call and must not be called from inside fn.
 //
-// Where user code runs (the one rule; README "Re-entrancy" has the table):
+// Where user code runs (the one rule; docs/async.md, "Re-entrancy", has the table):
 //  * No lock of the group is held while user code runs (fn, on_done, a
 //    resumption, an executor, Hash, T's copy or move, a stop callback), and
 //    user code may re-enter the group: do_, async_do, forget, close(), even
@@ -128,10 +128,10 @@
 #include <utility>
 
 #include "completion.hpp"
+#include "detail/fn_shapes.hpp"
 #include "detail/group/async_waiters.hpp"
 #include "detail/group/coroutine.hpp"
 #include "detail/group/deadline_list.hpp"
-#include "detail/group/fn_shape.hpp"
 #include "errors.hpp"
 #include "executor.hpp"
 #include "hash.hpp"

@@ -10,7 +10,8 @@
 //   * the callback path: the same lookup and answer, then the load through group::async_do
 //     (start_async); co_get's awaiter on top of it;
 //   * refreshes: flights the cache owns, run on flight.executor or on the cache's own
-//     threads (worker_threads), never on the reader's;
+//     threads (worker_threads), never on the reader's; they run the cache-wide loader
+//     when there is one (wide_), else a copy of the call's loader;
 //   * close().
 // The facade (cache.hpp) holds one and forwards to it.
 //
@@ -29,6 +30,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <type_traits>
 #include <utility>
 
@@ -60,9 +62,24 @@ class cache_calls {
       : core_(std::make_shared<core>(opts)),
         group_has_executor_(static_cast<bool>(opts.flight.executor)),
         group_(opts.flight) {}
+  // With a cache-wide loader (shared_loader::of), used by the facade's get(key) family and
+  // by every refresh.
+  cache_calls(const cache_options& opts, shared_loader<Key, T> wide) : cache_calls(opts) {
+    wide_ = std::move(wide);
+  }
   cache_calls(const cache_calls&) = delete;
   cache_calls& operator=(const cache_calls&) = delete;
   ~cache_calls() { close(); }
+
+  // The cache-wide loader. Throws std::logic_error when the cache was built without one.
+  const shared_loader<Key, T>& wide_loader() const {
+    if (!wide_) {
+      throw std::logic_error(
+          "singleflight::cache: get(key) without a loader needs a cache-wide loader "
+          "(cache(options, loader))");
+    }
+    return wide_;
+  }
 
   // ---- keys ------------------------------------------------------------------------------
 
@@ -307,7 +324,15 @@ class cache_calls {
   template <class P, class L>
   outcome<cached<T>> answered(const P& key, std::uint64_t mixed, L& loader, decision& d) {
     if (d.what == decision::act::failed) return outcome<cached<T>>(d.error);
-    if (d.refresh != nullptr) start_refresh(key, mixed, loader, d.refresh, d.refresh_id);
+    if (d.refresh != nullptr) {
+      // A cache-wide loader runs every refresh: a refresh then never holds a copy of a
+      // per-call loader, which may refer to its caller's frame.
+      if (wide_) {
+        start_refresh(key, mixed, wide_, d.refresh, d.refresh_id);
+      } else {
+        start_refresh(key, mixed, loader, d.refresh, d.refresh_id);
+      }
+    }
     return outcome<cached<T>>(std::in_place, std::move(d).entry());
   }
 
@@ -340,7 +365,7 @@ class cache_calls {
   auto owned_fn(const Key& key, std::uint64_t mixed, L&& loader, bool foreground) {
     using Ld = std::decay_t<L>;
     core* c = core_.get();
-    if constexpr (detail::loader_traits<Ld, T>::is_async) {
+    if constexpr (detail::loader_traits<Ld, Key, T>::is_async) {
       return [c, key, mixed, foreground, loader = Ld(std::forward<L>(loader))](
                  stop_token st, completion<loaded_t> done) mutable {
         c->run_async(key, mixed, loader, st, done, foreground);
@@ -361,15 +386,23 @@ class cache_calls {
     call_info info;
     try {
       const auto run = [&](bool fresh_flight) {
-        if constexpr (!detail::loader_traits<std::decay_t<L>, T>::is_async) {
+        using traits = detail::loader_traits<std::decay_t<L>, Key, T>;
+        if constexpr (!traits::is_async) {
           if (!group_has_executor_) {
             // Inline: the leader runs the loader on this thread and cannot leave before it
             // returns, so the body may refer to this frame.
-            auto body = [c, &key, mixed, &loader, fresh_flight](stop_token st) -> loaded_t {
-              return c->run_sync(key, mixed, static_cast<Ld&>(loader), st, !fresh_flight);
+            const auto run_inline = [&](const auto& k) {
+              auto body = [c, &k, mixed, &loader, fresh_flight](stop_token st) -> loaded_t {
+                return c->run_sync(k, mixed, static_cast<Ld&>(loader), st, !fresh_flight);
+              };
+              return fresh_flight ? group_.do_fresh(key, body, caller, info)
+                                  : group_.do_(key, body, caller, info);
             };
-            return fresh_flight ? group_.do_fresh(key, body, caller, info)
-                                : group_.do_(key, body, caller, info);
+            if constexpr (traits::takes_key && !std::same_as<P, Key>) {
+              return run_inline(key_of(key));  // the loader receives a Key
+            } else {
+              return run_inline(key);
+            }
           }
         }
         auto body = owned_fn(key_of(key), mixed, loader, !fresh_flight);
@@ -428,7 +461,7 @@ class cache_calls {
     void run() override {  // throws only a forced unwind (the thread then ends)
       try {
         if (st.stop_requested()) throw cancelled_error();
-        if constexpr (detail::loader_traits<Ld, T>::is_async) {
+        if constexpr (detail::loader_traits<Ld, Key, T>::is_async) {
           c->run_async(key, mixed, loader, st, done, false);
         } else {
           done.set_value(c->run_sync(key, mixed, loader, st, false));
@@ -452,6 +485,7 @@ class cache_calls {
   }
 
   [[no_unique_address]] Hash hash_{};
+  shared_loader<Key, T> wide_;  // set at construction, read-only after
   std::shared_ptr<core> core_;
   std::atomic<bool> closed_{false};
   bool group_has_executor_ = false;

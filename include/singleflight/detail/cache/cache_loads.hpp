@@ -326,7 +326,9 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
   template <class P, class L>
   loaded_t run_sync(const P& key, std::uint64_t mixed, L& loader, const stop_token& st,
                     bool foreground) {
-    using traits = detail::loader_traits<L, T>;
+    using traits = detail::loader_traits<L, Key, T>;
+    static_assert(!traits::takes_key || std::same_as<P, Key>,
+                  "cache_loads::run_sync: a loader that takes the key receives a Key");
     registration r = begin_load(key, mixed, foreground);
     loaded_t out;
     if (r.shortcut(out)) {
@@ -338,12 +340,12 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
     std::optional<std::chrono::nanoseconds> ttl_override;
     try {
       if constexpr (traits::returns_result) {
-        load_result<T> res = call_loader<T>(loader, st);
+        load_result<T> res = call_loader<T>(loader, key, st);
         found = res.loaded.has_value();
         ttl_override = res.ttl;
         if (found) box = std::make_shared<const T>(std::move(*res.loaded));
       } else {
-        box = std::make_shared<const T>(call_loader<T>(loader, st));
+        box = std::make_shared<const T>(call_loader<T>(loader, key, st));
       }
     }
     // A forced unwind (the loader ended this thread): the registration cleans up.
@@ -364,8 +366,10 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
   template <class P, class L>
   void run_async(const P& key, std::uint64_t mixed, L& loader, const stop_token& st,
                  completion<loaded_t>& done, bool foreground) {
-    using traits = detail::loader_traits<L, T>;
+    using traits = detail::loader_traits<L, Key, T>;
     using X = std::conditional_t<traits::async_value, T, load_result<T>>;
+    static_assert(!traits::takes_key || std::same_as<P, Key>,
+                  "cache_loads::run_async: a loader that takes the key receives a Key");
     registration r = begin_load(key, mixed, foreground);
     loaded_t out;
     if (r.shortcut(out)) {
@@ -394,7 +398,7 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
         if (d) d.set_exception(std::current_exception());
       }
     };
-    auto start = [&](completion<X> c) { std::invoke(loader, st, std::move(c)); };
+    auto start = [&](completion<X> c) { start_loader<T>(loader, key, st, std::move(c)); };
     detail::start_relayed<X>(start, std::move(finish));
   }
 };

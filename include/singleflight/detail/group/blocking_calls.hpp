@@ -32,10 +32,10 @@
 #include "../../outcome.hpp"
 #include "../../stats.hpp"
 #include "../../stop_token.hpp"
+#include "../fn_shapes.hpp"
 #include "../unwind.hpp"
 #include "blocking_waiters.hpp"
 #include "execution.hpp"
-#include "fn_shape.hpp"
 #include "hooks.hpp"
 #include "outcomes.hpp"
 

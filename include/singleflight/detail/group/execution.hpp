@@ -33,9 +33,9 @@
 #include "../../errors.hpp"
 #include "../../stop_token.hpp"
 #include "../../task.hpp"
+#include "../fn_shapes.hpp"
 #include "../task_base.hpp"
 #include "../unwind.hpp"
-#include "fn_shape.hpp"
 #include "hooks.hpp"
 #include "lifecycle.hpp"
 
