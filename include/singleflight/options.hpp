@@ -65,7 +65,7 @@ struct options {
   // lines of its shard and nothing else shared, so threads on different
   // keys slow each other down only when their keys share a shard: the more
   // shards there are for the keys in use, the better calls scale across
-  // cores (README, Performance, has the figures). 0 (the default) picks 8
+  // cores (docs/performance.md has the figures). 0 (the default) picks 8
   // per hardware thread (at least 8, at most 256); any other value is
   // rounded up to a power of two, at most 65,536 (1: one lock for the whole
   // group). A shard takes 384 bytes (libstdc++). stats(), in_flight() and
