@@ -306,6 +306,45 @@ TEST_CASE(
   CHECK(info_number(*admin, "stats", "rejected_connections") - before >= 1);  // it did try
 }
 
+// ---- F13: threads per fleet are bounded ---------------------------------------------------------
+
+TEST_CASE(
+    "max_async_threads bounds the fleet's workers: 48 concurrent async_get calls on distinct "
+    "keys under max_async_threads 4 run at most 4 loaders at once, and every call is answered",
+    "[fleet][redis]") {
+  sftest::private_redis server;
+  sf::fleet_options o = opts(server.uri(), "threads");
+  o.max_async_threads = 4;
+  fleet_t f(o);
+  std::atomic<int> running{0};
+  std::atomic<int> peak{0};
+  std::atomic<int> answered{0};
+  sftest::gate release;
+  constexpr int calls = 48;
+  for (int i = 0; i < calls; ++i) {
+    f.async_get(
+        "k" + std::to_string(i),
+        [&, i] {
+          const int now = running.fetch_add(1) + 1;
+          int seen = peak.load();
+          while (now > seen && !peak.compare_exchange_weak(seen, now)) {
+          }
+          release.wait("the loaders' gate");
+          running.fetch_sub(1);
+          return "v" + std::to_string(i);
+        },
+        [&, i](sf::outcome<std::string> out) {
+          if (out.has_value() && out.value() == "v" + std::to_string(i)) answered.fetch_add(1);
+        });
+  }
+  sftest::must([&] { return running.load() == 4; }, "four loaders run");
+  // Without the bound the other 44 start too (one thread each).
+  CHECK_FALSE(sftest::becomes([&] { return running.load() > 4; }, 300ms));
+  release.open();
+  sftest::must([&] { return answered.load() == calls; }, "every call answered");
+  CHECK(peak.load() == 4);
+}
+
 // ---- FD_CLOEXEC from the socket's creation ---------------------------------------------------
 
 TEST_CASE(

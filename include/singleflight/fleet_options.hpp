@@ -90,6 +90,16 @@ struct fleet_options {
   // Idle command connections kept for reuse (more are opened when needed).
   std::size_t max_idle_connections = 8;
 
+  // The most worker threads a fleet runs at once for async_get / co_get
+  // flights (and for releasing the lease of a race whose reply was lost);
+  // more flights queue until one is free, and an idle worker exits after
+  // 10 s. Bounds the threads, and the command connections they hold, however
+  // many asynchronous calls arrive at once (2,000 concurrent async_get
+  // calls ran 2,000 threads). A loader on a worker that blocks on another
+  // asynchronous call of the same fleet may then wait for a free worker.
+  // 0: no bound.
+  std::size_t max_async_threads = 64;
+
   // The largest record (the codec's bytes plus about 60 bytes of header) a
   // leader stores. A larger value is returned to its callers but not stored
   // (counted: oversized_values); the lease is released at once and the

@@ -56,6 +56,7 @@ struct fleet_config {
   std::uint32_t breaker_threshold = 3;
   std::chrono::milliseconds breaker_cooldown{};
   std::size_t max_idle_connections = 8;
+  std::size_t max_async_threads = 64;
   std::size_t max_value_bytes = 0;
   std::uint32_t replicas = 0;
   std::chrono::milliseconds replica_timeout{};
@@ -102,6 +103,7 @@ struct fleet_config {
     c.breaker_threshold = o.breaker_threshold;
     c.breaker_cooldown = o.breaker_cooldown;
     c.max_idle_connections = o.max_idle_connections;
+    c.max_async_threads = o.max_async_threads;
     c.max_value_bytes = o.max_value_bytes;
     c.replicas = o.replicas;
     c.replica_timeout = o.replica_timeout;
@@ -143,6 +145,7 @@ class fleet_engine {
         subscriber(pool, counters.redis_errors, hook),
         renewer(pool, cfg.lease_ttl, cfg.renew_every, cfg.meta_ttl, counters.redis_errors,
                 counters.lease_lost),
+        workers(worker_threads::default_idle_for, cfg.max_async_threads),
         rng_(seed()) {}
 
   fleet_engine(const fleet_engine&) = delete;
