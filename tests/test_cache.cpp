@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
+#include <limits>
 #include <new>
 #include <set>
 #include <stdexcept>
@@ -577,6 +578,42 @@ TEST_CASE("invalid options are rejected with a readable error", "[cache]") {
   o.jitter = 0.1;
   o.stale_if_error = -1s;
   CHECK_THROWS_AS(scache(o), std::invalid_argument);
+  o.stale_if_error = 0s;
+  o.early_refresh_beta = -1;
+  CHECK_THROWS_AS(scache(o), std::invalid_argument);
+  o.early_refresh_beta = std::numeric_limits<double>::quiet_NaN();
+  CHECK_THROWS_AS(scache(o), std::invalid_argument);
+  // An infinite beta would refresh on every fresh read (R09: 201 loads for 200 reads).
+  o.early_refresh_beta = std::numeric_limits<double>::infinity();
+  CHECK_THROWS_AS(scache(o), std::invalid_argument);
+  o.early_refresh_beta = 1e6;  // large but finite: allowed
+  CHECK_NOTHROW(scache(o));
+}
+
+TEST_CASE("a value loaded with a ttl <= 0 is delivered, not stored, and keeps the live one (R09)",
+          "[cache]") {
+  manual_clock::reset();
+  scache c(opts());
+  c.put("k", "v1");
+  int calls = 0;
+  const auto dead = [&](sf::stop_token) {
+    ++calls;
+    return sf::load_result<std::string>::value("v2", -5s);
+  };
+  CHECK(c.get_fresh("k", dead) == "v2");  // the caller gets what the loader gave
+  REQUIRE(c.peek("k"));
+  CHECK(*c.peek("k")->value == "v1");  // the live value stays
+  CHECK(c.peek("k")->state == sf::freshness::fresh);
+  // On a miss nothing is stored: the next get loads again.
+  const auto zero = [&](sf::stop_token) {
+    ++calls;
+    return sf::load_result<std::string>::value("z", 0s);
+  };
+  CHECK(c.get("m", zero) == "z");
+  CHECK_FALSE(c.peek("m"));
+  CHECK(c.get("m", zero) == "z");
+  CHECK(calls == 3);
+  CHECK(c.size() == 1);
 }
 
 TEST_CASE("a ttl of years does not overflow into the past", "[cache]") {

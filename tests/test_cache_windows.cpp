@@ -343,6 +343,61 @@ TEST_CASE("a load failing within stale_if_error returns the old value, not the e
   CHECK(s.load_failures == 2);
 }
 
+namespace {
+struct copy_error : std::runtime_error {
+  copy_error() : std::runtime_error("copy") {}
+};
+// A T whose next `throw_copies` copies throw (moves never do).
+struct fragile {
+  static inline int throw_copies = 0;
+  std::string v;
+  explicit fragile(std::string s) : v(std::move(s)) {}
+  fragile(const fragile& o) : v(o.v) {
+    if (throw_copies > 0) {
+      --throw_copies;
+      throw copy_error();
+    }
+  }
+  fragile(fragile&&) noexcept = default;
+  fragile& operator=(const fragile&) = default;
+  fragile& operator=(fragile&&) noexcept = default;
+  ~fragile() = default;
+};
+}  // namespace
+
+TEST_CASE(
+    "a throwing copy of T after a successful load is the caller's error, not the origin's (R08)",
+    "[cache][c5]") {
+  manual_clock::reset();
+  sf::cache_options o;
+  o.ttl = 1s;
+  o.jitter = 0;
+  o.stale_if_error = 10s;
+  sf::cache<std::string, fragile, sf::default_hash, std::equal_to<>, manual_clock> c(o);
+  c.put("k", fragile("v1"));
+  manual_clock::advance(2s);  // past ttl, within stale_if_error: a get loads
+  int calls = 0;
+  const auto origin = [&](sf::stop_token) {
+    ++calls;
+    return fragile("v2");
+  };
+  fragile::throw_copies = 1;                              // the caller's copy of the loaded value
+  CHECK_THROWS_AS(c.get_entry("k", origin), copy_error);  // was: v1 as stale_on_error
+  fragile::throw_copies = 0;
+  CHECK(calls == 1);
+  CHECK(c.stats().stale_on_error == 0);
+  CHECK(c.stats().load_failures == 0);
+  // The load published: the next read is a fresh hit of the new value, and no throttle.
+  sf::cached<fragile> e = c.get_entry("k", origin);
+  CHECK(e.value->v == "v2");
+  CHECK(e.state == sf::freshness::fresh);
+  manual_clock::advance(2s);  // expired again: a load runs (was: stale_on_error, 0 calls)
+  e = c.get_entry("k", origin);
+  CHECK(e.state == sf::freshness::fresh);
+  CHECK(e.taken_as == sf::role::leader);
+  CHECK(calls == 2);
+}
+
 TEST_CASE("without error_ttl a failure throttles loads for default_error_throttle", "[cache][c5]") {
   manual_clock::reset();
   sf::cache_options o;

@@ -186,8 +186,9 @@ class cache {
   // Throws: what the load threw (the same exception object for every caller
   // of that load, and for every caller within error_ttl when it is cached);
   // not_found_error; cancelled_error, timeout_error, closed_error,
-  // overloaded_error (see errors.hpp); std::logic_error when the loader
-  // calls get for its own key on its own thread; what Hash, KeyEqual, copies
+  // overloaded_error (see errors.hpp); std::logic_error when a loader calls
+  // get for its own key on the thread running it (the caller's, or one of the
+  // cache's refresh threads); what Hash, KeyEqual, copies
   // of Key and T or allocation throw. Thread-safe.
   template <class K, class L>
   requires(!std::same_as<std::remove_cvref_t<L>, stop_token>) T

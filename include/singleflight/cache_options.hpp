@@ -34,7 +34,7 @@ enum class freshness {
 //
 // Construction-time settings of a cache. The cache constructor throws
 // std::invalid_argument when ttl <= 0, a duration is negative, jitter is not
-// in [0, 1) or early_refresh_beta < 0.
+// in [0, 1) or early_refresh_beta is negative, infinite or NaN.
 struct cache_options {
   // Fresh window of each write, > 0.
   std::chrono::nanoseconds ttl{std::chrono::seconds(30)};
@@ -56,7 +56,8 @@ struct cache_options {
   std::chrono::nanoseconds not_found_ttl{0};
   // XFetch: a fresh read refreshes early, in the background, when
   // now - delta * beta * ln(u) >= expiry (u uniform in (0, 1], delta the
-  // last load's duration). 1 is the usual value; 0 = off.
+  // last load's duration). 1 is the usual value; 0 = off. Finite (an infinite
+  // beta would refresh on every read).
   double early_refresh_beta = 0;
   // Bound on entries (values, cached not-founds and cached failures); size()
   // never exceeds it. Eviction: S3-FIFO per shard. 0 = unbounded.
@@ -98,7 +99,10 @@ struct cached {
 //   return singleflight::load_result<T>::value(v, 5min);   // this entry's ttl
 //   return singleflight::load_result<T>::not_found();      // cached for not_found_ttl
 // A ttl given here replaces cache_options::ttl (for a value) or
-// not_found_ttl (for not_found) for this write; jitter still applies.
+// not_found_ttl (for not_found) for this write; jitter still applies. A value
+// with a ttl <= 0 is handed to the load's callers and not stored: the key
+// keeps what it had (an already-dead value would push out a live one). A
+// not_found with a ttl <= 0 is not cached, and removes the key's old value.
 template <class T>
 struct load_result {
   std::optional<T> loaded;                      // empty: not found

@@ -5,8 +5,9 @@
 // job while the pool may grow: post() wakes an idle thread or starts a new one, up to
 // `max_threads` (0: no bound); at the bound a job queues until a thread is free. A thread idle
 // for `idle_for` exits; finished threads are joined by the next post() or by close(). close()
-// joins them all, except the calling thread when it is one of them (a job calling close());
-// the destructor joins that one.
+// from outside joins them all; close() from one of them (a job calling close()) joins none
+// and returns at once: joining another job's thread there would wait for that job (two jobs
+// that both close would wait for each other forever). The destructor joins what is left.
 //
 // Locking: `mu_` guards the queue, the thread list and the counters. Jobs run without it.
 // Thread safety: every member may be called from any thread, the destructor excepted (not
@@ -59,7 +60,7 @@ class worker_threads {
   worker_threads& operator=(const worker_threads&) = delete;
   ~worker_threads() {
     close();
-    // close() left a thread unjoined only if called on it; we are not on it now.
+    // close() joins everything from outside; the destructor is never on one of the threads.
     std::list<worker> rest;
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -99,8 +100,10 @@ class worker_threads {
     return true;
   }
 
-  // close(): no more jobs are accepted; the queued ones still run; joins the threads, except
-  // the calling thread if it is one of them. Idempotent.
+  // close(): no more jobs are accepted; the queued ones still run. Called from outside, it
+  // joins every thread; called from one of these threads (a job), it joins none and does not
+  // wait: the threads are joined by a later close() from outside or by the destructor.
+  // Idempotent.
   void close() {
     std::list<worker> joinable;
     {
@@ -108,11 +111,10 @@ class worker_threads {
       closing_ = true;
       cv_.notify_all();
       const std::thread::id self = std::this_thread::get_id();
-      for (auto it = workers_.begin(); it != workers_.end();) {
-        auto next = std::next(it);
-        if (it->thread.get_id() != self) joinable.splice(joinable.end(), workers_, it);
-        it = next;
+      for (const worker& w : workers_) {
+        if (w.thread.get_id() == self) return;  // a job: joining another job's thread waits
       }
+      joinable.swap(workers_);
     }
     for (worker& w : joinable) {
       if (w.thread.joinable()) w.thread.join();

@@ -11,8 +11,10 @@
 //     (start_async); co_get's awaiter on top of it;
 //   * refreshes: flights the cache owns, run on flight.executor or on the cache's own
 //     threads (worker_threads), never on the reader's; they run the cache-wide loader
-//     when there is one (wide_), else a copy of the call's loader;
-//   * close().
+//     when there is one (wide_), else a copy of the call's loader; a refresh's loader that
+//     calls the cache for its own key on such a thread gets std::logic_error (refresh_runs),
+//     as it would from the group on the caller's thread;
+//   * close(): from one of the cache's threads it stops and rejects, and waits for nothing.
 // The facade (cache.hpp) holds one and forwards to it.
 //
 // Locking: none of its own. The group's and the core's locks are taken inside their calls;
@@ -46,6 +48,7 @@
 #include "../unwind.hpp"
 #include "../worker_threads.hpp"
 #include "cache_core.hpp"
+#include "refresh_runs.hpp"
 
 namespace singleflight::detail {
 
@@ -383,7 +386,13 @@ class cache_calls {
                           stop_token caller, bool fresh, std::uint64_t seen) {
     using Ld = std::remove_reference_t<L>;
     core* c = core_.get();
+    if (runs_.running_here(key, mixed, c->eq)) {
+      throw std::logic_error(
+          "singleflight::cache: a refresh's loader called the cache for its own key on the "
+          "thread running it; it would wait for itself forever");
+    }
     call_info info;
+    loaded_t r{};
     try {
       const auto run = [&](bool fresh_flight) {
         using traits = detail::loader_traits<std::decay_t<L>, Key, T>;
@@ -409,11 +418,10 @@ class cache_calls {
         return fresh_flight ? group_.do_fresh(key, std::move(body), caller, info)
                             : group_.do_(key, std::move(body), caller, info);
       };
-      loaded_t r = run(fresh);
+      r = run(fresh);
       // A load that started before a write this call saw (it joined a flight that was still
       // settling when the call looked): take a newer one.
       if (!fresh && r.version < seen) r = run(true);
-      return core::entry_of(r, info.role);
     } catch (...) {
       if (auto e = c->serve_on_error(pinned, std::current_exception())) {
         e->taken_as = info.role;
@@ -421,6 +429,9 @@ class cache_calls {
       }
       throw;
     }
+    // Outside the try: the load succeeded, so a throwing copy of T is this caller's error,
+    // never an origin failure (no stale-if-error answer, no throttle).
+    return core::entry_of(r, info.role);
   }
 
   // A background refresh: a flight the cache owns (no caller token), run on flight.executor
@@ -438,7 +449,7 @@ class cache_calls {
         auto hand_off = [this, k = key_of(key), mixed, ld = Ld(loader)](
                             stop_token st, completion<loaded_t> d) mutable {
           std::unique_ptr<detail::worker_threads::job> j = std::make_unique<refresh_job<Ld>>(
-              core_.get(), std::move(k), mixed, std::move(ld), std::move(st), std::move(d));
+              core_.get(), &runs_, std::move(k), mixed, std::move(ld), std::move(st), std::move(d));
           (void)threads_.post(j);  // after close(): j dies here, unrun (its completion breaks)
         };
         group_.async_do(key, std::move(hand_off), std::move(done));
@@ -450,9 +461,10 @@ class cache_calls {
 
   template <class Ld>
   struct refresh_job final : detail::worker_threads::job {
-    refresh_job(core* c_in, Key k, std::uint64_t mixed_in, Ld ld, stop_token st_in,
-                completion<loaded_t> d)
+    refresh_job(core* c_in, refresh_runs<Key, KeyEqual>* runs_in, Key k, std::uint64_t mixed_in,
+                Ld ld, stop_token st_in, completion<loaded_t> d)
         : c(c_in),
+          runs(runs_in),
           key(std::move(k)),
           mixed(mixed_in),
           loader(std::move(ld)),
@@ -461,6 +473,7 @@ class cache_calls {
     void run() override {  // throws only a forced unwind (the thread then ends)
       try {
         if (st.stop_requested()) throw cancelled_error();
+        const typename refresh_runs<Key, KeyEqual>::scope running(*runs, key, mixed);
         if constexpr (detail::loader_traits<Ld, Key, T>::is_async) {
           c->run_async(key, mixed, loader, st, done, false);
         } else {
@@ -472,6 +485,7 @@ class cache_calls {
       }
     }
     core* c;
+    refresh_runs<Key, KeyEqual>* runs;  // the cache's: the job runs on its threads, joined first
     Key key;
     std::uint64_t mixed;
     Ld loader;
@@ -490,7 +504,8 @@ class cache_calls {
   std::atomic<bool> closed_{false};
   bool group_has_executor_ = false;
   group_t group_;
-  detail::worker_threads threads_;  // declared after group_: destroyed (joined) first
+  refresh_runs<Key, KeyEqual> runs_;  // the refreshes on threads_ now
+  detail::worker_threads threads_;    // declared after group_: destroyed (joined) first
 };
 
 }  // namespace singleflight::detail

@@ -185,6 +185,9 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
         n->throttle_until = detail::sat_add(t1, error_ttl);
         admit(s, n, t1, g);
       }
+    } else if (found && ttl_override && *ttl_override <= std::chrono::nanoseconds::zero()) {
+      // A value its loader gave no lifetime: handed to this load's callers, not stored (dead
+      // on arrival, it would push out a live value). The key keeps what it had.
     } else if (found) {
       n->kind = detail::held::value;
       n->value.swap(box);  // the old value leaves with `box`, after the lock

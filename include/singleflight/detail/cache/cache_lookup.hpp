@@ -26,6 +26,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -135,9 +136,9 @@ class cache_lookup {
     if (!(o.jitter >= 0.0 && o.jitter < 1.0)) {
       throw std::invalid_argument("singleflight::cache: cache_options::jitter must be in [0, 1)");
     }
-    if (!(o.early_refresh_beta >= 0.0)) {
+    if (!(o.early_refresh_beta >= 0.0 && std::isfinite(o.early_refresh_beta))) {
       throw std::invalid_argument(
-          "singleflight::cache: cache_options::early_refresh_beta must be >= 0");
+          "singleflight::cache: cache_options::early_refresh_beta must be finite and >= 0");
     }
     return o;
   }
