@@ -4,11 +4,15 @@
 // misses and refreshes are flights of a `singleflight::group` — the layered
 // answer to a stampede in one type.
 //
-//   singleflight::cache<std::string, profile> profiles{{
-//       .ttl = 30s, .jitter = 0.1, .stale_while_revalidate = 10s, .stale_if_error = 5min}};
-//   profile p = profiles.get(tenant + '|' + user + '|' + locale,
-//                            [&](singleflight::stop_token st) { return origin.fetch(st, ...); },
-//                            request_stop_token);
+//   singleflight::cache<std::string, profile> profiles(
+//       {.ttl = 30s, .jitter = 0.1, .stale_while_revalidate = 10s, .stale_if_error = 5min},
+//       // The cache-wide loader: kept by the cache for loads and refreshes that outlive the
+//       // request; what it captures (the origin client) must outlive the cache.
+//       [&origin](const std::string& key, singleflight::stop_token st) {
+//         return origin.fetch(st, key);
+//       });
+//   profile p = profiles.get(tenant + '|' + user + '|' + locale,  // the key is a contract
+//                            request_stop_token, 100ms);           // leave at 100 ms at most
 //
 // Overview
 //
@@ -30,7 +34,7 @@
 //     not even while a refresh runs or hangs.
 // A load is a flight of the cache's group: at most one per key runs at any
 // moment, every caller of a key shares it, and the group's guarantees hold
-// (per-caller cancellation, flight.timeout, close, max_in_flight).
+// (per-caller cancellation, wait_bound, flight.timeout, close, max_in_flight).
 //
 // docs/cache.md has the decision table — entry state to what get() does —
 // and the choices made where the contract was silent.
@@ -44,7 +48,8 @@
 // detail/cache/cache_loader.hpp, the loader traits), detail/cache/cache_table.hpp
 // (shards), detail/cache/read_gate.hpp (the lock-free hit path),
 // detail/cache/cache_policy.hpp (S3-FIFO), detail/cache/cache_clock.hpp (jitter,
-// XFetch) and detail/worker_threads.hpp (the cache's own refresh threads).
+// XFetch) and detail/worker_threads.hpp (the cache's own threads: loads and
+// refreshes).
 //
 // Thread safety: every member may be called concurrently from any number of
 // threads, except the destructor (not concurrently with anything, not from a
@@ -83,6 +88,7 @@
 #include "stats.hpp"
 #include "stop_token.hpp"
 #include "thread_pool.hpp"  // IWYU pragma: export (cache_options::flight.executor)
+#include "wait_bound.hpp"   // IWYU pragma: export
 
 namespace singleflight {
 
@@ -174,10 +180,11 @@ class cache {
   //
   // A call that waits on a load is a caller of the inner group: it leaves
   // on `caller` (cancelled_error) without cancelling the load for others,
-  // is bounded by flight.timeout, and receives closed_error / overloaded_error
-  // as group::do_ would. A load that fails while the old value is within
-  // stale_if_error is answered with that value (no exception) unless this
-  // call was cancelled or the cache closed.
+  // is bounded by flight.timeout, and
+  // receives closed_error / overloaded_error as group::do_ would. A load
+  // that fails while the old value is within stale_if_error is answered with
+  // that value (no exception) unless this call was cancelled or the cache
+  // closed.
   //
   // Never joins a load that started before a put / invalidate / clear of
   // its key that completed before this call began. Background refreshes
@@ -188,14 +195,31 @@ class cache {
   // not_found_error; cancelled_error, timeout_error, closed_error,
   // overloaded_error (see errors.hpp); std::logic_error when a loader calls
   // get for its own key on the thread running it (the caller's, or one of the
-  // cache's refresh threads); what Hash, KeyEqual, copies
+  // cache's threads); what Hash, KeyEqual, copies
   // of Key and T or allocation throw. Thread-safe.
   template <class K, class L>
   requires(!std::same_as<std::remove_cvref_t<L>, stop_token>) T
       get(const K& key, L&& loader, stop_token caller = {}) {
     check_loader<L>();
     return calls_t::with_key(key, [&](const auto& k) {
-      return calls_.get(k, std::forward<L>(loader), std::move(caller));
+      return calls_.get(k, std::forward<L>(loader), std::move(caller), std::nullopt);
+    });
+  }
+
+  // get(key, loader, caller, bound)
+  //
+  // As above, and this call waits on a load at most until `bound` (a
+  // wait_bound: a duration from now, or a time point; pass {} for no
+  // stop_token): when it passes, the call throws timeout_error and leaves
+  // the load, exactly as when `caller` fires (see group::do_ with a
+  // wait_bound). An answer from the cache (a hit, a stale value, a cached
+  // not-found or failure) is returned whatever the bound. Thread-safe.
+  template <class K, class L>
+  requires(!std::same_as<std::remove_cvref_t<L>, stop_token>) T
+      get(const K& key, L&& loader, stop_token caller, wait_bound bound) {
+    check_loader<L>();
+    return calls_t::with_key(key, [&](const auto& k) {
+      return calls_.get(k, std::forward<L>(loader), std::move(caller), bound);
     });
   }
 
@@ -210,7 +234,18 @@ class cache {
       const K& key, L&& loader, stop_token caller = {}) {
     check_loader<L>();
     return calls_t::with_key(key, [&](const auto& k) {
-      return calls_.get_entry(k, std::forward<L>(loader), std::move(caller), false);
+      return calls_.get_entry(k, std::forward<L>(loader), std::move(caller), std::nullopt, false);
+    });
+  }
+
+  // get_entry(key, loader, caller, bound): get_entry with a wait_bound (see
+  // get). Thread-safe.
+  template <class K, class L>
+  requires(!std::same_as<std::remove_cvref_t<L>, stop_token>) cached<T> get_entry(
+      const K& key, L&& loader, stop_token caller, wait_bound bound) {
+    check_loader<L>();
+    return calls_t::with_key(key, [&](const auto& k) {
+      return calls_.get_entry(k, std::forward<L>(loader), std::move(caller), bound, false);
     });
   }
 
@@ -226,7 +261,21 @@ class cache {
       get_fresh(const K& key, L&& loader, stop_token caller = {}) {
     check_loader<L>();
     cached<T> e = calls_t::with_key(key, [&](const auto& k) {
-      return calls_.get_entry(k, std::forward<L>(loader), std::move(caller), true);
+      return calls_.get_entry(k, std::forward<L>(loader), std::move(caller), std::nullopt, true);
+    });
+    if (!e.value) throw not_found_error();
+    return std::move(*e.value);
+  }
+
+  // get_fresh(key, loader, caller, bound): get_fresh with a wait_bound (see
+  // get); the bound also covers the wait for a load already under way to
+  // end. Thread-safe.
+  template <class K, class L>
+  requires(!std::same_as<std::remove_cvref_t<L>, stop_token>) T
+      get_fresh(const K& key, L&& loader, stop_token caller, wait_bound bound) {
+    check_loader<L>();
+    cached<T> e = calls_t::with_key(key, [&](const auto& k) {
+      return calls_.get_entry(k, std::forward<L>(loader), std::move(caller), bound, true);
     });
     if (!e.value) throw not_found_error();
     return std::move(*e.value);
@@ -314,15 +363,20 @@ class cache {
   template <class K, class L, class Callback>
   requires(!std::is_invocable_v<std::decay_t<L>&, outcome<T>&&>) void async_get(
       const K& key, L&& loader, Callback&& on_done, stop_token caller = {}) {
-    check_loader<L>();
-    static_assert(std::is_invocable_v<std::decay_t<Callback>&, outcome<T>&&>,
-                  "singleflight::cache::async_get: on_done must be invocable with "
-                  "singleflight::outcome<T>");
-    calls_t::with_key(key, [&](const auto& k) {
-      calls_.get_async(k, std::forward<L>(loader),
-                       std::decay_t<Callback>(std::forward<Callback>(on_done)), std::move(caller));
-      return 0;
-    });
+    async_impl(key, std::forward<L>(loader), std::forward<Callback>(on_done), std::move(caller),
+               std::nullopt);
+  }
+
+  // async_get(key, loader, on_done, caller, bound)
+  //
+  // async_get with a wait_bound: once `bound` passes before the load
+  // settles, on_done receives timeout_error (on the inner group's delivery
+  // thread) and this call has left the load, as get's. Thread-safe.
+  template <class K, class L, class Callback>
+  requires(!std::is_invocable_v<std::decay_t<L>&, outcome<T>&&>) void async_get(
+      const K& key, L&& loader, Callback&& on_done, stop_token caller, wait_bound bound) {
+    async_impl(key, std::forward<L>(loader), std::forward<Callback>(on_done), std::move(caller),
+               bound);
   }
 
   // co_get(key, loader, caller)
@@ -341,14 +395,26 @@ class cache {
     check_loader<L>();
     using awaitable =
         typename calls_t::template get_awaitable<cache, K, std::remove_reference_t<L>>;
-    return awaitable(this, key, loader, std::move(caller));
+    return awaitable(this, key, loader, std::move(caller), std::nullopt);
+  }
+
+  // co_get(key, loader, caller, bound): co_get with a wait_bound: the
+  // coroutine resumes with timeout_error once `bound` passes (see async_get).
+  template <class K, class L>
+  requires(!std::same_as<std::remove_cvref_t<L>, stop_token>)
+      [[nodiscard]] auto co_get(const K& key, L&& loader, stop_token caller, wait_bound bound) {
+    check_loader<L>();
+    using awaitable =
+        typename calls_t::template get_awaitable<cache, K, std::remove_reference_t<L>>;
+    return awaitable(this, key, loader, std::move(caller), bound);
   }
 
   // ---- with the cache-wide loader ------------------------------------------------------
   //
   // get(key, caller), get_entry(key, caller), get_fresh(key, caller),
-  // async_get(key, on_done, caller), co_get(key, caller): as the forms
-  // above, loading through the loader given at construction. Throw
+  // async_get(key, on_done, caller), co_get(key, caller), and each with a
+  // wait_bound after `caller`: as the forms above, loading through the
+  // loader given at construction. Throw
   // std::logic_error (async_get: before calling on_done) when the cache was
   // built without one.
   template <class K>
@@ -372,8 +438,46 @@ class cache {
   [[nodiscard]] auto co_get(const K& key, stop_token caller = {}) {
     return co_get(key, calls_.wide_loader(), std::move(caller));
   }
+  template <class K>
+  T get(const K& key, stop_token caller, wait_bound bound) {
+    return get(key, calls_.wide_loader(), std::move(caller), bound);
+  }
+  template <class K>
+  cached<T> get_entry(const K& key, stop_token caller, wait_bound bound) {
+    return get_entry(key, calls_.wide_loader(), std::move(caller), bound);
+  }
+  template <class K>
+  T get_fresh(const K& key, stop_token caller, wait_bound bound) {
+    return get_fresh(key, calls_.wide_loader(), std::move(caller), bound);
+  }
+  template <class K, class Callback>
+  requires std::is_invocable_v < std::decay_t<Callback>
+  &, outcome<T>&& > void async_get(const K& key, Callback&& on_done, stop_token caller,
+                                   wait_bound bound) {
+    async_get(key, calls_.wide_loader(), std::forward<Callback>(on_done), std::move(caller),
+              bound);
+  }
+  template <class K>
+  [[nodiscard]] auto co_get(const K& key, stop_token caller, wait_bound bound) {
+    return co_get(key, calls_.wide_loader(), std::move(caller), bound);
+  }
 
  private:
+  template <class K, class L, class Callback>
+  void async_impl(const K& key, L&& loader, Callback&& on_done, stop_token caller,
+                  const std::optional<wait_bound>& bound) {
+    check_loader<L>();
+    static_assert(std::is_invocable_v<std::decay_t<Callback>&, outcome<T>&&>,
+                  "singleflight::cache::async_get: on_done must be invocable with "
+                  "singleflight::outcome<T>");
+    calls_t::with_key(key, [&](const auto& k) {
+      calls_.get_async(k, std::forward<L>(loader),
+                       std::decay_t<Callback>(std::forward<Callback>(on_done)), std::move(caller),
+                       bound);
+      return 0;
+    });
+  }
+
   template <class L>
   static L&& checked_wide(L&& loader) noexcept {
     check_loader<L>();

@@ -325,6 +325,14 @@ class group : private detail::async_calls<Key, T, Hash, KeyEqual> {
     return core::result_of(t, local);
   }
 
+  template <class K, class F>
+  T do_fresh(const K& key, F&& fn, stop_token caller, wait_bound bound, call_info& info) {
+    std::optional<T> local;
+    const auto at = bound.deadline();
+    auto t = enter<F>(key, std::forward<F>(fn), caller, true, &info, local, &at);
+    return core::result_of(t, local);
+  }
+
   // try_do(key, fn, caller)
   //
   // do_ without a throw for the call's outcome: returns this caller's

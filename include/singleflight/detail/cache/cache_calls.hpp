@@ -6,9 +6,10 @@
 //     before any lock; hash_of() is the mixed hash every layer below takes;
 //   * the blocking path: the hit path (try_fresh), else lookup, then the decision's answer
 //     (answered: served, not found, a cached failure, and the refresh it asks for), else a
-//     load as a flight of the cache's group (load_blocking), with stale-if-error;
+//     load as a flight of the cache's group (load_blocking), with stale-if-error; the
+//     caller's wait_bound, when given, bounds its wait on the group;
 //   * the callback path: the same lookup and answer, then the load through group::async_do
-//     (start_async); co_get's awaiter on top of it;
+//     (get_async); co_get's awaiter on top of it;
 //   * refreshes: flights the cache owns, run on flight.executor or on the cache's own
 //     threads (worker_threads), never on the reader's; they run the cache-wide loader
 //     when there is one (wide_), else a copy of the call's loader; a refresh's loader that
@@ -44,6 +45,7 @@
 #include "../../outcome.hpp"
 #include "../../stats.hpp"
 #include "../../stop_token.hpp"
+#include "../../wait_bound.hpp"
 #include "../resume_gate.hpp"
 #include "../unwind.hpp"
 #include "../worker_threads.hpp"
@@ -59,6 +61,8 @@ class cache_calls {
   using loaded_t = typename core::loaded_t;
   using group_t = group<Key, loaded_t, Hash, KeyEqual>;
   using time_point = typename Clock::time_point;
+  // A caller's wait_bound, when it gave one.
+  using bound_t = std::optional<wait_bound>;
 
   // Throws std::invalid_argument for invalid options, and what group's constructor throws.
   explicit cache_calls(const cache_options& opts)
@@ -111,24 +115,27 @@ class cache_calls {
 
   // ---- the blocking path -----------------------------------------------------------------
 
-  // get(key, loader, caller): the value itself (get's path: no cached<T> on a fresh hit).
+  // get(key, loader, caller, bound): the value itself (get's path: no cached<T> on a fresh
+  // hit). A hit answers whatever the bound; only a wait on a load is bounded.
   template <class P, class L>
-  T get(const P& key, L&& loader, stop_token caller) {
+  T get(const P& key, L&& loader, stop_token caller, const bound_t& bound) {
     if (closed_.load(std::memory_order_relaxed)) throw closed_error();
     const std::uint64_t mixed = hash_of(key);
     const time_point now = Clock::now();
     bool fired = false;
     std::optional<T> hit;
     if (try_fresh(key, mixed, now, fired, hit)) return std::move(*hit);
-    cached<T> e = get_slow(key, std::forward<L>(loader), std::move(caller), mixed, now, fired);
+    cached<T> e =
+        get_slow(key, std::forward<L>(loader), std::move(caller), bound, mixed, now, fired);
     if (!e.value) throw not_found_error();
     return std::move(*e.value);
   }
 
-  // get_entry(key, loader, caller, fresh): get_entry's path, and get_fresh's (fresh: a load
-  // that started after this call, never the cache).
+  // get_entry(key, loader, caller, bound, fresh): get_entry's path, and get_fresh's (fresh: a
+  // load that started after this call, never the cache).
   template <class P, class L>
-  cached<T> get_entry(const P& key, L&& loader, stop_token caller, bool fresh) {
+  cached<T> get_entry(const P& key, L&& loader, stop_token caller, const bound_t& bound,
+                      bool fresh) {
     if (closed_.load(std::memory_order_relaxed)) throw closed_error();
     const std::uint64_t mixed = hash_of(key);
     core* c = core_.get();
@@ -136,22 +143,22 @@ class cache_calls {
       auto& sc = c->table.stripe(c->table.gate().my_stripe());
       sc.add(sc.misses);
       const typename core::fresh_waiter announced(c, key, mixed);
-      return load_blocking(key, mixed, std::forward<L>(loader), nullptr, std::move(caller), true,
-                           0);
+      return load_blocking(key, mixed, std::forward<L>(loader), nullptr, std::move(caller), bound,
+                           true, 0);
     }
     const time_point now = Clock::now();
     bool fired = false;
     std::optional<cached<T>> hit;
     if (try_fresh(key, mixed, now, fired, hit)) return std::move(*hit);
-    return get_slow(key, std::forward<L>(loader), std::move(caller), mixed, now, fired);
+    return get_slow(key, std::forward<L>(loader), std::move(caller), bound, mixed, now, fired);
   }
 
   // ---- the callback path -----------------------------------------------------------------
 
-  // get_async(key, loader, cb, caller): answers from the cache (cb runs here) or starts /
-  // joins a load whose outcome reaches cb.
+  // get_async(key, loader, cb, caller, bound): answers from the cache (cb runs here) or starts
+  // / joins a load whose outcome reaches cb (timeout_error once `bound` passes).
   template <class P, class L, class Cb>
-  void get_async(const P& key, L&& loader, Cb cb, stop_token caller) {
+  void get_async(const P& key, L&& loader, Cb cb, stop_token caller, const bound_t& bound) {
     if (closed_.load(std::memory_order_relaxed)) {
       deliver(cb, outcome<T>(std::make_exception_ptr(closed_error())));
       return;
@@ -198,8 +205,8 @@ class cache_calls {
       // group has no asynchronous do_fresh: on act::load_fresh (a load that started before an
       // invalidation is still running) an async caller may join that load (docs/cache.md,
       // "Choices").
-      group_.async_do(key, owned_fn(key_of(key), mixed, std::forward<L>(loader), true),
-                      std::move(on_done), std::move(caller));
+      async_flight(key, owned_fn(key_of(key), mixed, std::forward<L>(loader), true),
+                   std::move(on_done), std::move(caller), bound);
     } catch (...) {
       if (pinned != nullptr) c->unpin(pinned);
       throw;
@@ -210,16 +217,16 @@ class cache_calls {
   template <class Facade, class K, class L>
   class get_awaitable {
    public:
-    get_awaitable(Facade* c, const K& key, L& loader, stop_token caller) noexcept
-        : c_(c), key_(&key), loader_(&loader), caller_(std::move(caller)) {}
+    get_awaitable(Facade* c, const K& key, L& loader, stop_token caller, bound_t bound) noexcept
+        : c_(c), key_(&key), loader_(&loader), caller_(std::move(caller)), bound_(bound) {}
     get_awaitable(const get_awaitable&) = delete;
     get_awaitable& operator=(const get_awaitable&) = delete;
     ~get_awaitable() = default;
 
     class awaiter {
      public:
-      awaiter(Facade* c, const K& key, L& loader, stop_token caller) noexcept
-          : c_(c), key_(&key), loader_(&loader), caller_(std::move(caller)) {}
+      awaiter(Facade* c, const K& key, L& loader, stop_token caller, bound_t bound) noexcept
+          : c_(c), key_(&key), loader_(&loader), caller_(std::move(caller)), bound_(bound) {}
       awaiter(const awaiter&) = delete;
       awaiter& operator=(const awaiter&) = delete;
       ~awaiter() = default;
@@ -229,13 +236,15 @@ class cache_calls {
       bool await_ready() const noexcept { return false; }
       bool await_suspend(std::coroutine_handle<> h) {
         gate_.arm(h);
-        c_->async_get(
-            *key_, *loader_,
-            [this](outcome<T> o) noexcept {
-              result_.emplace(std::move(o));
-              gate_.complete();
-            },
-            std::move(caller_));
+        auto on_done = [this](outcome<T> o) noexcept {
+          result_.emplace(std::move(o));
+          gate_.complete();
+        };
+        if (bound_) {
+          c_->async_get(*key_, *loader_, on_done, std::move(caller_), *bound_);
+        } else {
+          c_->async_get(*key_, *loader_, on_done, std::move(caller_));
+        }
         return gate_.suspend();
       }
       T await_resume() { return std::move(*result_).value(); }
@@ -245,17 +254,21 @@ class cache_calls {
       const K* key_;
       L* loader_;
       stop_token caller_;
+      bound_t bound_;
       std::optional<outcome<T>> result_;
       detail::resume_gate gate_;
     };
 
-    awaiter operator co_await() && { return awaiter(c_, *key_, *loader_, std::move(caller_)); }
+    awaiter operator co_await() && {
+      return awaiter(c_, *key_, *loader_, std::move(caller_), bound_);
+    }
 
    private:
     Facade* c_;
     const K* key_;
     L* loader_;
     stop_token caller_;
+    bound_t bound_;
   };
 
   // ---- the rest of the facade ------------------------------------------------------------
@@ -348,8 +361,8 @@ class cache_calls {
   }
 
   template <class P, class L>
-  cached<T> get_slow(const P& key, L&& loader, stop_token caller, std::uint64_t mixed,
-                     time_point now, bool fired) {
+  cached<T> get_slow(const P& key, L&& loader, stop_token caller, const bound_t& bound,
+                     std::uint64_t mixed, time_point now, bool fired) {
     core* c = core_.get();
     decision d = c->lookup(key, mixed, now, fired);
     if (d.what != decision::act::load && d.what != decision::act::load_fresh) {
@@ -358,7 +371,7 @@ class cache_calls {
       return std::move(a).value();
     }
     const typename core::pin held(c, d.pinned);
-    return load_blocking(key, mixed, std::forward<L>(loader), d.pinned, std::move(caller),
+    return load_blocking(key, mixed, std::forward<L>(loader), d.pinned, std::move(caller), bound,
                          d.what == decision::act::load_fresh, d.seen);
   }
 
@@ -381,9 +394,21 @@ class cache_calls {
     }
   }
 
+  template <class P, class Fn, class Cb>
+  void async_flight(const P& key, Fn&& body, Cb&& on_done, stop_token caller,
+                    const bound_t& bound) {
+    if (bound) {
+      group_.async_do(key, std::forward<Fn>(body), std::forward<Cb>(on_done), std::move(caller),
+                      *bound);
+    } else {
+      group_.async_do(key, std::forward<Fn>(body), std::forward<Cb>(on_done), std::move(caller));
+    }
+  }
+
   template <class P, class L>
   cached<T> load_blocking(const P& key, std::uint64_t mixed, L&& loader, node_t* pinned,
-                          stop_token caller, bool fresh, std::uint64_t seen) {
+                          stop_token caller, const bound_t& bound, bool fresh,
+                          std::uint64_t seen) {
     using Ld = std::remove_reference_t<L>;
     core* c = core_.get();
     if (runs_.running_here(key, mixed, c->eq)) {
@@ -404,8 +429,7 @@ class cache_calls {
               auto body = [c, &k, mixed, &loader, fresh_flight](stop_token st) -> loaded_t {
                 return c->run_sync(k, mixed, static_cast<Ld&>(loader), st, !fresh_flight);
               };
-              return fresh_flight ? group_.do_fresh(key, body, caller, info)
-                                  : group_.do_(key, body, caller, info);
+              return flight(key, body, caller, bound, fresh_flight, info);
             };
             if constexpr (traits::takes_key && !std::same_as<P, Key>) {
               return run_inline(key_of(key));  // the loader receives a Key
@@ -415,8 +439,7 @@ class cache_calls {
           }
         }
         auto body = owned_fn(key_of(key), mixed, loader, !fresh_flight);
-        return fresh_flight ? group_.do_fresh(key, std::move(body), caller, info)
-                            : group_.do_(key, std::move(body), caller, info);
+        return flight(key, std::move(body), caller, bound, fresh_flight, info);
       };
       r = run(fresh);
       // A load that started before a write this call saw (it joined a flight that was still
@@ -432,6 +455,19 @@ class cache_calls {
     // Outside the try: the load succeeded, so a throwing copy of T is this caller's error,
     // never an origin failure (no stale-if-error answer, no throttle).
     return core::entry_of(r, info.role);
+  }
+
+  // flight(key, body, caller, bound, fresh, info): one blocking wait on the group, bounded by
+  // `bound` when the caller gave one.
+  template <class P, class F>
+  loaded_t flight(const P& key, F&& body, const stop_token& caller, const bound_t& bound,
+                  bool fresh, call_info& info) {
+    if (bound) {
+      return fresh ? group_.do_fresh(key, std::forward<F>(body), caller, *bound, info)
+                   : group_.do_(key, std::forward<F>(body), caller, *bound, info);
+    }
+    return fresh ? group_.do_fresh(key, std::forward<F>(body), caller, info)
+                 : group_.do_(key, std::forward<F>(body), caller, info);
   }
 
   // A background refresh: a flight the cache owns (no caller token), run on flight.executor
