@@ -76,6 +76,14 @@ TIMER_HELD='assertion violated (timer_stop||'             # Watchdog: TIMER_OK (
 ERASE_FREED='!(((edue&1)&&wfree[0]))'                     # Eraser: the settler unlinks a waiter whose storage is gone
 ASLEEP='((cst[0]==1)&&(wslp[0]!=0))'                       # Watchdog: CALLER_OK (a claimed caller asleep for good)
 
+# The close protocol of detail::worker_threads (worker_threads.pml; rows named wt.*): two
+# objects whose jobs close each other and themselves, two outside closers, a post racing
+# them; the broken rows restore the old second closer (returns without waiting) or let a
+# library thread's close join, and must fail.
+WT_JOINED='assertion violated (((wst[((0*2)+0)]==0)'      # JOINED: an outside close returned early
+WT_HUNG='assertion violated (ended=='                     # Watchdog: a process never returns
+WT_SELF='assertion violated (((o*2)+t)!='                # SELF: a thread joins itself
+
 # Default mode (ctest model.spin): the most valuable configurations, < ~90 s on 2 idle cores.
 configs=(
   "W.n2.inline.deadline.close|-DPOLICY=0 -DNCALLERS=2 -DDEADLINE -DCLOSE||-m200000|pass|"
@@ -113,6 +121,12 @@ configs=(
   # a batch without observers: an on_done that blocks holds back the waiters after it
   # (README.md, "Where user code runs", 5); -DSTRICT_BATCH asks for what README "Re-entrancy" says
   "A.W.n3.a2.no_stops.blocking_cb|-DPOLICY=0 $A2 $FD $B -DNO_STOPS||-m200000|pass|"
+  # detail::worker_threads: the close protocol
+  "wt.close|||-m200000|pass|"
+  "wt.close.cross_only|-DCROSS_ONLY||-m200000|pass|"
+  "wt.broken.second_no_wait|-DSECOND_NO_WAIT||-m200000|fail|$WT_JOINED"
+  "wt.broken.lib_joins.cross|-DLIB_JOINS -DCROSS_ONLY||-m200000|fail|$WT_HUNG"
+  "wt.broken.lib_joins.self|-DLIB_JOINS -DSELF_ONLY||-m200000|fail|$WT_SELF"
   "A.W.n3.a2.no_stops.blocking_cb.strict_batch|-DPOLICY=0 $A2 $FD $B -DNO_STOPS -DSTRICT_BATCH||-m200000|fail|$UNDELIVERED"
 )
 
@@ -198,7 +212,9 @@ run_one() {
   { time (
     cd "$d"
     # shellcheck disable=SC2086
-    spin -a $defs singleflight.pml >spin.txt 2>&1 || { echo "spin -a failed" >>pan.txt; exit 1; }
+    local model=singleflight.pml
+    [[ "$name" == wt.* ]] && model=worker_threads.pml
+    spin -a $defs "$model" >spin.txt 2>&1 || { echo "spin -a failed" >>pan.txt; exit 1; }
     local safety="-DSAFETY"
     [[ "$ccflags" == *-DNP* ]] && safety=""
     # shellcheck disable=SC2086
@@ -232,7 +248,7 @@ run_one() {
 export -f run_one
 export work here CC
 
-echo "spin model of singleflight::group ($(spin -V | head -1)); $([[ ${FULL:-0} == 1 ]] && echo full || echo default) mode, ${#configs[@]} configurations, $JOBS jobs"
+echo "spin models of singleflight ($(spin -V | head -1)); $([[ ${FULL:-0} == 1 ]] && echo full || echo default) mode, ${#configs[@]} configurations, $JOBS jobs"
 start=$(date +%s)
 printf '%s\n' "${configs[@]}" | xargs -d '\n' -P "$JOBS" -I{} bash -c 'run_one "$1"' _ {} | tee "$work/summary.txt"
 echo "total: $(( $(date +%s) - start ))s wall, $(awk '{ for (i = 1; i < NF; i++) if ($i == "cpu") s += $(i + 1) } END { printf "%.0f", s }' "$work/summary.txt")s cpu"

@@ -1,23 +1,50 @@
 // singleflight/detail/worker_threads.hpp -- internal; do not include directly.
 //
-// worker_threads: threads a layer owns to run its jobs off the caller's thread (the cache's
-// background refreshes, the fleet's asynchronous flights). A job never waits behind another
-// job while the pool may grow: post() wakes an idle thread or starts a new one, up to
-// `max_threads` (0: no bound); at the bound a job queues until a thread is free. A thread idle
-// for `idle_for` exits; finished threads are joined by the next post() or by close(). close()
-// from outside joins them all; close() from one of them (a job calling close()) joins none
-// and returns at once: joining another job's thread there would wait for that job (two jobs
-// that both close would wait for each other forever). The destructor joins what is left.
+// worker_threads: the threads a layer owns to run its work off the caller's thread (the
+// cache's background refreshes, the batch loader's window and bulk calls, the fleet's
+// asynchronous flights), and the one protocol by which they are shut down.
+//
+// Threads. post() wakes an idle thread or starts a new one, up to `max_threads` per object
+// (default_max_threads = 64, the fleet's max_async_threads; 0: no bound); at the bound a job
+// queues until a thread is free. A thread idle for `idle_for` exits; finished threads are
+// joined by the next post() or by close().
+//
+// Submission. post() / try_post() report a refusal (closed, or no thread could be started)
+// to the caller, on the caller's own path, and leave the job with it: a refused job is never
+// run or failed on one of these threads.
+//
+// Close. close() is idempotent and thread-safe; after it no job is accepted, the queued ones
+// still run.
+//   * From a library thread -- a thread of this object or of any other worker_threads (a
+//     job: a refresh loader, a bulk function, a delivery callback run there) -- it stops and
+//     rejects, and returns at once: it joins nothing and waits for nothing. A library thread
+//     may be waited on by an outside closer of its own object, so it must never wait for
+//     another library thread: jobs of two objects that close each other (or each its own)
+//     all return.
+//   * From any other thread it returns once every thread this object started has been
+//     joined. Concurrent closers all wait; each thread is joined by exactly one of them (or
+//     by a post() that reaps it), the others wait until that join is done.
+//   * The destructor closes and waits like an outside close(), from any thread but one of
+//     this object's own (which would join itself: it aborts with a message instead).
+// So no thread joins itself, and no library thread joins or waits for a thread that may be
+// waiting on it. tests/model/worker_threads.pml checks this protocol (tests/model/README.md).
+//
+// owned_thread (detail/group/owned_thread.hpp) stays separate: the group lets its destructor
+// run on its own threads (it orphans them), a protocol this one forbids; the batch loader's
+// window thread is one job on a worker_threads of its own instead.
 //
 // Locking: `mu_` guards the queue, the thread list and the counters. Jobs run without it.
 // Thread safety: every member may be called from any thread, the destructor excepted (not
-// concurrently with anything, and not on one of these threads).
+// concurrently with anything, and not on one of this object's threads).
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdio>
+#include <cstdlib>
 #include <deque>
+#include <exception>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -25,13 +52,15 @@
 #include <type_traits>
 #include <utility>
 
+#include "../errors.hpp"
+
 namespace singleflight::detail {
 
 class worker_threads {
  public:
   // A unit of work. run() throws nothing but a forced unwind (pthread_exit in user code),
-  // which ends its thread; a job destroyed without running (close() with jobs queued, post()
-  // failing, that unwind) cleans up in its destructor.
+  // which ends its thread; a job destroyed without running (post() refusing, that unwind)
+  // cleans up in its destructor.
   struct job {
     job() = default;
     job(const job&) = delete;
@@ -52,23 +81,26 @@ class worker_threads {
   }
 
   static constexpr std::chrono::seconds default_idle_for{10};
+  // The default bound on threads per object (as fleet_options::max_async_threads).
+  static constexpr std::size_t default_max_threads = 64;
 
   explicit worker_threads(std::chrono::nanoseconds idle_for = default_idle_for,
-                          std::size_t max_threads = 0) noexcept
+                          std::size_t max_threads = default_max_threads) noexcept
       : idle_for_(idle_for), max_threads_(max_threads) {}
   worker_threads(const worker_threads&) = delete;
   worker_threads& operator=(const worker_threads&) = delete;
   ~worker_threads() {
-    close();
-    // close() joins everything from outside; the destructor is never on one of the threads.
-    std::list<worker> rest;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      rest.swap(workers_);
+    if (current_ == this) {
+      std::fputs(
+          "singleflight: an object was destroyed on one of its own threads (inside its loader, "
+          "bulk function or callback); call close() there and destroy it elsewhere\n",
+          stderr);
+      std::abort();
     }
-    for (worker& w : rest) {
-      if (w.thread.joinable()) w.thread.join();
-    }
+    std::unique_lock<std::mutex> lk(mu_);
+    closing_ = true;
+    cv_.notify_all();
+    join_all(lk);
   }
 
   // post(j): runs `*j` soon on one of these threads and takes it (j is then null). Returns
@@ -76,66 +108,75 @@ class worker_threads {
   // is needed and cannot be started, std::bad_alloc; `j` is then left with the caller too.
   bool post(std::unique_ptr<job>& j) {
     std::list<worker> done;
+    bool posted = false;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      reap(done);
-      if (closing_) return false;
-      queue_.push_back(std::move(j));
-      if (idle_ >= queue_.size() || (max_threads_ != 0 && workers_.size() >= max_threads_)) {
-        cv_.notify_one();  // an idle thread takes it, or the next thread to finish a job
-      } else {
-        try {
-          workers_.emplace_back();
-          worker& w = workers_.back();
-          w.thread = std::thread([this, &w] { loop(w); });
-        } catch (...) {
-          workers_.pop_back();
-          j = std::move(queue_.back());
-          queue_.pop_back();
-          throw;
+      reap_locked(done);
+      if (!closing_) {
+        queue_.push_back(std::move(j));
+        posted = true;
+        if (idle_ >= queue_.size() || (max_threads_ != 0 && workers_.size() >= max_threads_)) {
+          cv_.notify_one();  // an idle thread takes it, or the next thread to finish a job
+        } else {
+          try {
+            workers_.emplace_back();
+            worker& w = workers_.back();
+            w.thread = std::thread([this, &w] { loop(w); });
+          } catch (...) {
+            workers_.pop_back();
+            j = std::move(queue_.back());
+            queue_.pop_back();
+            posted = false;
+            lk.unlock();
+            join_reaped(done);
+            throw;
+          }
         }
       }
     }
-    for (worker& w : done) w.thread.join();
-    return true;
+    join_reaped(done);
+    return posted;
   }
 
-  // close(): no more jobs are accepted; the queued ones still run. Called from outside, it
-  // joins every thread; called from one of these threads (a job), it joins none and does not
-  // wait: the threads are joined by a later close() from outside or by the destructor.
-  // Idempotent.
+  // try_post(j): post() that reports a refusal instead of throwing it: null when `j` was
+  // taken, else why not (closed_error after close(), the std::system_error or bad_alloc of
+  // a thread that could not start), `j` then left with the caller.
+  std::exception_ptr try_post(std::unique_ptr<job>& j) noexcept {
+    try {
+      if (post(j)) return nullptr;
+      return std::make_exception_ptr(closed_error());
+    } catch (...) {
+      return std::current_exception();
+    }
+  }
+
+  // close(): see the top of this file. Idempotent.
   void close() {
-    std::list<worker> joinable;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      closing_ = true;
-      cv_.notify_all();
-      const std::thread::id self = std::this_thread::get_id();
-      for (const worker& w : workers_) {
-        if (w.thread.get_id() == self) return;  // a job: joining another job's thread waits
-      }
-      joinable.swap(workers_);
-    }
-    for (worker& w : joinable) {
-      if (w.thread.joinable()) w.thread.join();
-    }
+    std::unique_lock<std::mutex> lk(mu_);
+    closing_ = true;
+    cv_.notify_all();
+    if (current_ != nullptr) return;  // a library thread: stop and reject, never wait
+    join_all(lk);
   }
 
-  // on_own_thread(): whether the caller is one of these threads.
-  bool on_own_thread() const {
+  bool closed() const {
     std::lock_guard<std::mutex> lk(mu_);
-    const std::thread::id self = std::this_thread::get_id();
-    for (const worker& w : workers_) {
-      if (w.thread.get_id() == self) return true;
-    }
-    return false;
+    return closing_;
   }
+
+  // on_own_thread(): whether the caller is one of this object's threads.
+  bool on_own_thread() const noexcept { return current_ == this; }
+
+  // on_library_thread(): whether the caller is a thread of any worker_threads.
+  static bool on_library_thread() noexcept { return current_ != nullptr; }
 
   // The number of threads started and not yet joined (for tests and stats).
   std::size_t threads() const {
     std::lock_guard<std::mutex> lk(mu_);
-    return workers_.size();
+    return workers_.size() + joining_;
   }
+
+  std::size_t max_threads() const noexcept { return max_threads_; }
 
  private:
   struct worker {
@@ -144,6 +185,7 @@ class worker_threads {
   };
 
   void loop(worker& self) noexcept {
+    current_ = this;
     std::unique_lock<std::mutex> lk(mu_);
     for (;;) {
       while (!queue_.empty()) {
@@ -163,22 +205,60 @@ class worker_threads {
     self.finished = true;
   }
 
-  // Moves finished workers to `out`, to be joined without the lock.
-  void reap(std::list<worker>& out) {
+  // join_all(lk): claims every thread not yet claimed and joins it without the lock, then
+  // waits until the threads other joiners claimed are joined too. Not on a library thread
+  // (it would wait for one), nor before closing_ (threads could still start).
+  void join_all(std::unique_lock<std::mutex>& lk) {
+    for (;;) {
+      if (!workers_.empty()) {
+        std::list<worker> mine;
+        mine.swap(workers_);
+        const std::size_t n = mine.size();
+        joining_ += n;
+        lk.unlock();
+        for (worker& w : mine) w.thread.join();
+        mine.clear();
+        lk.lock();
+        joining_ -= n;
+        joined_cv_.notify_all();
+        continue;
+      }
+      if (joining_ == 0) return;
+      joined_cv_.wait(lk, [&] { return joining_ == 0 || !workers_.empty(); });
+    }
+  }
+
+  // Moves finished workers to `out` (counted in joining_), to be joined without the lock.
+  void reap_locked(std::list<worker>& out) {
     for (auto it = workers_.begin(); it != workers_.end();) {
       auto next = std::next(it);
-      if (it->finished) out.splice(out.end(), workers_, it);
+      if (it->finished) {
+        out.splice(out.end(), workers_, it);
+        ++joining_;
+      }
       it = next;
     }
   }
+  void join_reaped(std::list<worker>& done) {
+    if (done.empty()) return;
+    for (worker& w : done) w.thread.join();  // finished: returns at once
+    std::lock_guard<std::mutex> lk(mu_);
+    joining_ -= done.size();
+    joined_cv_.notify_all();
+  }
+
+  // The worker_threads whose thread this is (null on any other thread).
+  static inline thread_local const worker_threads* current_ = nullptr;
 
   const std::chrono::nanoseconds idle_for_;
   const std::size_t max_threads_;
   mutable std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable cv_;         // threads wait for a job
+  std::condition_variable joined_cv_;  // closers wait for joins others make
   std::deque<std::unique_ptr<job>> queue_;
   std::list<worker> workers_;  // a list: a worker's address is stable for its thread
   std::size_t idle_ = 0;       // mu_: threads waiting for a job
+  std::size_t joining_ = 0;    // mu_: threads claimed by a joiner, not yet joined
   bool closing_ = false;       // mu_
 };
 
