@@ -152,6 +152,93 @@ TEST_CASE(
   CHECK(c.stats().leader == 1);
 }
 
+TEST_CASE(
+    "phantom lease, stalled server: the race and the release that gives it up both time out; "
+    "the release is retried off the caller's path, so no lease nobody holds is left",
+    "[fleet][faults][stall]") {
+  sftest::private_redis server;
+  auto client = server.client();
+  sftest::fault_proxy proxy(server.port());
+  const std::string prefix = "stall-race";
+  sf::fleet_options ob = message_only(proxy.uri(), prefix);
+  ob.redis_timeout = 150ms;
+  ob.lease_ttl = 60s;  // a lease nobody holds would outlive every bounded wait here
+  fleet_t b(ob);
+  sf::fleet_options oc = message_only(server.uri(), prefix);
+  oc.lease_ttl = 60s;
+  oc.max_wait = 5s;  // c gives up waiting long before the lease would expire
+  fleet_t c(oc);
+
+  CHECK(b.get("warm-up", [] { return std::string("w"); }) == "w");  // the scripts are cached
+  const long long scripts_before = client->command_calls("evalsha");
+
+  // b's race is held (its reply never comes in time); the handshake of the connection its
+  // release opens is held past b's timeout: the release fails as the race did.
+  proxy.hold_command("EVALSHA", sftest::fault_proxy::until_released);
+  proxy.hold_command("PING", 10 * ob.redis_timeout);
+  counting_origin ob_origin("b's own load");
+  CHECK(b.get("k", ob_origin.loader()) == "b's own load");
+  CHECK(b.stats().local_fallback == 1);
+  sftest::must([&] { return proxy.held_commands() == 2; }, "the race and the release's handshake");
+  // The race runs on the server now, before any release could: it takes the lease.
+  proxy.release_commands();
+  sftest::must([&] { return client->command_calls("evalsha") > scripts_before; },
+               "the held race ran on the server");
+
+  // Within a fraction of lease_ttl the lease is released (or the race found its tombstone).
+  CHECK(sftest::becomes([&] { return !exists(*client, names_of(prefix, "k").lease); }, 5s));
+
+  counting_origin oc_origin("c's value");
+  CHECK(c.get("k", oc_origin.loader()) == "c's value");
+  CHECK(c.stats().leader == 1);
+  CHECK(c.stats().local_fallback == 0);
+}
+
+TEST_CASE(
+    "stalled server after a load: the store and the release after it both time out; the "
+    "release is retried off the caller's path, the lease does not outlive the stall",
+    "[fleet][faults][stall]") {
+  sftest::private_redis server;
+  auto client = server.client();
+  sftest::fault_proxy proxy(server.port());
+  const std::string prefix = "stall-store";
+  sf::fleet_options oa = message_only(proxy.uri(), prefix);
+  oa.redis_timeout = 150ms;
+  oa.lease_ttl = 60s;
+  fleet_t a(oa);
+  sf::fleet_options ob = message_only(server.uri(), prefix);
+  ob.lease_ttl = 60s;
+  ob.max_wait = 8s;  // b gives up waiting long before the lease would expire
+  fleet_t b(ob);
+  sftest::fleet_points pb;
+  pb.attach(b);
+  CHECK(a.get("warm-up", [] { return std::string("w"); }) == "w");  // the scripts are cached
+
+  held_origin origin(std::string("a's value"));
+  sftest::result<std::string> ra;
+  auto ta = sftest::spawn(ra, [&] { return a.get("k", origin.loader()); });
+  origin.started.wait("a leads");
+  counting_origin own("b's own load");
+  sftest::result<std::string> rb;
+  auto tb = sftest::spawn(rb, [&] { return b.get("k", own.loader()); });
+  sftest::must([&] { return pb.waiting.load() >= 1; }, "b waits for a's value");
+
+  // a's store never reaches the server; the handshake of its release's connection is held
+  // past a's timeout.
+  proxy.hold_command("EVALSHA", sftest::fault_proxy::until_released);
+  proxy.hold_command("PING", 10 * oa.redis_timeout);
+  origin.release.open();
+  sftest::finish(ta, ra, "a returns its value");
+  CHECK(ra.value == "a's value");
+  CHECK(proxy.held_commands() == 2);
+
+  CHECK(sftest::becomes([&] { return !exists(*client, names_of(prefix, "k").lease); }, 5s));
+  sftest::finish(tb, rb, "b loads for itself");
+  CHECK(rb.value == "b's own load");
+  CHECK(own.calls.load() == 1);
+  CHECK_FALSE(exists(*client, names_of(prefix, "k").value));
+}
+
 // ---- bad input --------------------------------------------------------------------------------
 
 namespace {

@@ -33,7 +33,9 @@
 //     (corrupt, truncated, foreign, another Redis type) is a miss; foreign
 //     data under the lease or metadata names is taken over;
 //   * a race whose reply was lost (a timeout) leaves no lease behind: its
-//     tombstone stops it from taking one if it runs later;
+//     tombstone stops it from taking one if it runs later; a release that
+//     fails (a stalled server) is retried on the renewer thread until it
+//     works or the lease would have expired anyway;
 //   * a value that cannot be stored (over max_value_bytes, refused by Redis,
 //     an encode that throws) is returned to its callers; the lease is
 //     released and the followers load for themselves at once.

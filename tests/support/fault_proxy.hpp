@@ -120,13 +120,11 @@ class fault_proxy {
 
   // hold_command(name, for_): the next client command called `name` (case-insensitive, on
   // any connection) waits `for_` (until_released: until release_commands()), and with it
-  // what its connection sends after it. One command per call.
+  // what its connection sends after it. One command per call; holds of different names are
+  // armed side by side (a second call for the same name replaces the first).
   void hold_command(std::string name, ms for_) {
     for (char& c : name) c = upper(c);
-    change([&] {
-      hold_cmd_ = std::move(name);
-      hold_cmd_for_ = for_;
-    });
+    change([&] { hold_cmds_[std::move(name)] = for_; });
   }
 
   // release_commands(): the commands held until_released go now.
@@ -156,7 +154,7 @@ class fault_proxy {
   void clear() {
     change([&] {
       for (auto& f : flows_) f = flow_settings{};
-      hold_cmd_.clear();
+      hold_cmds_.clear();
       for (auto& c : conns_) {
         for (auto& ch : c.flow[up].q) ch.held = false;
       }
@@ -416,11 +414,11 @@ class fault_proxy {
         f.partial.erase(0, n);
         bool held = false;
         ms extra{0};
-        if (!hold_cmd_.empty() && name == hold_cmd_) {
+        if (const auto h = hold_cmds_.find(name); h != hold_cmds_.end()) {
           ++held_total_;
-          held = hold_cmd_for_ == until_released;
-          extra = held ? ms{0} : hold_cmd_for_;
-          hold_cmd_.clear();
+          held = h->second == until_released;
+          extra = held ? ms{0} : h->second;
+          hold_cmds_.erase(h);
         }
         push(f, s, std::move(cmd), now, extra, held);
       }
@@ -618,8 +616,7 @@ class fault_proxy {
   int listen_fd_ = -1;
   bool stop_ = false;
   flow_settings flows_[2];
-  std::string hold_cmd_;  // empty: none armed
-  ms hold_cmd_for_{0};
+  std::map<std::string, ms> hold_cmds_;  // armed holds: command name -> for how long
   std::list<conn> conns_;
   std::size_t accepted_ = 0;
   std::size_t peak_ = 0;

@@ -3,7 +3,8 @@
 // detail::fleet_engine: everything of a fleet that does not depend on its
 // Key and T: the settings (validated from fleet_options), the counters and
 // their snapshot, the command connection pool, the circuit breaker, the
-// subscriber thread, the lease renewer thread, the worker threads of async
+// subscriber thread, the lease renewer thread (which also retries failed
+// releases), the worker threads of async
 // flights, the lease tokens, and invalidate's round trip. fleet_flight.hpp
 // runs the protocol's flights with it; fleet.hpp owns one.
 //
@@ -143,8 +144,9 @@ class fleet_engine {
         pool(cfg.endpoint, cfg.redis_timeout, cfg.username, cfg.password, cfg.max_idle_connections),
         breaker(cfg.breaker_threshold, cfg.breaker_cooldown),
         subscriber(pool, counters.redis_errors, hook),
-        renewer(pool, cfg.lease_ttl, cfg.renew_every, cfg.meta_ttl, counters.redis_errors,
-                counters.lease_lost),
+        renewer(pool, cfg.lease_ttl, cfg.renew_every, cfg.meta_ttl,
+                std::min(cfg.renew_every, cfg.redis_timeout), counters.redis_errors,
+                counters.lease_lost, counters.publish_failures),
         workers(worker_threads::default_idle_for, cfg.max_async_threads),
         rng_(seed()) {}
 
@@ -216,29 +218,13 @@ class fleet_engine {
   // give_up(names, token): a race sent with `token` got no answer (it may
   // still run on the server, later): writes its tombstone, so that it takes
   // no lease when it runs, and releases the lease if it already took one
-  // ("r": the followers race again). On a worker thread, so that the caller
-  // that gave up loads at once; when none can be had (closed, no thread), not
-  // at all. Best effort, and not counted when it fails: the failed race was
-  // (the same outage, and redis_errors stays one per failed call).
+  // ("r": the followers race again). On the renewer's thread, so that the
+  // caller that gave up loads at once, and retried there while Redis fails
+  // (lease_renewer::release_later): a server that stalled must not keep a
+  // lease nobody holds. Failures are not counted: the failed race was (the
+  // same outage, and redis_errors stays one per failed call).
   void give_up(const fleet_names& names, const std::string& token) noexcept {
-    try {
-      auto job = worker_threads::make_job([this, names, token]() noexcept {
-        try {
-          // A new connection: an idle one may be as dead as the one that failed.
-          const std::unique_ptr<redis_conn> c = pool.open();
-          bool published = true;
-          if (release(*c, names, token, cfg.meta_ttl, "r", published) == release_result::released &&
-              !published) {
-            fleet_counters::bump(counters.publish_failures);
-          }
-        } catch (const redis_failure&) {   // NOLINT(bugprone-empty-catch): best effort
-        } catch (const std::bad_alloc&) {  // NOLINT(bugprone-empty-catch): best effort
-        }
-      });
-      (void)workers.post(job);
-    } catch (const std::bad_alloc&) {     // NOLINT(bugprone-empty-catch): best effort
-    } catch (const std::system_error&) {  // NOLINT(bugprone-empty-catch): no thread for it
-    }
+    renewer.release_later(names, token, cfg.meta_ttl, "r");
   }
 
   // stats(): a snapshot of the counters (each exact; not one instant).

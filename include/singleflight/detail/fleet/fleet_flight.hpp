@@ -302,7 +302,9 @@ class fleet_flight {
   // The store script failed: release the lease (if it is still ours) on a
   // new connection (not one from the pool: the server may have closed those
   // too) and publish `message`, so that the followers do not wait for the
-  // lease to expire. Failures are counted; then the lease expires.
+  // lease to expire. When that fails too (a server that stalls), the
+  // renewer's thread retries it until it works or the lease has expired
+  // (lease_renewer::release_later), off this caller's path.
   void release_after_failed_store(const std::string& token, std::string_view message) noexcept {
     try {
       const std::unique_ptr<redis_conn> c = e_.pool.open();
@@ -314,8 +316,10 @@ class fleet_flight {
       }
     } catch (const redis_failure&) {
       fleet_counters::bump(e_.counters.redis_errors);
+      e_.renewer.release_later(names_, token, std::chrono::milliseconds(0), message);
     } catch (const std::bad_alloc&) {
       fleet_counters::bump(e_.counters.redis_errors);
+      e_.renewer.release_later(names_, token, std::chrono::milliseconds(0), message);
     }
   }
 

@@ -8,8 +8,17 @@
 // leader goes on (the lease is an efficiency lease, not a lock) and its store is then fenced out if
 // another leader took over meanwhile.
 //
-// Locking: `mu_` guards `leases_`, `closing_` and each entry's `registered`
-// flag. Round trips happen without it. The thread runs no user code.
+// The same thread retries the releases that failed on the caller's path
+// (release_later): a race given up on (its reply lost: it may have taken, or
+// may still take, a lease nobody holds) and a lease whose store failed. Each
+// is retried every retry_every until it succeeds or lease_ttl has passed
+// since it was handed over (the lease expires by then anyway): a server that
+// stalls for a few hundred milliseconds must not leave a lease that makes
+// other processes wait lease_ttl for nobody.
+//
+// Locking: `mu_` guards `leases_`, `releases_`, `closing_` and each entry's
+// `registered` flag. Round trips happen without it. The thread runs no user
+// code.
 #pragma once
 
 #include <algorithm>
@@ -17,6 +26,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -40,6 +50,16 @@ class lease_renewer {
     clock::time_point due;
     bool registered = true;         // guarded by mu_
     std::atomic<bool> lost{false};  // set by the thread, read by the leader after remove()
+  };
+
+  // A release to retry (release_later).
+  struct pending_release {
+    fleet_names names;
+    std::string token;
+    std::chrono::milliseconds tomb_ttl{};  // > 0: a race given up on (release()'s tombstone)
+    std::string message;
+    clock::time_point next;   // the next attempt, not before
+    clock::time_point until;  // no attempt after: the lease has expired by then
   };
 
  public:
@@ -72,15 +92,23 @@ class lease_renewer {
     std::shared_ptr<entry> e_;
   };
 
+  // Releases handed over and not yet done, at most: beyond, the oldest is
+  // dropped (its lease expires). A stalled server makes each attempt cost a
+  // timeout; the queue only has to outlast one stall.
+  static constexpr std::size_t max_pending_releases = 4096;
+
   lease_renewer(const redis_pool& pool, std::chrono::milliseconds lease_ttl,
                 std::chrono::milliseconds renew_every, std::chrono::milliseconds meta_ttl,
-                std::atomic<std::uint64_t>& errors, std::atomic<std::uint64_t>& lost)
+                std::chrono::milliseconds retry_every, std::atomic<std::uint64_t>& errors,
+                std::atomic<std::uint64_t>& lost, std::atomic<std::uint64_t>& publish_failures)
       : pool_(pool),
         lease_ttl_(lease_ttl),
         renew_every_(renew_every),
         meta_ttl_(meta_ttl),
+        retry_every_(std::max(std::chrono::milliseconds(1), retry_every)),
         errors_(errors),
-        lost_(lost) {
+        lost_(lost),
+        publish_failures_(publish_failures) {
     thread_ = std::thread([this] { run(); });
   }
 
@@ -102,6 +130,32 @@ class lease_renewer {
     leases_.emplace(id, e);
     cv_.notify_all();
     return handle(this, id, std::move(e));
+  }
+
+  // release_later(names, token, tomb_ttl, message): runs the release script
+  // for this lease (with a tombstone for tomb_ttl when > 0) on this thread,
+  // at once and then every retry_every while Redis fails, for lease_ttl at
+  // most. For a caller whose own attempt failed or could not wait. After
+  // close(), or when the copy cannot be made, does nothing (the lease
+  // expires). Never throws.
+  void release_later(const fleet_names& names, const std::string& token,
+                     std::chrono::milliseconds tomb_ttl, std::string_view message) noexcept {
+    try {
+      pending_release r{
+          names, token, tomb_ttl, std::string(message), clock::now(), clock::now() + lease_ttl_};
+      const std::lock_guard<std::mutex> lk(mu_);
+      if (closing_) return;
+      if (releases_.size() >= max_pending_releases) releases_.pop_front();
+      releases_.push_back(std::move(r));
+      cv_.notify_all();
+    } catch (const std::bad_alloc&) {  // NOLINT(bugprone-empty-catch): the lease expires
+    }
+  }
+
+  // Releases handed over and not yet done (tests).
+  std::size_t pending_releases() const {
+    const std::lock_guard<std::mutex> lk(mu_);
+    return releases_.size();
   }
 
   // close(): stops and joins the thread. Idempotent.
@@ -132,15 +186,21 @@ class lease_renewer {
     constexpr std::size_t batch = 128;
     std::unique_lock<std::mutex> lk(mu_);
     while (!closing_) {
-      if (leases_.empty()) {
-        cv_.wait(lk, [&] { return closing_ || !leases_.empty(); });
+      if (leases_.empty() && releases_.empty()) {
+        cv_.wait(lk, [&] { return closing_ || !leases_.empty() || !releases_.empty(); });
         continue;
       }
       clock::time_point next = clock::time_point::max();
       for (const auto& [id, e] : leases_) next = std::min(next, e->due);
+      for (const auto& r : releases_) next = std::min(next, r.next);
       const auto now = clock::now();
       if (now < next) {
         cv_.wait_until(lk, next);
+        continue;
+      }
+      if (std::any_of(releases_.begin(), releases_.end(),
+                      [&](const pending_release& r) { return r.next <= now; })) {
+        retry_releases(lk, conn);
         continue;
       }
       due.clear();
@@ -186,16 +246,63 @@ class lease_renewer {
     conn.reset();
   }
 
+  // retry_releases(lk, conn): with `lk` held on entry and on return, one
+  // attempt at each due release until one fails (Redis is down: the others
+  // would each wait a timeout too); then every release is due again
+  // retry_every from now at the soonest. Releases past their `until` are
+  // dropped.
+  void retry_releases(std::unique_lock<std::mutex>& lk, std::unique_ptr<redis_conn>& conn) {
+    for (;;) {
+      const auto now = clock::now();
+      releases_.erase(std::remove_if(releases_.begin(), releases_.end(),
+                                     [&](const pending_release& r) { return r.until <= now; }),
+                      releases_.end());
+      const auto it = std::find_if(releases_.begin(), releases_.end(),
+                                   [&](const pending_release& r) { return r.next <= now; });
+      if (closing_ || it == releases_.end()) return;
+      pending_release r = std::move(*it);
+      releases_.erase(it);
+      lk.unlock();
+      bool done = false;
+      try {
+        if (!conn) conn = pool_.open();
+        bool published = true;
+        if (release(*conn, r.names, r.token, r.tomb_ttl, r.message, published) ==
+                release_result::released &&
+            !published) {
+          publish_failures_.fetch_add(1, std::memory_order_relaxed);
+        }
+        done = true;
+      } catch (const redis_failure&) {
+        conn.reset();                    // the next attempt opens a new one
+      } catch (const std::bad_alloc&) {  // NOLINT(bugprone-empty-catch): retried
+      }
+      lk.lock();
+      if (done) continue;
+      const auto later = clock::now() + retry_every_;
+      r.next = later;
+      for (auto& other : releases_) other.next = std::max(other.next, later);
+      try {
+        releases_.push_back(std::move(r));
+      } catch (const std::bad_alloc&) {  // NOLINT(bugprone-empty-catch): the lease expires
+      }
+      return;
+    }
+  }
+
   const redis_pool& pool_;
   const std::chrono::milliseconds lease_ttl_;
   const std::chrono::milliseconds renew_every_;
   const std::chrono::milliseconds meta_ttl_;
+  const std::chrono::milliseconds retry_every_;
   std::atomic<std::uint64_t>& errors_;
   std::atomic<std::uint64_t>& lost_;
+  std::atomic<std::uint64_t>& publish_failures_;
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::uint64_t, std::shared_ptr<entry>> leases_;  // guarded by mu_
+  std::deque<pending_release> releases_;                    // guarded by mu_, by `next`
   std::uint64_t next_id_ = 0;                               // guarded by mu_
   bool closing_ = false;                                    // guarded by mu_
   std::thread thread_;
