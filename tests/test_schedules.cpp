@@ -12,6 +12,7 @@
 
 #include <array>
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -40,7 +41,7 @@ namespace {
 // carry 0 unless the fn they run sets one.
 thread_local int tl_tag = 0;
 constexpr int any_tag = -1;
-constexpr int n_points = 7;
+constexpr int n_points = static_cast<int>(hp::observer_relooking) + 1;  // the last point
 constexpr int n_tags = 16;
 
 // One parking place: the first thread with `tag` (any_tag: any thread) that
@@ -838,4 +839,66 @@ TEST_CASE("blocked_follower_that_left_is_not_claimed_by_a_settle_queued_on_the_l
     // group, so the test fails instead of hanging.
     (void)owner.release();
   }
+}
+
+// ---- (i) -------------------------------------------------------------------
+
+TEST_CASE("a close() passing another still marking the shards returns with every shard closed",
+          "[schedule]") {
+  // close() marks the shards one at a time (never holding two shard locks:
+  // ThreadSanitizer follows at most 64). A's close() is parked after marking
+  // shard 0 only. B's close() then runs to completion: it marks every shard
+  // itself, so once it returns no shard takes a new call, though A has
+  // reached one. Then A is released and returns too.
+  // Catches: a close() that leaves the marking to the first one (it sees
+  // shard 0 closed): B returns while shards 1..255 still start flights; a
+  // close() that waits for another's marking: B never returns while A is
+  // parked. (Marking under every shard's lock at once is caught by
+  // test_many_shards under the tsan preset.)
+  schedule s;
+  park& marking = s.at(hp::close_marking, A, "A parked after marking shard 0");
+  using group_t = sf::group<int, int>;
+  constexpr std::size_t shards = 256;
+  sf::options o;
+  o.shards = shards;
+  group_t g{o};
+  // One key per shard: the top 8 bits of the mixed hash pick it.
+  std::vector<int> key_of(shards, -1);
+  std::size_t found = 0;
+  for (int k = 0; found < shards; ++k) {
+    REQUIRE(k < (1 << 20));
+    const auto sh =
+        static_cast<std::size_t>(sf::detail::shard_set::mix(group_t::hasher{}(k)) >> (64U - 8U));
+    if (key_of[sh] < 0) {
+      key_of[sh] = k;
+      ++found;
+    }
+  }
+
+  sftest::thread a([&] {
+    tl_tag = A;
+    g.close();
+  });
+  marking.wait_parked();
+  // The window: shard 0 rejects, the last shard still runs a new call.
+  CHECK_THROWS_AS(g.do_(key_of[0], [] { return 0; }), sf::closed_error);
+  CHECK(g.do_(key_of[shards - 1], [] { return 5; }) == 5);
+
+  sftest::thread b([&] {
+    tl_tag = B;
+    g.close();
+  });
+  b.join("B's close() returned while A is parked");
+  int started = 0;
+  for (const int k : key_of) {
+    try {
+      (void)g.do_(k, [] { return 0; });
+      ++started;
+    } catch (const sf::closed_error&) {
+    }
+  }
+  CHECK(started == 0);
+  marking.go();
+  a.join("A's close() returned");
+  CHECK(g.in_flight() == 0);
 }

@@ -54,7 +54,8 @@ struct batch_options {
 // batch_stats
 //
 // Counters since construction, read together under the loader's lock (one
-// consistent snapshot), with the per-key group's calls and joins. Keys per
+// consistent snapshot), with the per-key group's calls and joins (summed
+// over its shards in turn, see singleflight::stats). Keys per
 // batch: keys / batches.
 struct batch_stats {
   std::uint64_t calls = 0;            // load / try_load / async_load / co_load calls, one per

@@ -93,8 +93,8 @@
 // stopped fn starts the next flight. Stop requests are always made after the
 // lock is released, because stop callbacks run synchronously in the
 // requesting thread; waiters are notified after it is released too (see
-// detail/group/claim.hpp for the claim/leave exchange). Locks of two shards are
-// only held together in index order (stats(), in_flight(), close()).
+// detail/group/claim.hpp for the claim/leave exchange). No thread holds two
+// shards' locks at once: stats(), in_flight() and close() take each in turn.
 //
 // Where the parts live (include/singleflight/detail/, bottom layer first):
 //   flight_table.hpp    the identity-checked table, recycling, settle/finish
@@ -548,7 +548,10 @@ class group : private detail::async_calls<Key, T, Hash, KeyEqual> {
   // flight settles with closed_error for its waiters and has its token
   // stopped; callers waiting for a predecessor get closed_error. Returns once
   // every fn the group started has returned (or its task was dropped), every
-  // caller has left, and the group's own threads are joined.
+  // caller has left, and the group's own threads are joined. The shards are
+  // closed one at a time: while close() runs, a call in a shard it has not
+  // reached may still start a flight, which it settles and drains like the
+  // others; once any close() has returned, every call is rejected.
   //
   // Called from inside fn (any flight of this group, on this thread) it does
   // all of the above except waiting for this thread's own calls; the
@@ -581,13 +584,16 @@ class group : private detail::async_calls<Key, T, Hash, KeyEqual> {
   //
   // The number of entries: keys whose fn has not returned (joinable flights,
   // and stopped flights still winding down). Returns to 0 between bursts.
-  // Exact: every shard is locked at once for the count. Thread-safe.
+  // Summed shard by shard, each under its lock in turn: exact once no call
+  // is running. Thread-safe.
   std::size_t in_flight() const { return self().entries(); }
 
   // stats()
   //
-  // One consistent snapshot of the counters (every shard locked at once);
-  // see singleflight::stats. Thread-safe.
+  // The counters, summed shard by shard (each shard's lock in turn, never
+  // two at once): each shard's figures are read together, the sum is not
+  // one instant across shards while calls run; see singleflight::stats.
+  // Thread-safe.
   singleflight::stats stats() const { return self().snapshot(); }
 
  private:

@@ -10,9 +10,11 @@ namespace singleflight {
 
 // stats
 //
-// Counters of one group since construction, read together under the group's
-// lock (one consistent snapshot). They are plain increments inside critical
-// sections the calls take anyway, so they are always on.
+// Counters of one group since construction, summed over its shards, each
+// shard's read together under its lock in turn (while calls run, the sum is
+// not one instant across shards; a later snapshot never reports less). They
+// are plain increments inside critical sections the calls take anyway, so
+// they are always on.
 //
 // Accounting identity: every call ends as exactly one of started, joined or
 // rejected, so `calls == flights + joins + rejections` once no call is

@@ -21,6 +21,7 @@ enum class hook_point {
   caller_exiting,      // a caller's outcome is decided, the lock released, not yet delivered
   stop_requesting,     // a flight was stopped under the lock; request_stop() comes next
   timer_due,           // the timer found the earliest deadline passed; it settles next
+  close_marking,       // close() marked shard 0 closed (only that one); the others next
   close_marked,        // close() marked the group closed, settled, stopped and notified
   observer_returning,  // an async observer was claimed; it attaches again next
   observer_relooking,  // a blocked caller's wait for a stopped fn ended; it looks again next

@@ -1,16 +1,17 @@
 // singleflight/detail/group/lifecycle.hpp -- internal; do not include directly.
 //
 // lifecycle<Key, T, Hash, KeyEqual>: close() and the drain. close() marks
-// every shard closed (new calls are rejected from then on), settles every
-// unsettled flight with closed_error, stops their tokens, notifies, and
-// waits until each shard's drain count (`users`: calls inside, unfinished
-// tasks, unresolved completions, notification loops) is down to what the
-// calling thread itself holds. Then it joins the group's threads, never the
-// one it runs on. Also the thread_executor workers: started here, reaped
-// when the next one starts, joined by close().
+// every shard closed, one at a time (each shard rejects new calls from its
+// marking on), then settles every unsettled flight with closed_error, stops
+// their tokens, notifies, and waits until each shard's drain count (`users`:
+// calls inside, unfinished tasks, unresolved completions, notification
+// loops) is down to what the calling thread itself holds. Then it joins the
+// group's threads, never the one it runs on. Also the thread_executor
+// workers: started here, reaped when the next one starts, joined by close().
 //
-// Locking: shard locks as in flight_table.hpp (all of them, in index order,
-// to mark the group closed); workers_ is guarded by workers_mu_; join_mu_
+// Locking: shard locks as in flight_table.hpp, one at a time (never two at
+// once: a group may have 65,536 shards, and ThreadSanitizer follows at most
+// 64 locks held by one thread); workers_ is guarded by workers_mu_; join_mu_
 // serialises joins, so a second close() returns only once the first has
 // joined everything.
 #pragma once
@@ -47,13 +48,23 @@ class lifecycle : public deadlines<Key, T, Hash, KeyEqual> {
   // orphans) the threads that close() called from inside the group leaves
   // alone.
   bool close_until(std::optional<steady::time_point> until, bool destroying) {
+    // Marks the shards closed one at a time. Meanwhile a call may still
+    // start a flight in a shard not marked yet: the first close() settles it
+    // below like any other (marking is over before any shard is settled),
+    // and the drain waits for it. Every close() marks every shard, not only
+    // the first (the one that marked shard 0): a second one may pass a first
+    // still on its way through the shards, and must not return, nor wait
+    // for a drain, while a shard still takes new calls.
     bool first = false;
-    this->lock_all();
-    if (!this->shard_at(0).closed) {
-      first = true;
-      for (std::size_t i = 0; i < this->shard_count(); ++i) this->shard_at(i).closed = true;
+    for (std::size_t i = 0; i < this->shard_count(); ++i) {
+      shard& s = this->shard_at(i);
+      {
+        std::lock_guard<std::mutex> lk(s.mu);
+        if (i == 0) first = !s.closed;
+        s.closed = true;
+      }
+      if (i == 0) SINGLEFLIGHT_HOOK(close_marking);
     }
-    this->unlock_all();
     if (first) {
       for (std::size_t i = 0; i < this->shard_count(); ++i) close_shard(this->shard_at(i));
       SINGLEFLIGHT_HOOK(close_marked);
