@@ -65,7 +65,8 @@
 //
 // Where user code runs:
 //  * the bulk function: on one of the loader's worker threads (a new one is
-//    started when every worker is busy; one idle for 10 s exits),
+//    started when every worker is busy, up to batch_options::max_threads,
+//    64 by default; one idle for 10 s exits),
 //    or, with a callable flight.executor, on whatever thread the executor
 //    runs its task; never on a caller's thread and never on the window
 //    thread;
@@ -79,8 +80,8 @@
 //    waits for a key held behind itself;
 //  * a blocking call of the bulk function for a key of its own batch would
 //    wait for itself: it throws std::logic_error instead. Keys of other
-//    batches are fine, as long as max_in_flight_batches leaves room for the
-//    batch they go into;
+//    batches are fine, as long as max_in_flight_batches and max_threads
+//    leave room for the batch they go into;
 //  * the executor, when set, is called on the window thread: it must queue
 //    the task and return (thread_pool's does; one that refuses fails that
 //    batch).
@@ -386,8 +387,11 @@ class batch_loader {
   // has that call's token stopped. Returns once every bulk call has been
   // answered and delivered and the loader's threads are joined. Called from
   // a callback or a resumption the loader runs, it first delivers the rest
-  // of that batch. Called from inside the bulk function it does not wait for
-  // that batch (the destructor finishes the drain, and joins that thread).
+  // of that batch, then waits for the other bulk calls and deliveries but
+  // those of callbacks in close() themselves. Called from inside the bulk
+  // function it does not wait for that batch (the destructor finishes the
+  // drain, and joins that thread). On one of the library's threads it joins
+  // none (detail/worker_threads.hpp); concurrent closers all wait.
   // A bulk function that ignores its token makes close() wait for it.
   // Thread-safe.
   void close() {
@@ -395,11 +399,11 @@ class batch_loader {
     queue_.close_begin();
     if (queue_.has_frames() && !queue_.calling_here().empty()) {
       (void)group_.close_for(std::chrono::nanoseconds(0));
-      queue_.close_finish(/*wait=*/false);
+      queue_.close_finish(queue_t::wait_for::nobody);
       return;
     }
     group_.close();
-    queue_.close_finish(/*wait=*/true);
+    queue_.close_finish(queue_t::wait_for::others_not_closing);
   }
 
   // stats(): the loader's counters (batch_options.hpp), with the group's

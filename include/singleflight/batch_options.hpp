@@ -41,6 +41,12 @@ struct batch_options {
   // 0 = no cap.
   std::size_t max_in_flight_batches = 0;
 
+  // Cap on the loader's own threads that run bulk calls (the window thread aside): a bulk
+  // call is started on an idle thread, or a new one while fewer than this many run; else it
+  // waits for a free one (a hung origin holds at most this many threads). One idle for 10 s
+  // exits. 0 = no cap. Not used with a callable flight.executor (the bulk calls run there).
+  std::size_t max_threads = 64;
+
   // The options of the loader's per-key group (the flights that callers of
   // one key share): ownership (who decides that a key is no longer wanted),
   // timeout (a deadline for each key, from its first caller), max_in_flight

@@ -4,7 +4,8 @@
 // group makes one flight per key; that flight's (asynchronous) fn is add(),
 // which puts the key and the flight's completion into the open batch. This
 // class owns what happens next:
-//   * the window: a thread of its own (never a caller's) closes the open
+//   * the window: a thread of its own (never a caller's; one job on a
+//     worker_threads of its own) closes the open
 //     batch `window` after its first key arrived, or at once when it holds
 //     max_batch keys or flush() is called, and dispatches it when fewer than
 //     max_in_flight_batches bulk calls run;
@@ -13,8 +14,8 @@
 //     resolved at once (which frees the key in the group); a batch whose
 //     keys were all dropped is not run;
 //   * the bulk call runs on one of the loader's worker_threads (a new one
-//     when every one is busy; an idle one exits after a while) or on the
-//     executor,
+//     when every one is busy, up to batch_options::max_threads; an idle one
+//     exits after a while) or on the executor,
 //     with a stop token of its own that fires once every sent key's flight
 //     has stopped;
 //   * delivery: every key's completion resolved with its result, on the
@@ -22,7 +23,13 @@
 //   * frames: which thread is calling a bulk function or delivering a batch,
 //     so that a blocking call made there (by a callback, a resumption, the
 //     bulk function) can first deliver what this thread holds back, or
-//     report that it would wait for itself (batch_loader).
+//     report that it would wait for itself (batch_loader);
+//   * shutdown: the window thread and the workers follow worker_threads'
+//     close protocol (a close from one of the library's threads joins
+//     nothing); a close from a thread delivering a batch waits for the other
+//     threads' bulk calls and deliveries, but not for those of threads that
+//     are in close() themselves, their batches delivered (two callbacks that
+//     both close would wait for each other).
 //
 // Locking: one mutex, `m_`, guards the open and ready batches, the items'
 // states, the running count, the frames, the flags and the counters. It is
@@ -55,7 +62,6 @@
 #include "../../stop_token.hpp"
 #include "../../task.hpp"
 #include "../after.hpp"
-#include "../group/owned_thread.hpp"
 #include "../task_base.hpp"
 #include "../unwind.hpp"
 #include "../worker_threads.hpp"
@@ -82,16 +88,17 @@ class batch_queue final : public batch_sink<Key, T> {
         use_exec_(static_cast<bool>(o.flight.executor) && !o.flight.executor.owns_threads()),
         dropped_(std::make_exception_ptr(cancelled_error())),
         closed_error_(std::make_exception_ptr(closed_error())),
-        broken_(std::make_exception_ptr(broken_promise_error())) {
-    timer_ = owned_thread([this](owned_thread::home&) { window_loop(); });
+        broken_(std::make_exception_ptr(broken_promise_error())),
+        workers_(worker_threads::default_idle_for, o.max_threads),
+        window_thread_(worker_threads::default_idle_for, 1) {
+    auto j = worker_threads::make_job([this] { window_loop(); });
+    (void)window_thread_.post(j);  // open: never refused; throws when no thread can start
   }
   batch_queue(const batch_queue&) = delete;
   batch_queue& operator=(const batch_queue&) = delete;
-  // Stops and joins the window thread and the workers. Must not run on them.
-  ~batch_queue() {
-    close_finish(/*wait=*/true);
-    timer_.join_or_orphan();
-  }
+  // Stops the window thread and the workers, waits for every bulk call and
+  // delivery on other threads, and joins the threads. Must not run on them.
+  ~batch_queue() { close_finish(wait_for::everyone); }
 
   // add(key, st, c): the body of a key's flight. Puts the key into the open
   // batch (opening one, and starting its window, if there is none), or
@@ -174,24 +181,38 @@ class batch_queue final : public batch_sink<Key, T> {
     return closed_;
   }
 
-  // close_finish(wait): with `wait`, waits until no other thread calls a bulk
-  // function or delivers a batch; then stops the window thread and the
-  // workers and joins them (except the calling thread, when it is one of
-  // them), and frees the batches left (their keys all resolved by then).
-  // Idempotent.
-  void close_finish(bool wait) {
+  // close_finish(wait): waits until no other thread calls a bulk function
+  // or delivers a batch (wait_for::everyone), the same but for threads that
+  // are in close_finish themselves, their batches delivered
+  // (wait_for::others_not_closing: close() from a callback), or not at all
+  // (wait_for::nobody: close() from a bulk function); then stops the window
+  // thread and the workers and joins them (worker_threads::close: none when
+  // the calling thread is one of the library's), and frees the batches left
+  // (their keys all resolved by then). Idempotent.
+  enum class wait_for { nobody, others_not_closing, everyone };
+  void close_finish(wait_for wait) {
     std::vector<std::shared_ptr<batch_t>> left;
     {
       std::unique_lock<std::mutex> lk(m_);
-      if (wait) drained_cv_.wait(lk, [&] { return only_own_frames_locked(); });
+      if (wait == wait_for::everyone) {
+        drained_cv_.wait(lk, [&] { return only_own_frames_locked(); });
+      } else if (wait == wait_for::others_not_closing) {
+        closer self{std::this_thread::get_id(), closers_};
+        closers_ = &self;
+        drained_cv_.notify_all();  // a closer waiting for this thread's frames re-checks
+        drained_cv_.wait(lk, [&] { return only_own_or_closing_frames_locked(); });
+        closer** p = &closers_;
+        while (*p != &self) p = &(*p)->next;
+        *p = self.next;
+      }
       stopping_ = true;
       if (pending_) left.push_back(std::move(pending_));
       for (auto& b : ready_) left.push_back(std::move(b));
       ready_.clear();
     }
     window_cv_.notify_all();
-    (void)timer_.join_unless_current();
-    workers_.close();  // joins every worker but this thread (the destructor joins it)
+    window_thread_.close();  // on one of the library's threads: joins nothing, waits for nothing
+    workers_.close();
     left.clear();      // items' stop callbacks reset, unresolved completions (none) broken
   }
 
@@ -360,6 +381,25 @@ class batch_queue final : public batch_sink<Key, T> {
     }
     return true;
   }
+  // The same, but frames of threads waiting in close_finish do not count.
+  bool only_own_or_closing_frames_locked() const noexcept {
+    for (frame* f = frames_; f != nullptr; f = f->next) {
+      if (f->thread == std::this_thread::get_id()) continue;
+      bool closing = false;
+      for (closer* c = closers_; c != nullptr && !closing; c = c->next) {
+        closing = c->thread == f->thread;
+      }
+      if (!closing) return false;
+    }
+    return true;
+  }
+
+  // A thread waiting in close_finish(others_not_closing). Lives on its
+  // stack; linked under m_.
+  struct closer {
+    std::thread::id thread;
+    closer* next;
+  };
 
   // The task that runs one bulk call. Destroyed unrun (an executor dropped
   // it), it fails the batch.
@@ -572,12 +612,13 @@ class batch_queue final : public batch_sink<Key, T> {
   bool closed_ = false;                         // m_
   bool stopping_ = false;                       // m_
   frame* frames_ = nullptr;                     // m_
+  closer* closers_ = nullptr;                   // m_
   std::atomic<std::size_t> frame_count_{0};     // see has_frames()
   std::uint64_t batches_ = 0, keys_ = 0, largest_ = 0, dropped_keys_ = 0, skipped_ = 0,
                 stopped_ = 0, failed_ = 0, pending_keys_ = 0;  // m_
 
-  worker_threads workers_;
-  owned_thread timer_;  // last: started once everything above exists
+  worker_threads workers_;        // the bulk calls
+  worker_threads window_thread_;  // last: started once everything above exists; joined first
 };
 
 }  // namespace singleflight::detail
