@@ -500,3 +500,71 @@ TEST_CASE(
   CHECK_FALSE(exists(*on_primary, n.value));
   replica.thaw();
 }
+
+TEST_CASE(
+    "replicas = 1 with the default timeouts: a replica that does not acknowledge is a replica "
+    "shortfall, not Redis unreachable; the breaker stays closed, healthy keys stay hits",
+    "[fleet][replicas]") {
+  sftest::private_redis primary;
+  sftest::private_redis replica;
+  replicate(replica, primary);
+  const std::string prefix = "wait-defaults";
+  sf::fleet_options o;  // redis_timeout, replica_timeout and the breaker as shipped
+  o.redis_uri = primary.uri();
+  o.key_prefix = prefix;
+  o.replicas = 1;
+  fleet_t f(o);
+  CHECK(f.get("healthy", [] { return std::string("v"); }) == "v");
+  const auto before = f.stats();
+
+  replica.freeze();
+  constexpr int tries = 5;  // more than the breaker's threshold
+  int shortfalls = 0;
+  std::string last;
+  for (int i = 0; i < tries; ++i) {
+    try {
+      (void)f.invalidate("k");
+    } catch (const sf::fleet_error& e) {
+      last = e.what();
+      if (last.find("applied on the primary") != std::string::npos) ++shortfalls;
+    }
+  }
+  replica.thaw();
+  INFO(last);
+  CHECK(shortfalls == tries);
+  const auto after = f.stats();
+  CHECK(after.replica_timeouts - before.replica_timeouts == tries);
+  CHECK(after.redis_errors == before.redis_errors);
+  CHECK(after.breaker_opens == before.breaker_opens);
+  counting_origin origin("not wanted");
+  CHECK(f.get("healthy", origin.loader()) == "v");
+  CHECK(origin.calls.load() == 0);
+}
+
+TEST_CASE(
+    "replicas = 1: a WAIT that gets no answer names the bound it waited, counts a replica "
+    "timeout, not a Redis error",
+    "[fleet][replicas]") {
+  sftest::private_redis server;
+  sftest::fault_proxy proxy(server.port());
+  sf::fleet_options o;
+  o.redis_uri = proxy.uri();
+  o.key_prefix = "wait-lost";
+  o.redis_timeout = 200ms;  // the invalidate script's round trip, on a loaded machine too
+  o.replicas = 1;
+  fleet_t f(o);
+  proxy.hold_command("WAIT", sftest::fault_proxy::until_released);
+  std::string what;
+  try {
+    (void)f.invalidate("k");
+  } catch (const sf::fleet_error& e) {
+    what = e.what();
+  }
+  proxy.release_commands();
+  const auto bound = o.replica_timeout + d::wait_reply_margin + o.redis_timeout;
+  INFO(what);
+  CHECK(what.find("applied on the primary") != std::string::npos);
+  CHECK(what.find("timed out after " + std::to_string(bound.count()) + " ms") != std::string::npos);
+  CHECK(f.stats().replica_timeouts == 1);
+  CHECK(f.stats().redis_errors == 0);
+}

@@ -109,7 +109,9 @@ struct fleet_options {
   std::size_t max_value_bytes = 0;
 
   // Replication: with replicas > 0, invalidate() returns only once that many
-  // replicas acknowledged it (WAIT, at most replica_timeout), and throws
+  // replicas acknowledged it (WAIT, at most replica_timeout; its round trip
+  // is bounded by replica_timeout + 250 ms + redis_timeout, as the server
+  // answers on its own timer), and throws
   // fleet_error when fewer did (the invalidation is applied on the primary,
   // but a failover to a replica that missed it would undo it); a leader's
   // store waits the same way (a store fewer replicas acknowledged is counted:

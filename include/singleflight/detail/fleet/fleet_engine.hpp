@@ -183,12 +183,15 @@ class fleet_engine {
   // `text` (and, with cfg.replicas, WAIT for them); the key's new generation.
   // Throws fleet_error when Redis cannot be reached (counted as a Redis error
   // and a breaker failure) or fewer replicas than cfg.replicas acknowledged in
-  // time (counted: replica_timeouts), std::bad_alloc. A refused PUBLISH (an ACL
-  // without channel rights) is counted, not thrown: the invalidation applied.
+  // time, or WAIT got no answer (counted: replica_timeouts; not a Redis
+  // failure: the primary applied it), std::bad_alloc. A refused PUBLISH (an
+  // ACL without channel rights) is counted, not thrown: the invalidation
+  // applied.
   std::uint64_t invalidate(std::string_view text) {
     const fleet_names names = fleet_names::of(cfg.key_prefix, text);
     std::uint64_t gen = 0;
     long long acked = 0;
+    std::string wait_failure;
     try {
       pooled c = pool.acquire();
       bool published = true;
@@ -196,9 +199,14 @@ class fleet_engine {
       gen = c.run(
           [&](redis_conn& rc) { return detail::invalidate(rc, names, cfg.meta_ttl, published); });
       if (!published) fleet_counters::bump(counters.publish_failures);
-      if (cfg.replicas > 0)
-        acked = wait_replicas(*c, cfg.replicas, cfg.replica_timeout, cfg.redis_timeout);
       breaker.success();
+      if (cfg.replicas > 0) {
+        try {
+          acked = wait_replicas(*c, cfg.replicas, cfg.replica_timeout, cfg.redis_timeout);
+        } catch (const redis_failure& e) {
+          wait_failure = e.what();  // the connection is broken: it is not pooled again
+        }
+      }
     } catch (const redis_failure& e) {
       fleet_counters::bump(counters.redis_errors);
       (void)breaker.failure();
@@ -207,10 +215,14 @@ class fleet_engine {
     }
     if (cfg.replicas > 0 && acked < static_cast<long long>(cfg.replicas)) {
       fleet_counters::bump(counters.replica_timeouts);
-      throw fleet_error(
-          "singleflight::fleet::invalidate: applied on the primary, but " + std::to_string(acked) +
-          " of " + std::to_string(cfg.replicas) + " replicas acknowledged it within " +
-          std::to_string(cfg.replica_timeout.count()) + " ms: a failover now may undo it");
+      throw fleet_error("singleflight::fleet::invalidate: applied on the primary, but " +
+                        (wait_failure.empty()
+                             ? std::to_string(acked) + " of " + std::to_string(cfg.replicas) +
+                                   " replicas acknowledged it within " +
+                                   std::to_string(cfg.replica_timeout.count()) + " ms"
+                             : "WAIT for " + std::to_string(cfg.replicas) +
+                                   " replicas got no answer (" + wait_failure + ")") +
+                        ": a failover now may undo it");
     }
     return gen;
   }

@@ -277,10 +277,18 @@ class fleet_flight {
       }
       if (!published) fleet_counters::bump(e_.counters.publish_failures);
       e_.breaker.success();
-      if (stored && e_.cfg.replicas > 0 &&
-          wait_replicas(**c, e_.cfg.replicas, e_.cfg.replica_timeout, e_.cfg.redis_timeout) <
-              static_cast<long long>(e_.cfg.replicas)) {
-        fleet_counters::bump(e_.counters.replica_timeouts);
+      if (stored && e_.cfg.replicas > 0) {
+        // A shortfall, or no answer to WAIT, is the replicas' and is counted
+        // as theirs: the primary stored the value, Redis did not fail.
+        bool short_of_replicas = true;
+        try {
+          short_of_replicas =
+              wait_replicas(**c, e_.cfg.replicas, e_.cfg.replica_timeout, e_.cfg.redis_timeout) <
+              static_cast<long long>(e_.cfg.replicas);
+        } catch (const redis_failure&) {
+          (*c)->mark_broken();
+        }
+        if (short_of_replicas) fleet_counters::bump(e_.counters.replica_timeouts);
       }
     } catch (const redis_failure&) {
       // Whatever the server made of it (a refused record closes the

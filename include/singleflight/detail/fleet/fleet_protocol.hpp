@@ -496,14 +496,20 @@ inline std::uint64_t invalidate(redis_conn& c, const fleet_names& n,
   return static_cast<std::uint64_t>(gen);
 }
 
+// How late after its timeout a server may answer WAIT: it checks blocked clients' timeouts on
+// its timer, `hz` times a second (default 10), so up to 100 ms late, more on a loaded server
+// (redis-server 7.0 on loopback answers `WAIT 1 100` after 157-164 ms).
+inline constexpr std::chrono::milliseconds wait_reply_margin{250};
+
 // wait_replicas(c, replicas, bound, timeout): WAIT replicas bound; how many replicas
-// acknowledged every write made on `c` so far. The server blocks up to `bound`, so this one
-// round trip is bounded by bound + timeout instead of the connection's own timeout.
+// acknowledged every write made on `c` so far. The server blocks up to `bound` and answers on
+// its timer, so this one round trip is bounded by bound + wait_reply_margin + timeout instead
+// of the connection's own timeout. Throws redis_failure when no answer comes within that.
 inline long long wait_replicas(redis_conn& c, std::uint32_t replicas,
                                std::chrono::milliseconds bound, std::chrono::milliseconds timeout) {
   const std::string n = std::to_string(replicas);
   const std::string ms = ms_text(bound);
-  const redis_reply r = c.command_within(bound + timeout, {"WAIT", n, ms});
+  const redis_reply r = c.command_within(bound + wait_reply_margin + timeout, {"WAIT", n, ms});
   if (r->type != REDIS_REPLY_INTEGER) {
     throw redis_failure("WAIT: " +
                         std::string(is_error(r.get()) ? text_of(r.get()) : "unexpected reply"));

@@ -255,6 +255,7 @@ class redis_conn {
   // replies, in order; the whole exchange is bounded by one timeout.
   std::vector<redis_reply> pipeline(const std::vector<std::vector<std::string_view>>& commands) {
     if (broken()) throw redis_failure("connection already broken");
+    bound_ = timeout_;
     const clock::time_point deadline = clock::now() + timeout_;
     for (const auto& args : commands) append(args.data(), args.size());
     flush(deadline);
@@ -458,7 +459,7 @@ class redis_conn {
     for (;;) {
       const int ms = wait_ms(deadline);
       if (ms <= 0) {
-        fail(std::string(what) + ": timed out after " + std::to_string(timeout_.count()) + " ms");
+        fail(std::string(what) + ": timed out after " + std::to_string(bound_.count()) + " ms");
       }
       pollfd p{ctx_->fd, events, 0};
       const int r = ::poll(&p, 1, ms);
@@ -533,6 +534,7 @@ class redis_conn {
   redis_reply command_argv(const std::string_view* args, std::size_t n,
                            std::chrono::milliseconds bound) {
     if (broken()) throw redis_failure("connection already broken");
+    bound_ = bound;
     const clock::time_point deadline = clock::now() + bound;
     append(args, n);
     flush(deadline);
@@ -545,6 +547,8 @@ class redis_conn {
   std::unique_ptr<redisContext, context_deleter> ctx_;
   std::string out_;  // commands appended, not yet flushed
   const std::chrono::milliseconds timeout_;
+  std::chrono::milliseconds bound_{
+      timeout_};  // the bound of the exchange under way (its errors name it)
   clock::time_point last_used_;
   bool broken_ = false;
 };
