@@ -568,3 +568,65 @@ TEST_CASE(
   CHECK(f.stats().replica_timeouts == 1);
   CHECK(f.stats().redis_errors == 0);
 }
+
+// ---- settings Redis refuses -------------------------------------------------------------------
+
+namespace {
+
+// `tries` gets (more than the breaker's threshold) and one invalidate through a fleet whose
+// settings the server refuses: each get loads locally, the breaker never opens, and
+// invalidate's error names the refusal (`cause`), not an outage.
+void refused_settings(const sf::fleet_options& o, const std::string& cause) {
+  fleet_t f(o);
+  constexpr int tries = 5;
+  counting_origin origin("local");
+  for (int i = 0; i < tries; ++i) CHECK(f.get("k", origin.loader()) == "local");
+  CHECK(origin.calls.load() == tries);
+  std::string what;
+  try {
+    (void)f.invalidate("k");
+  } catch (const sf::fleet_error& e) {
+    what = e.what();
+  }
+  INFO(what);
+  CHECK(what.find("refused the fleet's settings") != std::string::npos);
+  CHECK(what.find(cause) != std::string::npos);
+  CHECK(what.find("unreachable") == std::string::npos);
+  CHECK(f.stats().breaker_opens == 0);
+  CHECK(f.stats().local_fallback == tries);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "settings the server refuses (a wrong password, a user without EVAL rights, a db it does "
+    "not have) are named as such, not as Redis unreachable, and do not open the breaker",
+    "[fleet][faults][settings]") {
+  sftest::private_redis::config pc;
+  pc.password = "right";
+  sftest::private_redis server(pc);
+  auto admin = server.client();
+  sf::fleet_options o;  // the breaker as shipped (threshold 3)
+  o.redis_uri = server.uri();
+  o.key_prefix = "refused";
+  o.redis_timeout = 2s;  // only refusals fail here, never a slow machine
+
+  SECTION("a wrong password") {
+    o.password = "wrong";
+    refused_settings(o, "WRONGPASS");
+  }
+  SECTION("a user without EVAL and EVALSHA") {
+    REQUIRE(admin
+                ->command({"ACL", "SETUSER", "noeval", "on", ">pw", "~*", "&*", "+@all", "-eval",
+                           "-evalsha"})
+                .str == "OK");
+    o.username = "noeval";
+    o.password = "pw";
+    refused_settings(o, "NOPERM");
+  }
+  SECTION("a db number the server does not have") {
+    o.password = "right";
+    o.redis_uri = server.uri() + "/99";
+    refused_settings(o, "SELECT");
+  }
+}

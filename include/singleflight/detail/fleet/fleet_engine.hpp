@@ -182,11 +182,11 @@ class fleet_engine {
   // invalidate(text): the invalidate script for the key whose codec text is
   // `text` (and, with cfg.replicas, WAIT for them); the key's new generation.
   // Throws fleet_error when Redis cannot be reached (counted as a Redis error
-  // and a breaker failure) or fewer replicas than cfg.replicas acknowledged in
-  // time, or WAIT got no answer (counted: replica_timeouts; not a Redis
-  // failure: the primary applied it), std::bad_alloc. A refused PUBLISH (an
-  // ACL without channel rights) is counted, not thrown: the invalidation
-  // applied.
+  // and a breaker failure), refuses the fleet's settings (a Redis error, not a
+  // breaker failure; the message names the refusal), or fewer replicas than cfg.replicas
+  // acknowledged in time, or WAIT got no answer (counted: replica_timeouts; not a Redis failure:
+  // the primary applied it), std::bad_alloc. A refused PUBLISH (an ACL without channel rights) is
+  // counted, not thrown: the invalidation applied.
   std::uint64_t invalidate(std::string_view text) {
     const fleet_names names = fleet_names::of(cfg.key_prefix, text);
     std::uint64_t gen = 0;
@@ -209,6 +209,12 @@ class fleet_engine {
       }
     } catch (const redis_failure& e) {
       fleet_counters::bump(counters.redis_errors);
+      if (e.refused()) {
+        throw fleet_error(
+            std::string("singleflight::fleet::invalidate: Redis refused the fleet's settings "
+                        "(password, username and its ACL rights, db number): ") +
+            e.what());
+      }
       (void)breaker.failure();
       throw fleet_error(std::string("singleflight::fleet::invalidate: Redis unreachable: ") +
                         e.what());

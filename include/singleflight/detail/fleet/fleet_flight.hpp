@@ -203,10 +203,12 @@ class fleet_flight {
       // for our own lease, never a wrong value.
       conn_->run(step);
       return true;
-    } catch (const redis_failure&) {
+    } catch (const redis_failure& f) {
       conn_.reset();
       fleet_counters::bump(e_.counters.redis_errors);
-      (void)e_.breaker.failure();
+      // A refusal of the settings answers at once and is no outage: it does
+      // not open the breaker (each call loads locally until it is fixed).
+      if (!f.refused()) (void)e_.breaker.failure();
       return false;
     }
   }

@@ -331,7 +331,14 @@ inline redis_reply run_script(redis_conn& c, const lua_script& s,
     argv[1] = s.body;
     r = c.command(argv);
   }
-  if (is_error(r.get())) throw redis_failure("script: " + std::string(text_of(r.get())));
+  if (is_error(r.get())) {
+    const std::string_view why = text_of(r.get());
+    // NOPERM: the fleet's ACL user lacks EVAL/EVALSHA or a key or channel right (a key
+    // pattern written for other names): a configuration error (redis_failure::refused).
+    throw redis_failure("script: " + std::string(why), why.starts_with("NOPERM")
+                                                           ? redis_failure::cause::refused
+                                                           : redis_failure::cause::failed);
+  }
   return r;
 }
 

@@ -75,14 +75,19 @@ namespace singleflight::detail {
 // byte of the reply arrived. On a connection that waited in the pool that is
 // the signature of a server that closed it while it was idle (its `timeout`, a
 // restart, a proxy), before it read the command; redis_pool's pooled::run
-// then sends it once more on a fresh connection.
+// then sends it once more on a fresh connection. `refused` means the server
+// answered and refused the fleet's settings (a wrong password or user, an ACL
+// without the rights the fleet needs, a db number the server does not have):
+// a configuration error, not an outage; the fleet names it as such and its
+// circuit breaker does not count it (see refused_reply()).
 class redis_failure : public std::runtime_error {
  public:
-  enum class cause { failed, unanswered };
+  enum class cause { failed, unanswered, refused };
   explicit redis_failure(const std::string& what, cause c = cause::failed)
       : std::runtime_error(what), cause_(c) {}
   cause why() const noexcept { return cause_; }
   bool unanswered() const noexcept { return cause_ == cause::unanswered; }
+  bool refused() const noexcept { return cause_ == cause::refused; }
 
  private:
   cause cause_;
@@ -442,8 +447,11 @@ class redis_conn {
     for (std::size_t i = 0; i < replies.size(); ++i) {
       if (is_error(replies[i].get())) {
         broken_ = true;
-        throw redis_failure(std::string(commands[i][0]) + ": " +
-                            std::string(text_of(replies[i].get())));
+        // AUTH (WRONGPASS, a disabled user), SELECT (a db out of range), PING
+        // (NOAUTH: a password the fleet was not given): the settings.
+        throw redis_failure(
+            std::string(commands[i][0]) + ": " + std::string(text_of(replies[i].get())),
+            redis_failure::cause::refused);
       }
     }
   }
