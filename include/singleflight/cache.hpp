@@ -35,6 +35,10 @@
 // A load is a flight of the cache's group: at most one per key runs at any
 // moment, every caller of a key shares it, and the group's guarantees hold
 // (per-caller cancellation, wait_bound, flight.timeout, close, max_in_flight).
+// By default a load belongs to the cache (load_owner::cache): it runs on the
+// cache's own bounded threads (or flight.executor), every caller — the one
+// that started it included — leaves at its token or wait_bound, and the load
+// runs on to publish, bounded by flight.timeout.
 //
 // docs/cache.md has the decision table — entry state to what get() does —
 // and the choices made where the contract was silent.
@@ -179,12 +183,16 @@ class cache {
   // set this entry's ttl or to report "not found".
   //
   // A call that waits on a load is a caller of the inner group: it leaves
-  // on `caller` (cancelled_error) without cancelling the load for others,
-  // is bounded by flight.timeout, and
-  // receives closed_error / overloaded_error as group::do_ would. A load
-  // that fails while the old value is within stale_if_error is answered with
-  // that value (no exception) unless this call was cancelled or the cache
-  // closed.
+  // on `caller` (cancelled_error) at once, is bounded by flight.timeout, and
+  // receives closed_error / overloaded_error as group::do_ would. By default
+  // (load_owner::cache) the load belongs to the cache: a synchronous loader
+  // runs on flight.executor or the cache's own threads, never on this one,
+  // so the caller that started it leaves as any other, and no caller leaving
+  // stops it (it runs on and publishes); a per-call loader may therefore run
+  // after this call returned: capture by value. Under load_owner::caller the
+  // first caller runs it here and returns only when it does. A load that
+  // fails while the old value is within stale_if_error is answered with that
+  // value (no exception) unless this call was cancelled or the cache closed.
   //
   // Never joins a load that started before a put / invalidate / clear of
   // its key that completed before this call began. Background refreshes

@@ -30,6 +30,27 @@ enum class freshness {
                    // within stale_if_error (no exception reached the caller)
 };
 
+// load_owner
+//
+// Who runs and owns a load that a caller of get / get_entry / get_fresh /
+// async_get / co_get starts (docs/cache.md, "Who runs a load").
+enum class load_owner {
+  // cache (default): the load belongs to the cache. A synchronous loader runs
+  // on flight.executor when set, else on the cache's own threads (at most
+  // max_threads), never on the caller's; every caller, the one that started
+  // it included, waits as a follower and leaves on its token or wait_bound
+  // at once, and no caller leaving stops the load: it runs to its end (or
+  // flight.timeout, or close()) and publishes. flight.owner is not used.
+  // A load started by a loader running on the cache's own threads runs on
+  // that thread (a bounded pool must not wait on itself).
+  cache,
+  // caller: the group's rules (flight.owner). Without flight.executor the
+  // first caller runs a synchronous loader on its own thread and returns
+  // only when it does, whatever its token or bound; flight.owner decides
+  // whether callers leaving stop the load.
+  caller,
+};
+
 // cache_options
 //
 // Construction-time settings of a cache. The cache constructor throws
@@ -62,9 +83,19 @@ struct cache_options {
   // Bound on entries (values, cached not-founds and cached failures); size()
   // never exceeds it. Eviction: S3-FIFO per shard. 0 = unbounded.
   std::size_t max_entries = 0;
-  // The inner group's options: ownership, timeout (bounds every load, the
-  // background refreshes included), max_in_flight, executor (where
-  // background refreshes run; the cache's own threads when empty).
+  // Who runs and owns a caller's load; see load_owner.
+  load_owner loads = load_owner::cache;
+  // Bound on the cache's own threads (loads under load_owner::cache and
+  // background refreshes, when flight.executor is empty): past it a load
+  // queues for a free thread (its flight.timeout counts from the start of
+  // the flight, queueing included). Threads are started on demand; an idle
+  // one exits after 10 s. 0 = unbounded.
+  std::size_t max_threads = 64;
+  // The inner group's options: timeout (bounds every load, the background
+  // refreshes included), max_in_flight, executor (where loads and
+  // background refreshes run; the cache's own threads when empty), owner
+  // (only under load_owner::caller: under load_owner::cache the cache owns
+  // every load, as ownership::group).
   options flight{};
 
   // How long a failure throttles the loads of a key that still has a usable

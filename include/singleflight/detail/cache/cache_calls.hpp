@@ -10,11 +10,16 @@
 //     caller's wait_bound, when given, bounds its wait on the group;
 //   * the callback path: the same lookup and answer, then the load through group::async_do
 //     (get_async); co_get's awaiter on top of it;
+//   * who runs a load (load_owner): under load_owner::cache the group owns every flight
+//     (ownership::group) and a synchronous loader is handed to flight.executor or to the
+//     cache's own bounded threads (hand_off, load_job), so every caller is a waiter that
+//     may leave at once; a loader already on those threads runs a load it starts there
+//     (hands_off). Under load_owner::caller the group's rules apply unchanged;
 //   * refreshes: flights the cache owns, run on flight.executor or on the cache's own
 //     threads (worker_threads), never on the reader's; they run the cache-wide loader
-//     when there is one (wide_), else a copy of the call's loader; a refresh's loader that
-//     calls the cache for its own key on such a thread gets std::logic_error (refresh_runs),
-//     as it would from the group on the caller's thread;
+//     when there is one (wide_), else a copy of the call's loader; a loader (load or refresh)
+//     that calls the cache for its own key on such a thread gets std::logic_error
+//     (refresh_runs), as it would from the group on the caller's thread;
 //   * close(): from one of the cache's threads it stops and rejects, and waits for nothing.
 // The facade (cache.hpp) holds one and forwards to it.
 //
@@ -67,8 +72,10 @@ class cache_calls {
   // Throws std::invalid_argument for invalid options, and what group's constructor throws.
   explicit cache_calls(const cache_options& opts)
       : core_(std::make_shared<core>(opts)),
+        owned_(opts.loads == load_owner::cache),
         group_has_executor_(static_cast<bool>(opts.flight.executor)),
-        group_(opts.flight) {}
+        group_(group_options(opts)),
+        threads_(detail::worker_threads::default_idle_for, opts.max_threads) {}
   // With a cache-wide loader (shared_loader::of), used by the facade's get(key) family and
   // by every refresh.
   cache_calls(const cache_options& opts, shared_loader<Key, T> wide) : cache_calls(opts) {
@@ -205,6 +212,14 @@ class cache_calls {
       // group has no asynchronous do_fresh: on act::load_fresh (a load that started before an
       // invalidation is still running) an async caller may join that load (docs/cache.md,
       // "Choices").
+      using traits = detail::loader_traits<std::decay_t<L>, Key, T>;
+      if constexpr (!traits::is_async) {
+        if (hands_off()) {
+          async_flight(key, hand_off(key_of(key), mixed, loader, true), std::move(on_done),
+                       std::move(caller), bound);
+          return;
+        }
+      }
       async_flight(key, owned_fn(key_of(key), mixed, std::forward<L>(loader), true),
                    std::move(on_done), std::move(caller), bound);
     } catch (...) {
@@ -394,6 +409,19 @@ class cache_calls {
     }
   }
 
+  // The group's options: under load_owner::cache the cache owns every load (no caller
+  // leaving stops one).
+  static options group_options(const cache_options& o) {
+    options f = o.flight;
+    if (o.loads == load_owner::cache) f.owner = ownership::group;
+    return f;
+  }
+
+  // Whether a synchronous loader of a caller's load runs on the cache's own threads: under
+  // load_owner::cache without flight.executor, unless this thread is one of them (a loader
+  // loading another key: a bounded pool must not wait on itself, so it runs here).
+  bool hands_off() const { return owned_ && !group_has_executor_ && !threads_.on_own_thread(); }
+
   template <class P, class Fn, class Cb>
   void async_flight(const P& key, Fn&& body, Cb&& on_done, stop_token caller,
                     const bound_t& bound) {
@@ -405,6 +433,22 @@ class cache_calls {
     }
   }
 
+  // hand_off(key, mixed, loader, foreground): a flight body (asynchronous) that posts a copy
+  // of the synchronous loader to the cache's own threads and returns; the job completes the
+  // flight. After close() the job dies unrun and its completion breaks (the flight's waiters
+  // get closed_error from the group's close).
+  template <class L>
+  auto hand_off(Key key, std::uint64_t mixed, L& loader, bool foreground) {
+    using Ld = std::decay_t<L>;
+    return [this, k = std::move(key), mixed, foreground, ld = Ld(loader)](
+               stop_token st, completion<loaded_t> d) mutable {
+      std::unique_ptr<detail::worker_threads::job> j = std::make_unique<load_job<Ld>>(
+          core_.get(), &runs_, std::move(k), mixed, std::move(ld), std::move(st), std::move(d),
+          foreground);
+      (void)threads_.post(j);  // after close(): j dies here, unrun (its completion breaks)
+    };
+  }
+
   template <class P, class L>
   cached<T> load_blocking(const P& key, std::uint64_t mixed, L&& loader, node_t* pinned,
                           stop_token caller, const bound_t& bound, bool fresh,
@@ -413,7 +457,7 @@ class cache_calls {
     core* c = core_.get();
     if (runs_.running_here(key, mixed, c->eq)) {
       throw std::logic_error(
-          "singleflight::cache: a refresh's loader called the cache for its own key on the "
+          "singleflight::cache: a loader called the cache for its own key on the cache's "
           "thread running it; it would wait for itself forever");
     }
     call_info info;
@@ -422,6 +466,10 @@ class cache_calls {
       const auto run = [&](bool fresh_flight) {
         using traits = detail::loader_traits<std::decay_t<L>, Key, T>;
         if constexpr (!traits::is_async) {
+          if (hands_off()) {
+            return flight(key, hand_off(key_of(key), mixed, loader, !fresh_flight), caller, bound,
+                          fresh_flight, info);
+          }
           if (!group_has_executor_) {
             // Inline: the leader runs the loader on this thread and cannot leave before it
             // returns, so the body may refer to this frame.
@@ -481,39 +529,35 @@ class cache_calls {
       if (group_has_executor_) {
         group_.async_do(key, owned_fn(key_of(key), mixed, loader, false), std::move(done));
       } else {
-        using Ld = std::decay_t<L>;
-        auto hand_off = [this, k = key_of(key), mixed, ld = Ld(loader)](
-                            stop_token st, completion<loaded_t> d) mutable {
-          std::unique_ptr<detail::worker_threads::job> j = std::make_unique<refresh_job<Ld>>(
-              core_.get(), &runs_, std::move(k), mixed, std::move(ld), std::move(st), std::move(d));
-          (void)threads_.post(j);  // after close(): j dies here, unrun (its completion breaks)
-        };
-        group_.async_do(key, std::move(hand_off), std::move(done));
+        group_.async_do(key, hand_off(key_of(key), mixed, loader, false), std::move(done));
       }
     } catch (...) {
       owner->refresh_done(n, id);  // async_do threw before attaching: on_done never runs
     }
   }
 
+  // A load or a refresh on the cache's own threads (hand_off): runs the loader with its key
+  // marked as running on this thread (refresh_runs), and completes the flight.
   template <class Ld>
-  struct refresh_job final : detail::worker_threads::job {
-    refresh_job(core* c_in, refresh_runs<Key, KeyEqual>* runs_in, Key k, std::uint64_t mixed_in,
-                Ld ld, stop_token st_in, completion<loaded_t> d)
+  struct load_job final : detail::worker_threads::job {
+    load_job(core* c_in, refresh_runs<Key, KeyEqual>* runs_in, Key k, std::uint64_t mixed_in,
+             Ld ld, stop_token st_in, completion<loaded_t> d, bool foreground_in)
         : c(c_in),
           runs(runs_in),
           key(std::move(k)),
           mixed(mixed_in),
           loader(std::move(ld)),
           st(std::move(st_in)),
-          done(std::move(d)) {}
+          done(std::move(d)),
+          foreground(foreground_in) {}
     void run() override {  // throws only a forced unwind (the thread then ends)
       try {
         if (st.stop_requested()) throw cancelled_error();
         const typename refresh_runs<Key, KeyEqual>::scope running(*runs, key, mixed);
         if constexpr (detail::loader_traits<Ld, Key, T>::is_async) {
-          c->run_async(key, mixed, loader, st, done, false);
+          c->run_async(key, mixed, loader, st, done, foreground);
         } else {
-          done.set_value(c->run_sync(key, mixed, loader, st, false));
+          done.set_value(c->run_sync(key, mixed, loader, st, foreground));
         }
       } catch (...) {
         SINGLEFLIGHT_RETHROW_FOREIGN();
@@ -527,6 +571,7 @@ class cache_calls {
     Ld loader;
     stop_token st;
     completion<loaded_t> done;
+    bool foreground;
   };
 
   template <class Cb>
@@ -538,9 +583,10 @@ class cache_calls {
   shared_loader<Key, T> wide_;  // set at construction, read-only after
   std::shared_ptr<core> core_;
   std::atomic<bool> closed_{false};
+  bool owned_ = true;  // load_owner::cache
   bool group_has_executor_ = false;
   group_t group_;
-  refresh_runs<Key, KeyEqual> runs_;  // the refreshes on threads_ now
+  refresh_runs<Key, KeyEqual> runs_;  // the loads and refreshes on threads_ now
   detail::worker_threads threads_;    // declared after group_: destroyed (joined) first
 };
 
