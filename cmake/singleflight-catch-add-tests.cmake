@@ -1,7 +1,7 @@
 # Script (cmake -P) run after a Catch2 test executable is built; see singleflight-catch.cmake.
 # Inputs: TEST_EXECUTABLE TEST_WORKING_DIR TEST_PREFIX TEST_TIMEOUT TEST_SLOW_TIMEOUT
 #         TEST_LABELS (","-separated) TEST_SKIP_RETURN_CODE (may be empty) CATCH_VERSION_MAJOR
-#         CTEST_FILE
+#         CTEST_FILE TEST_FIXTURES (","-separated FIXTURES_REQUIRED, may be empty)
 # Output: CTEST_FILE, a ctest script with one add_test per visible test case.
 cmake_minimum_required(VERSION 3.24)
 
@@ -73,6 +73,10 @@ foreach(name IN LISTS all_tests)
   set(extra "")
   if(NOT TEST_SKIP_RETURN_CODE STREQUAL "")
     string(APPEND extra " SKIP_RETURN_CODE ${TEST_SKIP_RETURN_CODE}")
+  endif()
+  if(NOT "${TEST_FIXTURES}" STREQUAL "")
+    string(REPLACE "," ";" fixtures "${TEST_FIXTURES}")
+    string(APPEND extra " FIXTURES_REQUIRED [==[${fixtures}]==]")
   endif()
   # Only names that also appear in the full list count: junk lines in the [slow] listing
   # (e.g. a "no test cases matched" message) can never match one.

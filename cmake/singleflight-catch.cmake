@@ -1,6 +1,6 @@
 # singleflight_catch_discover_tests(<target>
 #     [PREFIX <prefix>] [TIMEOUT <seconds>] [SLOW_TIMEOUT <seconds>] [LABELS <label>...]
-#     [SKIP_RETURN_CODE <code>])
+#     [SKIP_RETURN_CODE <code>] [FIXTURES <fixture>...])
 #
 # Registers every TEST_CASE of a Catch2 (v2 or v3) test executable as its own ctest test,
 # named <prefix><test case name>. Like Catch2's catch_discover_tests(), the executable is asked
@@ -13,6 +13,7 @@
 #   with SKIP_RETURN_CODE:    a test case that exits with <code> is reported as skipped (ctest's
 #                             SKIP_RETURN_CODE; Catch2 v2 has no skip of its own: the tests that
 #                             need a Redis server exit with it when none is configured)
+#   with FIXTURES:            FIXTURES_REQUIRED <FIXTURES> (the fleet tests' redis-server)
 # Hidden test cases ([.] or [!hide]) are not registered, as Catch2 does not list them.
 #
 # Requires Catch2_VERSION_MAJOR (set by find_package(Catch2)).
@@ -21,7 +22,8 @@ include_guard(GLOBAL)
 set(_SINGLEFLIGHT_CATCH_ADD_TESTS_SCRIPT "${CMAKE_CURRENT_LIST_DIR}/singleflight-catch-add-tests.cmake")
 
 function(singleflight_catch_discover_tests target)
-  cmake_parse_arguments(PARSE_ARGV 1 arg "" "PREFIX;TIMEOUT;SLOW_TIMEOUT;SKIP_RETURN_CODE" "LABELS")
+  cmake_parse_arguments(PARSE_ARGV 1 arg "" "PREFIX;TIMEOUT;SLOW_TIMEOUT;SKIP_RETURN_CODE"
+                        "LABELS;FIXTURES")
   if(NOT arg_TIMEOUT)
     set(arg_TIMEOUT 120)
   endif()
@@ -36,6 +38,7 @@ function(singleflight_catch_discover_tests target)
   set(include_file "${CMAKE_CURRENT_BINARY_DIR}/${target}_include.cmake")
   # Labels travel as one ","-separated argument: a ";" would split the command line.
   list(JOIN arg_LABELS "," labels)
+  list(JOIN arg_FIXTURES "," fixtures)
 
   add_custom_command(
     TARGET ${target}
@@ -46,6 +49,7 @@ function(singleflight_catch_discover_tests target)
       -D "TEST_WORKING_DIR=${CMAKE_CURRENT_BINARY_DIR}" -D "TEST_PREFIX=${arg_PREFIX}"
       -D "TEST_TIMEOUT=${arg_TIMEOUT}" -D "TEST_SLOW_TIMEOUT=${arg_SLOW_TIMEOUT}"
       -D "TEST_LABELS=${labels}" -D "TEST_SKIP_RETURN_CODE=${arg_SKIP_RETURN_CODE}"
+      -D "TEST_FIXTURES=${fixtures}"
       -D "CATCH_VERSION_MAJOR=${Catch2_VERSION_MAJOR}"
       -D "CTEST_FILE=${tests_file}" -P "${_SINGLEFLIGHT_CATCH_ADD_TESTS_SCRIPT}"
     COMMENT "Listing the Catch2 test cases of ${target}"

@@ -53,9 +53,23 @@ namespace sftest {
 
 inline constexpr int skip_code = 77;
 
-// The shared server, or skip.
+// The shared server, or skip: SINGLEFLIGHT_TEST_REDIS, else the URI the ctest fixture
+// fleet_redis wrote (tests/CMakeLists.txt: the server it started for this run).
 inline std::string need_redis() {
   const char* uri = std::getenv("SINGLEFLIGHT_TEST_REDIS");
+#ifdef SINGLEFLIGHT_TEST_REDIS_FILE
+  static const std::string from_fixture = [] {
+    std::string line;
+    if (std::FILE* f = std::fopen(SINGLEFLIGHT_TEST_REDIS_FILE, "r")) {
+      char buf[256];
+      if (std::fgets(buf, sizeof buf, f) != nullptr) line = buf;
+      std::fclose(f);
+    }
+    while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.pop_back();
+    return line;
+  }();
+  if ((uri == nullptr || *uri == '\0') && !from_fixture.empty()) return from_fixture;
+#endif
   if (uri == nullptr || *uri == '\0') {
     std::fprintf(stderr,
                  "SKIPPED: this test needs a Redis server: set SINGLEFLIGHT_TEST_REDIS="
