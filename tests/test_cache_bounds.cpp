@@ -164,3 +164,30 @@ TEST_CASE("a hit answers whatever the bound", "[cache][bound]") {
   REQUIRE(log.is_done());
   CHECK(log.value == "v");
 }
+
+TEST_CASE("a caller's own bound is not an origin failure: no stale_on_error, no throttle",
+          "[cache][bound]") {
+  manual_clock::reset();
+  sf::cache_options o = opts();
+  o.stale_if_error = 1h;
+  scache c(o);
+  c.put("k", "v1");
+  manual_clock::advance(2s);  // dead for normal use, within stale_if_error
+  gate release;
+  std::atomic<int> calls{0};
+  const held_loader loader{&release, &calls};
+  SECTION("get") {
+    CHECK_THROWS_AS(c.get("k", loader, {}, short_bound), sf::timeout_error);
+  }
+  SECTION("async_get") {
+    callback_log<std::string> log;
+    c.async_get("k", loader, log.on_done(), {}, short_bound);
+    log.wait("the bound passes");
+    CHECK(log.threw<sf::timeout_error>());
+  }
+  CHECK(c.stats().stale_on_error == 0);
+  release.open();
+  must([&] { return c.peek("k") && *c.peek("k")->value == "loaded"; }, "the load publishes");
+  // Not throttled: the value the load stored is the key's, served fresh.
+  CHECK(c.get_entry("k", loader).state == sf::freshness::fresh);
+}

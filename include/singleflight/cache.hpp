@@ -30,8 +30,10 @@
 //     (freshness::stale) and one background refresh starts.
 //   * past both: the value is dead. get() waits on a load; only when that
 //     load fails (and the value is within stale_if_error) does it return the
-//     old value (freshness::stale_on_error). A dead value is never returned,
-//     not even while a refresh runs or hangs.
+//     old value (freshness::stale_on_error); with soft_timeout, a caller that
+//     has waited that long gets it too (freshness::stale_on_timeout) while
+//     the load goes on. A dead value is never returned, not even while a
+//     refresh runs or hangs.
 // A load is a flight of the cache's group: at most one per key runs at any
 // moment, every caller of a key shares it, and the group's guarantees hold
 // (per-caller cancellation, wait_bound, flight.timeout, close, max_in_flight).

@@ -28,6 +28,8 @@ enum class freshness {
   stale,           // past ttl, within stale_while_revalidate (a refresh is under way)
   stale_on_error,  // past its windows for normal use, served because a load failed
                    // within stale_if_error (no exception reached the caller)
+  stale_on_timeout,  // past its windows for normal use, within stale_if_error, served
+                     // because the load outlasted soft_timeout (the load goes on)
 };
 
 // load_owner
@@ -68,6 +70,15 @@ struct cache_options {
   // After the fresh window: when a load fails, serve the old value
   // (freshness::stale_on_error) instead of the exception. 0 = off.
   std::chrono::nanoseconds stale_if_error{0};
+  // Soft timeout: a caller waiting on a load of a key whose old value is
+  // within stale_if_error gets that value (freshness::stale_on_timeout) once
+  // it has waited this long, while the load goes on and publishes (under
+  // load_owner::cache; under load_owner::caller flight.owner decides). A key
+  // without such a value, get_fresh, a caller's own sooner wait_bound and an
+  // inline leader (load_owner::caller without flight.executor) wait as
+  // before. Measured on steady_clock, as wait_bound. Counted as a miss; not
+  // a failure (nothing is throttled). 0 = off.
+  std::chrono::nanoseconds soft_timeout{0};
   // Negative caching of failures: a failed load with no usable old value is
   // stored, and callers within error_ttl receive the same exception object
   // without a load. A failure with a usable old value throttles loads of its

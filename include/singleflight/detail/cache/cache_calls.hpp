@@ -52,6 +52,7 @@
 #include "../../stop_token.hpp"
 #include "../../wait_bound.hpp"
 #include "../resume_gate.hpp"
+#include "../after.hpp"
 #include "../unwind.hpp"
 #include "../worker_threads.hpp"
 #include "cache_core.hpp"
@@ -73,6 +74,7 @@ class cache_calls {
   explicit cache_calls(const cache_options& opts)
       : core_(std::make_shared<core>(opts)),
         owned_(opts.loads == load_owner::cache),
+        soft_timeout_(opts.soft_timeout),
         group_has_executor_(static_cast<bool>(opts.flight.executor)),
         group_(group_options(opts)),
         threads_(detail::worker_threads::default_idle_for, opts.max_threads) {}
@@ -185,7 +187,10 @@ class cache_calls {
     }
     node_t* pinned = d.pinned;
     try {
-      auto on_done = [owner = core_, pinned,
+      using traits = detail::loader_traits<std::decay_t<L>, Key, T>;
+      const bool off = !traits::is_async && hands_off();
+      const waits w = waits_of(c, pinned, bound, false, true);
+      auto on_done = [owner = core_, pinned, w,
                       cb = std::move(cb)](outcome<loaded_t> o) mutable noexcept {
         std::optional<outcome<T>> out;
         {
@@ -198,8 +203,14 @@ class cache_calls {
               } else {
                 out.emplace(std::make_exception_ptr(not_found_error()));
               }
-            } else if (auto e = owner->serve_on_error(pinned, o.error())) {
-              out.emplace(std::in_place, std::move(*e->value));
+            } else if (auto e = w.left(o.error(), owner.get(), pinned)) {
+              if (e->value) {
+                out.emplace(std::in_place, std::move(*e->value));
+              } else {
+                out.emplace(o.error());
+              }
+            } else if (auto e2 = owner->serve_on_error(pinned, o.error())) {
+              out.emplace(std::in_place, std::move(*e2->value));
             } else {
               out.emplace(o.error());
             }
@@ -212,16 +223,15 @@ class cache_calls {
       // group has no asynchronous do_fresh: on act::load_fresh (a load that started before an
       // invalidation is still running) an async caller may join that load (docs/cache.md,
       // "Choices").
-      using traits = detail::loader_traits<std::decay_t<L>, Key, T>;
       if constexpr (!traits::is_async) {
-        if (hands_off()) {
+        if (off) {
           async_flight(key, hand_off(key_of(key), mixed, loader, true), std::move(on_done),
-                       std::move(caller), bound);
+                       std::move(caller), w.wait);
           return;
         }
       }
       async_flight(key, owned_fn(key_of(key), mixed, std::forward<L>(loader), true),
-                   std::move(on_done), std::move(caller), bound);
+                   std::move(on_done), std::move(caller), w.wait);
     } catch (...) {
       if (pinned != nullptr) c->unpin(pinned);
       throw;
@@ -409,6 +419,61 @@ class cache_calls {
     }
   }
 
+  using steady = std::chrono::steady_clock;
+
+  // waits: how long one caller waits on a load — its own bound, or the sooner soft_timeout
+  // when the key has an old value within stale_if_error — and what it gets when that passes.
+  struct waits {
+    bound_t wait;                          // what the group is given
+    std::optional<steady::time_point> own;  // the caller's own bound
+    std::optional<steady::time_point> soft;  // soft_timeout's bound, when it is the sooner
+
+    // left(e, c, n): for a load that ended in `e` for this caller: nullopt when `e` is not
+    // this caller's bound passing (an origin failure, flight.timeout, ...); else the answer:
+    // n's old value as stale_on_timeout (soft bound), or an entry without a value (the
+    // caller's own bound: rethrow `e`, no stale value, no throttle).
+    std::optional<cached<T>> left(const std::exception_ptr& e, core* c, node_t* n) const {
+      if (!own && !soft) return std::nullopt;
+      const steady::time_point now = steady::now();
+      const bool own_passed = own && now >= *own;
+      const bool soft_passed = soft && now >= *soft;
+      if (!own_passed && !soft_passed) return std::nullopt;
+      if (!is_timeout(e)) return std::nullopt;
+      if (soft_passed && !own_passed) {
+        if (auto v = c->serve_on_timeout(n)) return v;
+      }
+      return cached<T>{};  // left at its own bound: the timeout_error is the answer
+    }
+  };
+
+  static bool is_timeout(const std::exception_ptr& e) noexcept {
+    try {
+      std::rethrow_exception(e);
+    } catch (const timeout_error&) {
+      return true;
+    } catch (...) {
+      return false;
+    }
+  }
+
+  // waits_of(c, n, bound, fresh, may_leave): a caller's waits. soft_timeout applies to a
+  // caller that can leave before the loader returns (not an inline leader), not to get_fresh,
+  // and only when n holds a value within stale_if_error now.
+  waits waits_of(core* c, node_t* n, const bound_t& bound, bool fresh, bool may_leave) const {
+    waits w;
+    w.wait = bound;
+    if (bound) w.own = bound->deadline();
+    if (soft_timeout_ > std::chrono::nanoseconds::zero() && may_leave && !fresh &&
+        c->usable_old(n)) {
+      const steady::time_point at = detail::after(steady::now(), soft_timeout_);
+      if (!w.own || at < *w.own) {
+        w.soft = at;
+        w.wait = wait_bound(at);
+      }
+    }
+    return w;
+  }
+
   // The group's options: under load_owner::cache the cache owns every load (no caller
   // leaving stops one).
   static options group_options(const cache_options& o) {
@@ -462,13 +527,16 @@ class cache_calls {
     }
     call_info info;
     loaded_t r{};
+    using traits = detail::loader_traits<std::decay_t<L>, Key, T>;
+    const bool off = !traits::is_async && hands_off();
+    const bool may_leave = traits::is_async || off || group_has_executor_;
+    const waits w = waits_of(c, pinned, bound, fresh, may_leave);
     try {
       const auto run = [&](bool fresh_flight) {
-        using traits = detail::loader_traits<std::decay_t<L>, Key, T>;
         if constexpr (!traits::is_async) {
-          if (hands_off()) {
-            return flight(key, hand_off(key_of(key), mixed, loader, !fresh_flight), caller, bound,
-                          fresh_flight, info);
+          if (off) {
+            return flight(key, hand_off(key_of(key), mixed, loader, !fresh_flight), caller,
+                          w.wait, fresh_flight, info);
           }
           if (!group_has_executor_) {
             // Inline: the leader runs the loader on this thread and cannot leave before it
@@ -477,7 +545,7 @@ class cache_calls {
               auto body = [c, &k, mixed, &loader, fresh_flight](stop_token st) -> loaded_t {
                 return c->run_sync(k, mixed, static_cast<Ld&>(loader), st, !fresh_flight);
               };
-              return flight(key, body, caller, bound, fresh_flight, info);
+              return flight(key, body, caller, w.wait, fresh_flight, info);
             };
             if constexpr (traits::takes_key && !std::same_as<P, Key>) {
               return run_inline(key_of(key));  // the loader receives a Key
@@ -487,14 +555,20 @@ class cache_calls {
           }
         }
         auto body = owned_fn(key_of(key), mixed, loader, !fresh_flight);
-        return flight(key, std::move(body), caller, bound, fresh_flight, info);
+        return flight(key, std::move(body), caller, w.wait, fresh_flight, info);
       };
       r = run(fresh);
       // A load that started before a write this call saw (it joined a flight that was still
       // settling when the call looked): take a newer one.
       if (!fresh && r.version < seen) r = run(true);
     } catch (...) {
-      if (auto e = c->serve_on_error(pinned, std::current_exception())) {
+      const std::exception_ptr ep = std::current_exception();
+      if (auto e = w.left(ep, c, pinned)) {
+        if (!e->value) throw;  // its own bound: not an origin failure (no stale, no throttle)
+        e->taken_as = info.role;
+        return std::move(*e);
+      }
+      if (auto e = c->serve_on_error(pinned, ep)) {
         e->taken_as = info.role;
         return std::move(*e);
       }
@@ -584,6 +658,7 @@ class cache_calls {
   std::shared_ptr<core> core_;
   std::atomic<bool> closed_{false};
   bool owned_ = true;  // load_owner::cache
+  std::chrono::nanoseconds soft_timeout_{0};
   bool group_has_executor_ = false;
   group_t group_;
   refresh_runs<Key, KeyEqual> runs_;  // the loads and refreshes on threads_ now

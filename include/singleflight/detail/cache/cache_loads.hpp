@@ -14,7 +14,8 @@
 //   * pin / fresh_waiter: a caller's hold on a node (released on every
 //     exit); refresh_done(): a background refresh is over;
 //   * serve_on_error() / applies(): the stale-if-error answer for a caller
-//     whose load failed;
+//     whose load failed; usable_old() / serve_on_timeout(): the soft-timeout
+//     answer for a caller that stopped waiting (no failure, no throttle);
 //   * entry_of(): what a caller of a finished load receives.
 //
 // Locking: the key's shard mutex around every change of a node, with the
@@ -292,6 +293,37 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
     sc.add(sc.stale_on_error);
     out.value.emplace(*v);  // user code: no lock
     out.state = freshness::stale_on_error;
+    return out;
+  }
+
+  // usable_old(n): whether n (pinned by the caller; null: none) holds a value
+  // within stale_if_error now (soft_timeout applies to its callers).
+  bool usable_old(node_t* n) {
+    if (n == nullptr) return false;
+    const time_point now = Clock::now();
+    shard_lock lk(table, table.shard_index(n->fingerprint));
+    return n->kind == detail::held::value && now < n->error_until;
+  }
+
+  // serve_on_timeout(n): the soft-timeout answer for a caller that stopped
+  // waiting on a load at soft_timeout: n's value if it is still within
+  // stale_if_error, as freshness::stale_on_timeout. The load goes on; nothing
+  // is throttled (the origin has not failed).
+  std::optional<cached<T>> serve_on_timeout(node_t* n) {
+    if (n == nullptr) return std::nullopt;
+    const time_point now = Clock::now();
+    std::shared_ptr<const T> v;
+    cached<T> out;
+    {
+      shard_lock lk(table, table.shard_index(n->fingerprint));
+      if (n->kind != detail::held::value || now >= n->error_until) return std::nullopt;
+      v = n->value;
+      out.version = n->version;
+      out.age = std::chrono::duration_cast<std::chrono::nanoseconds>(
+          now > n->written ? now - n->written : duration::zero());
+    }
+    out.value.emplace(*v);  // user code: no lock
+    out.state = freshness::stale_on_timeout;
     return out;
   }
 

@@ -130,7 +130,7 @@ class cache_lookup {
       throw std::invalid_argument("singleflight::cache: cache_options::ttl must be > 0");
     }
     if (o.stale_while_revalidate.count() < 0 || o.stale_if_error.count() < 0 ||
-        o.error_ttl.count() < 0 || o.not_found_ttl.count() < 0) {
+        o.error_ttl.count() < 0 || o.not_found_ttl.count() < 0 || o.soft_timeout.count() < 0) {
       throw std::invalid_argument("singleflight::cache: cache_options durations must be >= 0");
     }
     if (!(o.jitter >= 0.0 && o.jitter < 1.0)) {
