@@ -129,9 +129,11 @@ TEST_CASE("async_get with a wait_bound delivers timeout_error; the load still pu
   manual_clock::reset();
   scache c(opts());
   completion_box<std::string> box;
+  callback_log<std::string> first;  // starts the load: a bound passed before its call began
+  c.async_get("k", box.fn(), first.on_done());  // would start nothing
+  auto [st, done] = box.take("loader started");
   callback_log<std::string> log;
   c.async_get("k", box.fn(), log.on_done(), {}, short_bound);
-  auto [st, done] = box.take("loader started");
   log.wait("the bound passes");
   CHECK(log.threw<sf::timeout_error>());
   CHECK(log.calls.load() == 1);
@@ -144,8 +146,10 @@ TEST_CASE("co_get with a wait_bound resumes with timeout_error", "[cache][bound]
   manual_clock::reset();
   scache c(opts());
   completion_box<std::string> box;
-  fire_task<std::string> task = co_read(c, "k", box.fn(), short_bound);
+  callback_log<std::string> first;  // starts the load (see above)
+  c.async_get("k", box.fn(), first.on_done());
   auto [st, done] = box.take("loader started");
+  fire_task<std::string> task = co_read(c, "k", box.fn(), short_bound);
   task.wait("the bound passes");
   CHECK(task.get().threw<sf::timeout_error>());
   done.set_value("late");
@@ -176,6 +180,9 @@ TEST_CASE("a caller's own bound is not an origin failure: no stale_on_error, no 
   gate release;
   std::atomic<int> calls{0};
   const held_loader loader{&release, &calls};
+  callback_log<std::string> first;  // starts the load (a bound passed first would start none)
+  c.async_get("k", loader, first.on_done());
+  must([&] { return calls.load() == 1; }, "the load runs");
   SECTION("get") {
     CHECK_THROWS_AS(c.get("k", loader, {}, short_bound), sf::timeout_error);
   }
