@@ -195,6 +195,7 @@ TEST_CASE("a caller's own bound is not an origin failure: no stale_on_error, no 
   CHECK(c.stats().stale_on_error == 0);
   release.open();
   must([&] { return c.peek("k") && *c.peek("k")->value == "loaded"; }, "the load publishes");
+  first.wait("the unbounded caller is told");  // before `first` goes out of scope
   // Not throttled: the value the load stored is the key's, served fresh.
   CHECK(c.get_entry("k", loader).state == sf::freshness::fresh);
 }

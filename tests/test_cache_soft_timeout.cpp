@@ -110,6 +110,7 @@ TEST_CASE("soft_timeout: a caller's own sooner bound still throws timeout_error"
   CHECK_THROWS_AS(c.get("k", o.loader(), {}, 20ms), sf::timeout_error);
   o.release.open();
   must([&] { return c.peek("k") && *c.peek("k")->value == "v2"; }, "the load publishes");
+  first.wait("the unbounded caller is told");  // before `first` goes out of scope
 }
 
 TEST_CASE("soft_timeout: a key without an old value waits for its load", "[cache][soft]") {
