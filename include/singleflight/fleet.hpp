@@ -135,6 +135,9 @@ struct fleet_test_access;
 
 }  // namespace detail
 
+template <class Key, class T, class Codec, class KeyCodec>
+class fleet_cache;
+
 // fleet
 //
 // Template parameters:
@@ -321,6 +324,9 @@ class fleet {
 
  private:
   friend struct detail::fleet_test_access;
+  // fleet_cache (fleet_cache.hpp) writes through the engine and forgets local flights.
+  template <class, class, class, class>
+  friend class fleet_cache;
 
   template <class Loader>
   static constexpr void check_loader() {

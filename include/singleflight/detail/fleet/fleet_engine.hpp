@@ -189,46 +189,37 @@ class fleet_engine {
   // counted, not thrown: the invalidation applied.
   std::uint64_t invalidate(std::string_view text) {
     const fleet_names names = fleet_names::of(cfg.key_prefix, text);
-    std::uint64_t gen = 0;
-    long long acked = 0;
-    std::string wait_failure;
-    try {
-      pooled c = pool.acquire();
+    return written("invalidate", [&](redis_conn& rc) {
       bool published = true;
-      // A second run (pooled::run) bumps the generation once more: harmless.
-      gen = c.run(
-          [&](redis_conn& rc) { return detail::invalidate(rc, names, cfg.meta_ttl, published); });
+      const std::uint64_t gen = detail::invalidate(rc, names, cfg.meta_ttl, published);
       if (!published) fleet_counters::bump(counters.publish_failures);
-      breaker.success();
-      if (cfg.replicas > 0) {
-        try {
-          acked = wait_replicas(*c, cfg.replicas, cfg.replica_timeout, cfg.redis_timeout);
-        } catch (const redis_failure& e) {
-          wait_failure = e.what();  // the connection is broken: it is not pooled again
-        }
-      }
-    } catch (const redis_failure& e) {
-      fleet_counters::bump(counters.redis_errors);
-      if (e.refused()) {
-        throw fleet_error(
-            std::string("singleflight::fleet::invalidate: Redis refused the fleet's settings "
-                        "(password, username and its ACL rights, db number): ") +
-            e.what());
-      }
-      (void)breaker.failure();
-      throw fleet_error(std::string("singleflight::fleet::invalidate: Redis unreachable: ") +
-                        e.what());
-    }
-    if (cfg.replicas > 0 && acked < static_cast<long long>(cfg.replicas)) {
-      fleet_counters::bump(counters.replica_timeouts);
-      throw fleet_error("singleflight::fleet::invalidate: applied on the primary, but " +
-                        (wait_failure.empty()
-                             ? std::to_string(acked) + " of " + std::to_string(cfg.replicas) +
-                                   " replicas acknowledged it within " +
-                                   std::to_string(cfg.replica_timeout.count()) + " ms"
-                             : "WAIT for " + std::to_string(cfg.replicas) +
-                                   " replicas got no answer (" + wait_failure + ")") +
-                        ": a failover now may undo it");
+      return gen;
+    });
+  }
+
+  // write(text, rec, bus, message): fleet_cache's put (`rec`: a record to store for
+  // value_ttl) or invalidate (`rec` empty) of the key whose codec text is `text`, with
+  // invalidate's effects on loads and waiters, and `message` PUBLISHed on `bus` by the same
+  // script. The key's new generation. Throws as invalidate, and fleet_error when the server
+  // refused the bus PUBLISH (an ACL without that channel: the write applied, but no other
+  // process hears of it).
+  std::uint64_t write(std::string_view text, std::string_view rec, std::string_view bus,
+                      std::string_view message) {
+    const fleet_names names = fleet_names::of(cfg.key_prefix, text);
+    bool broadcast = true;
+    const std::uint64_t gen = written("put/invalidate", [&](redis_conn& rc) {
+      bool published = true;
+      const std::uint64_t g = detail::write(rc, names, rec, cfg.value_ttl, cfg.meta_ttl, bus,
+                                            message, published, broadcast);
+      if (!published) fleet_counters::bump(counters.publish_failures);
+      return g;
+    });
+    if (!broadcast) {
+      fleet_counters::bump(counters.publish_failures);
+      throw fleet_error("singleflight::fleet_cache: applied in Redis, but the server refused "
+                        "the PUBLISH on " + std::string(bus) +
+                        " (the fleet's ACL user needs that channel): other processes' local "
+                        "caches were not told");
     }
     return gen;
   }
@@ -281,6 +272,55 @@ class fleet_engine {
   worker_threads workers;
 
  private:
+  // written(what, step): one write step (a script returning the key's new generation) on a
+  // pooled connection, then, with cfg.replicas, WAIT for them. Throws fleet_error when Redis
+  // cannot be reached (counted as a Redis error and a breaker failure), refuses the fleet's
+  // settings (a Redis error, not a breaker failure; the message names the refusal), or fewer
+  // replicas than cfg.replicas acknowledged in time, or WAIT got no answer (counted:
+  // replica_timeouts; not a Redis failure: the primary applied it), std::bad_alloc.
+  template <class Step>
+  std::uint64_t written(const char* what, Step step) {
+    std::uint64_t gen = 0;
+    long long acked = 0;
+    std::string wait_failure;
+    const std::string who = std::string("singleflight::fleet::") + what;
+    try {
+      pooled c = pool.acquire();
+      // A second run (pooled::run) bumps the generation once more: harmless.
+      gen = c.run(step);
+      breaker.success();
+      if (cfg.replicas > 0) {
+        try {
+          acked = wait_replicas(*c, cfg.replicas, cfg.replica_timeout, cfg.redis_timeout);
+        } catch (const redis_failure& e) {
+          wait_failure = e.what();  // the connection is broken: it is not pooled again
+        }
+      }
+    } catch (const redis_failure& e) {
+      fleet_counters::bump(counters.redis_errors);
+      if (e.refused()) {
+        throw fleet_error(who +
+                          ": Redis refused the fleet's settings "
+                          "(password, username and its ACL rights, db number): " +
+                          e.what());
+      }
+      (void)breaker.failure();
+      throw fleet_error(who + ": Redis unreachable: " + e.what());
+    }
+    if (cfg.replicas > 0 && acked < static_cast<long long>(cfg.replicas)) {
+      fleet_counters::bump(counters.replica_timeouts);
+      throw fleet_error(who + ": applied on the primary, but " +
+                        (wait_failure.empty()
+                             ? std::to_string(acked) + " of " + std::to_string(cfg.replicas) +
+                                   " replicas acknowledged it within " +
+                                   std::to_string(cfg.replica_timeout.count()) + " ms"
+                             : "WAIT for " + std::to_string(cfg.replicas) +
+                                   " replicas got no answer (" + wait_failure + ")") +
+                        ": a failover now may undo it");
+    }
+    return gen;
+  }
+
   static std::uint64_t seed() {
     std::random_device rd;
     return (static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^

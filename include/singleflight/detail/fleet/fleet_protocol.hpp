@@ -18,6 +18,8 @@
 //                    was loaded but could not be stored: load for yourself),
 //                    "e<text>" (the load failed)
 //   {N:P:K}:g:<tok>  a race its client gave up on (a tombstone, meta_ttl)
+//   {N:P}:i          fleet_cache's bus: every put and invalidate publishes
+//                    "<writer id><key text>" on it (the writer: 32 hex digits)
 // The length makes the names injective: from a name, N says where P ends and
 // K begins, so no two (prefix, key) pairs share a name whatever ':' or braces
 // either holds ("users" + "eu:42" is {5:users:eu:42}, "users:eu" + "42" is
@@ -310,6 +312,30 @@ return {g, note(ARGV[1], 'r')}
   return s;
 }
 
+// WRITE (fleet_cache's put and invalidate). KEYS: value, meta. ARGV: channel, meta_ttl_ms,
+// record ('' = delete the value), ttl_ms, bus, bus message. INVALIDATE's effects (the value
+// deleted, the generation bumped: no load acquired before this stores), then the record stored
+// when there is one; wakes waiters ("v": re-read, a value is there; "r": race again); then
+// PUBLISHes the bus message on the bus (every process's local cache drops the key). Returns
+// {the new generation, published on the key's channel, published on the bus}.
+inline const lua_script& write_script() {
+  static const lua_script s(SINGLEFLIGHT_FLEET_LUA_PRELUDE R"lua(
+seed(KEYS[2])
+redis.call('DEL', KEYS[1])
+local g = redis.call('HINCRBY', KEYS[2], 'gen', 1)
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+local woke
+if ARGV[3] ~= '' then
+  redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[4])
+  woke = note(ARGV[1], 'v')
+else
+  woke = note(ARGV[1], 'r')
+end
+return {g, woke, note(ARGV[5], ARGV[6])}
+)lua");
+  return s;
+}
+
 #undef SINGLEFLIGHT_FLEET_LUA_PRELUDE
 
 // Runs a script by its SHA; on NOSCRIPT (a fresh or flushed server) sends the body once,
@@ -501,6 +527,36 @@ inline std::uint64_t invalidate(redis_conn& c, const fleet_names& n,
   const long long gen = coded_reply(r, "invalidate", published);
   if (gen < 0) throw redis_failure("invalidate: unexpected reply");
   return static_cast<std::uint64_t>(gen);
+}
+
+// write(...): the write script (`rec` empty: delete); the new generation. `published`: the
+// key's waiters were told; `broadcast`: the bus message went out.
+inline std::uint64_t write(redis_conn& c, const fleet_names& n, std::string_view rec,
+                           std::chrono::milliseconds ttl, std::chrono::milliseconds meta_ttl,
+                           std::string_view bus, std::string_view message, bool& published,
+                           bool& broadcast) {
+  const std::string ttl_ms = ms_text(ttl);
+  const std::string meta_ms = ms_text(meta_ttl);
+  const redis_reply r = run_script(c, write_script(), {n.value, n.meta},
+                                   {n.channel, meta_ms, rec, ttl_ms, bus, message});
+  if (r->type != REDIS_REPLY_ARRAY || r->elements != 3 ||
+      r->element[0]->type != REDIS_REPLY_INTEGER || r->element[1]->type != REDIS_REPLY_INTEGER ||
+      r->element[2]->type != REDIS_REPLY_INTEGER || r->element[0]->integer < 0) {
+    throw redis_failure("write: unexpected reply");
+  }
+  published = r->element[1]->integer == 1;
+  broadcast = r->element[2]->integer == 1;
+  return static_cast<std::uint64_t>(r->element[0]->integer);
+}
+
+// The bus of the fleet_caches under prefix P (N its length): "{N:P}:i", the channel their
+// put and invalidate publish the key's text on. Never a key's name: those continue the hash
+// tag with ':' after P where this one closes it.
+inline std::string bus_channel(std::string_view prefix) {
+  std::string b = "{" + std::to_string(prefix.size()) + ':';
+  b += prefix;
+  b += "}:i";
+  return b;
 }
 
 // How late after its timeout a server may answer WAIT: it checks blocked clients' timeouts on

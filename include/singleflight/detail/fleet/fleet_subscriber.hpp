@@ -20,6 +20,13 @@
 // by the first reply on a connection), so a server that accepts connections
 // only to drop or reject them (maxclients) is not hammered.
 //
+// Listeners: a channel may also have one `listener` (subscribe(channel,
+// listener)), told of every message and of every (re-)confirmation, on the
+// thread, under `mu_`, in the order the server sent them. A listener is
+// library code (fleet_cache's invalidation inbox): it only records what it
+// is told under a leaf lock of its own, never calls back into the subscriber
+// and runs no user code. It is never called once its watch is destroyed.
+//
 // Locking: `mu_` guards `channels_`, `closing_`, `dirty_` and every
 // channel_state. The thread holds it only to read the wanted subscriptions
 // and to apply what it read; connecting, writing, polling and reading happen
@@ -62,6 +69,21 @@
 namespace singleflight::detail {
 
 class fleet_subscriber {
+ public:
+  // listener: told of every message on its channel (the payload) and of every
+  // confirmation of the channel's subscription (the first, and each after a
+  // reconnect: messages sent while the connection was down are lost). Called
+  // on the subscriber's thread under its lock: must not block, throw, or call
+  // the subscriber.
+  struct listener {
+    virtual void on_message(std::string_view payload) noexcept = 0;
+    virtual void on_confirmed() noexcept = 0;
+
+   protected:
+    ~listener() = default;
+  };
+
+ private:
   struct channel_state {
     std::size_t refs = 0;    // watches alive
     bool on_server = false;  // SUBSCRIBE sent on the current connection, no UNSUBSCRIBE since
@@ -77,6 +99,7 @@ class fleet_subscriber {
     std::uint64_t messages = 0;
     std::string last;  // the latest message
     std::condition_variable cv;
+    listener* heard = nullptr;  // the listening watch's listener, while it lives
   };
 
  public:
@@ -219,7 +242,13 @@ class fleet_subscriber {
 
   // subscribe(channel): a watch on `channel` (the SUBSCRIBE is sent by the
   // thread). Thread-safe. Throws std::bad_alloc.
-  watch subscribe(const std::string& channel) {
+  watch subscribe(const std::string& channel) { return subscribe(channel, nullptr); }
+
+  // subscribe(channel, l): a watch on `channel` whose messages and
+  // confirmations are also handed to `l` (see listener) until the watch is
+  // destroyed. One listener per channel (a second one replaces the first).
+  // Thread-safe. Throws std::bad_alloc.
+  watch subscribe(const std::string& channel, listener* l) {
     channel_state* ch = nullptr;
     {
       const std::lock_guard<std::mutex> lk(mu_);
@@ -227,6 +256,7 @@ class fleet_subscriber {
       if (!slot) slot = std::make_unique<channel_state>();
       ch = slot.get();
       ch->refs += 1;
+      if (l != nullptr) ch->heard = l;
       dirty_ = true;
       cv_.notify_all();
     }
@@ -260,6 +290,7 @@ class fleet_subscriber {
     {
       const std::lock_guard<std::mutex> lk(mu_);
       ch->refs -= 1;
+      if (ch->refs == 0) ch->heard = nullptr;  // never called again once its watch is gone
       if (ch->refs == 0 && !ch->on_server && ch->pending == 0) {
         // Never subscribed on the server (or unsubscribed, and answered): forget it.
         channels_.erase(name);
@@ -470,11 +501,13 @@ class fleet_subscriber {
       if (kind == "unsubscribe" || ch.pending != 0 || !ch.on_server || ch.confirmed) return;
       ch.confirmed = true;
       ch.confirmations += 1;
+      if (ch.heard != nullptr) ch.heard->on_confirmed();
       ch.cv.notify_all();
     } else if (kind == "message") {
       if (!is_string(r.element[2])) return;
       ch.last.assign(text_of(r.element[2]));
       ch.messages += 1;
+      if (ch.heard != nullptr) ch.heard->on_message(text_of(r.element[2]));
       ch.cv.notify_all();
     }
     // A forgotten channel (no watch, nothing pending) is erased by the thread's next pass.
