@@ -1,0 +1,405 @@
+// singleflight/fleet_cache.hpp
+//
+// `singleflight::fleet_cache<Key, T>`: a local `singleflight::cache` in front
+// of a `singleflight::fleet`, kept coherent across processes. Optional, like
+// fleet.hpp: needs hiredis and the CMake target `singleflight::fleet`.
+//
+//   singleflight::fleet_cache_options o;
+//   o.local = {.ttl = 60s, .stale_while_revalidate = 10s};
+//   o.fleet.redis_uri = "tcp://10.0.0.5:6379";
+//   o.fleet.key_prefix = "profiles:v3";
+//   o.fleet.value_ttl = 5min;
+//   singleflight::fleet_cache<std::string, profile> profiles(o);
+//   profile p = profiles.get(key, [&](singleflight::stop_token st) { return origin.fetch(st, key); },
+//                            request_stop_token, 100ms);
+//   profiles.invalidate(key);  // every process's local copy goes too
+//
+// What it does
+//
+// get: a local hit (fresh, or stale within stale_while_revalidate) is
+// answered from this process's memory, with no Redis round trip; a miss
+// loads through the fleet (one origin call per key across the fleet, the
+// value shared in Redis; Redis down: a local load, no error). The local
+// cache's guarantees hold (coalescing, windows, wait_bound, close).
+//
+// invalidate / put: the fleet's write (the Redis value deleted or replaced,
+// the key's generation bumped, so no load that started before stores) and,
+// in the same script, a message on the fleet's bus channel ("{N:P}:i", one
+// per key prefix) naming the key. Every fleet_cache of that prefix listens on
+// it through its fleet's subscriber thread and drops the key from its local
+// cache before its next read (detail/fleet/invalidation_inbox.hpp), and a
+// load of that key already under way there does not publish (the local
+// cache's versioned publish).
+//
+// The coherence bound (PUBLISH path): once another process has received the
+// message, its get never returns a value stored before the invalidate or
+// put. While its subscription is down (a network gap, CLIENT KILL, a Redis
+// restart) messages are lost: when the subscription is confirmed again, the
+// whole local cache is cleared, so every entry stored before the gap is read
+// again through the fleet. During the gap itself a process serves its local
+// entries (up to their ttl). Writes by other programs (a DEL from redis-cli,
+// expiry, FLUSHALL) are not seen: that needs client tracking (not in this
+// version). docs/fleet_cache.md.
+//
+// Threads: the fleet's (subscriber, renewer, async workers) and the local
+// cache's (loads). The bus is read on the fleet's subscriber thread, which
+// only records what it hears; the local cache is changed by callers.
+//
+// Thread safety: every member may be called concurrently from any thread,
+// except the destructor (not concurrently with anything, not from a loader).
+#pragma once
+
+#include <atomic>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "cache.hpp"
+#include "codec.hpp"
+#include "detail/fleet/fleet_protocol.hpp"
+#include "detail/fleet/invalidation_inbox.hpp"
+#include "errors.hpp"
+#include "fleet.hpp"
+#include "fleet_options.hpp"
+#include "stop_token.hpp"
+#include "wait_bound.hpp"
+
+namespace singleflight {
+
+// fleet_cache_options
+struct fleet_cache_options {
+  // The local cache in front (ttl, jitter, stale_while_revalidate,
+  // max_entries, threads...). Its ttl bounds how long a process may serve a
+  // value while it hears nothing from the bus (a gap).
+  cache_options local;
+  // The fleet behind it (redis_uri, key_prefix, value_ttl, lease_ttl...).
+  fleet_options fleet;
+  // Keys heard on the bus and not yet dropped from the local cache (they
+  // are dropped by the next call); beyond this, the local cache is cleared
+  // instead. At least 1.
+  std::size_t max_pending_invalidations = 4096;
+};
+
+// fleet_cache_stats: counters since construction (each exact; a snapshot is
+// not one instant).
+struct fleet_cache_stats {
+  cache_stats local;                       // the local cache's
+  fleet_stats fleet;                       // the fleet's (Redis, leases, origin calls)
+  std::uint64_t broadcasts = 0;            // put / invalidate calls that reached the bus
+  std::uint64_t invalidations_heard = 0;   // bus messages from other processes
+  std::uint64_t resyncs = 0;               // bus subscriptions (re)confirmed: local cache cleared
+  std::uint64_t overflows = 0;             // max_pending_invalidations passed: local cache cleared
+};
+
+template <class Key, class T, class Codec = codec<T>, class KeyCodec = key_codec<Key>>
+class fleet_cache;
+
+namespace detail {
+struct fleet_cache_test_access;
+}  // namespace detail
+
+// fleet_cache
+//
+// Template parameters as fleet's: Key, T (copy-constructible), Codec
+// (codec<T>), KeyCodec (key_codec<Key>: the key's text names it in Redis,
+// on the bus, and in the local cache).
+template <class Key, class T, class Codec, class KeyCodec>
+class fleet_cache {
+  static_assert(
+      requires(const KeyCodec& kc, const Key& k) {
+        { kc.encode(k) } -> std::convertible_to<std::string>;
+      },
+      "singleflight::fleet_cache<Key, T>: no key_codec for Key. Specialise "
+      "singleflight::key_codec<Key> (see singleflight/codec.hpp), or pass a KeyCodec type as "
+      "the fourth template argument");
+
+  using fleet_t = fleet<std::string, T, Codec, key_codec<std::string>>;
+  using local_t = cache<std::string, T>;
+  using wide_t = std::function<T(const Key&, const stop_token&)>;
+
+ public:
+  using key_type = Key;
+  using value_type = T;
+
+  // fleet_cache(opts, codec, key_codec)
+  //
+  // Builds the fleet (its threads; no connection yet), subscribes to the bus
+  // (the subscriber connects at once, in the background) and builds the
+  // local cache. Throws std::invalid_argument for invalid options (of the
+  // cache, the fleet, or max_pending_invalidations == 0), std::system_error.
+  explicit fleet_cache(fleet_cache_options opts = {}, Codec codec = Codec{},
+                       KeyCodec key_codec = KeyCodec{})
+      : fleet_(opts.fleet, std::move(codec)),
+        key_codec_(std::move(key_codec)),
+        inbox_(fleet_.engine_->new_token(), checked_pending(opts.max_pending_invalidations)),
+        bus_(detail::bus_channel(fleet_.engine_->cfg.key_prefix)),
+        watch_(fleet_.engine_->subscriber.subscribe(bus_, &inbox_)),
+        local_(opts.local) {}
+
+  // fleet_cache(opts, loader, codec, key_codec)
+  //
+  // With a cache-wide loader, `loader(const Key&, stop_token)` or
+  // `loader(const Key&)` returning something convertible to T: get(key),
+  // get_entry(key) load through it. It is copied (shared by every load);
+  // what it captures by reference must outlive the fleet_cache.
+  template <class L>
+  requires(!std::same_as<std::remove_cvref_t<L>, Codec>)
+      fleet_cache(fleet_cache_options opts, L&& loader, Codec codec = Codec{},
+                  KeyCodec key_codec = KeyCodec{})
+      : fleet_cache(std::move(opts), std::move(codec), std::move(key_codec)) {
+    using D = std::decay_t<L>;
+    if constexpr (std::is_invocable_v<const D&, const Key&, stop_token>) {
+      static_assert(std::is_convertible_v<std::invoke_result_t<const D&, const Key&, stop_token>, T>,
+                    "singleflight::fleet_cache: the cache-wide loader must return T");
+      wide_ = std::make_shared<const wide_t>(
+          [l = D(std::forward<L>(loader))](const Key& k, const stop_token& st) -> T {
+            return l(k, st);
+          });
+    } else {
+      static_assert(std::is_invocable_v<const D&, const Key&>,
+                    "singleflight::fleet_cache: the cache-wide loader must be invocable as "
+                    "loader(const Key&, stop_token) or loader(const Key&) (const)");
+      static_assert(std::is_convertible_v<std::invoke_result_t<const D&, const Key&>, T>,
+                    "singleflight::fleet_cache: the cache-wide loader must return T");
+      wide_ = std::make_shared<const wide_t>(
+          [l = D(std::forward<L>(loader))](const Key& k, const stop_token&) -> T { return l(k); });
+    }
+  }
+
+  fleet_cache(const fleet_cache&) = delete;
+  fleet_cache& operator=(const fleet_cache&) = delete;
+
+  // ~fleet_cache(): close().
+  ~fleet_cache() { close(); }
+
+  // get(key, loader, caller), get(key, loader, caller, bound)
+  //
+  // The value for `key`: from the local cache (no Redis round trip), else
+  // through the fleet (another process's value from Redis, or `loader`,
+  // `T(stop_token)` or `T()`, once across the fleet). Invalidations heard on
+  // the bus are applied first. As cache::get otherwise: the load belongs to
+  // the local cache (load_owner::cache by default: capture by value), the
+  // caller leaves at `caller` (cancelled_error) or `bound` (timeout_error).
+  // Throws what cache::get and fleet::get throw; never a Redis error.
+  // Thread-safe.
+  template <class K, class L>
+  requires(!std::same_as<std::remove_cvref_t<L>, stop_token>) T
+      get(const K& key, L&& loader, stop_token caller = {}) {
+    return local_.get(prepare(key), through(std::forward<L>(loader)), std::move(caller));
+  }
+  template <class K, class L>
+  requires(!std::same_as<std::remove_cvref_t<L>, stop_token>) T
+      get(const K& key, L&& loader, stop_token caller, wait_bound bound) {
+    return local_.get(prepare(key), through(std::forward<L>(loader)), std::move(caller), bound);
+  }
+
+  // get_entry(key, loader, caller[, bound]): get, with the entry's freshness,
+  // age and version (cached<T>). Thread-safe.
+  template <class K, class L>
+  requires(!std::same_as<std::remove_cvref_t<L>, stop_token>) cached<T> get_entry(
+      const K& key, L&& loader, stop_token caller = {}) {
+    return local_.get_entry(prepare(key), through(std::forward<L>(loader)), std::move(caller));
+  }
+  template <class K, class L>
+  requires(!std::same_as<std::remove_cvref_t<L>, stop_token>) cached<T> get_entry(
+      const K& key, L&& loader, stop_token caller, wait_bound bound) {
+    return local_.get_entry(prepare(key), through(std::forward<L>(loader)), std::move(caller),
+                            bound);
+  }
+
+  // get(key, caller[, bound]), get_entry(key, caller[, bound]): through the
+  // cache-wide loader. std::logic_error without one. Thread-safe.
+  T get(const Key& key, stop_token caller = {}) {
+    return local_.get(prepare(key), through(bound_wide(key)), std::move(caller));
+  }
+  T get(const Key& key, stop_token caller, wait_bound bound) {
+    return local_.get(prepare(key), through(bound_wide(key)), std::move(caller), bound);
+  }
+  cached<T> get_entry(const Key& key, stop_token caller = {}) {
+    return local_.get_entry(prepare(key), through(bound_wide(key)), std::move(caller));
+  }
+  cached<T> get_entry(const Key& key, stop_token caller, wait_bound bound) {
+    return local_.get_entry(prepare(key), through(bound_wide(key)), std::move(caller), bound);
+  }
+
+  // invalidate(key)
+  //
+  // Fleet-wide: the fleet's invalidate (the Redis value deleted, no load
+  // that started before it stores) and, in the same script, the key on the
+  // bus; then this process's local entry is dropped. Once it returns, no
+  // process that has received the message returns a value stored before it
+  // (see the coherence bound above). Returns the key's new generation.
+  // Throws fleet_error when Redis cannot be reached or refused the bus
+  // PUBLISH (the local entry is dropped anyway), closed_error after close().
+  // Thread-safe.
+  std::uint64_t invalidate(const Key& key) {
+    const std::string text = key_text(key);
+    return write(text, std::string(), [&] { (void)local_.invalidate(text); });
+  }
+
+  // put(key, value)
+  //
+  // Fleet-wide: stores `value` in Redis (for fleet.value_ttl; a load of the
+  // key that started before it does not store), tells every process on the
+  // bus (they drop their local copy and read this one on their next get),
+  // and stores it in this process's local cache. A value over
+  // fleet.max_value_bytes is not stored in Redis: the key is invalidated
+  // fleet-wide instead (counted: fleet.oversized_values). Returns the key's
+  // new generation. Throws as invalidate (the local entry is then dropped),
+  // and what the codec and T's copy throw. Thread-safe.
+  template <class V>
+  requires std::constructible_from<T, V&&> std::uint64_t put(const Key& key, V&& value) {
+    const std::string text = key_text(key);
+    T v(std::forward<V>(value));
+    std::string payload(fleet_.codec_.encode(v));
+    std::string rec;
+    const std::size_t max = fleet_.engine_->cfg.max_value_bytes;
+    if (max > 0 && payload.size() > max) {
+      detail::fleet_counters::bump(fleet_.engine_->counters.oversized_values);
+    } else {
+      rec = detail::make_record('v', fleet_.tag_, "0", "0", payload);
+    }
+    return write(text, rec, [&] { (void)local_.put(text, std::move(v)); });
+  }
+
+  // close()
+  //
+  // Idempotent. Closes the local cache (its loads stopped and waited for),
+  // then the fleet (its threads joined; see fleet::close). From a loader it
+  // waits for nothing; the destructor finishes. Thread-safe.
+  void close() {
+    closed_.store(true, std::memory_order_relaxed);  // reported, orders nothing
+    local_.close();
+    fleet_.close();
+  }
+
+  // stats(): the local cache's, the fleet's and the bus's counters.
+  // Thread-safe.
+  fleet_cache_stats stats() const {
+    fleet_cache_stats s;
+    s.local = local_.stats();
+    s.fleet = fleet_.stats();
+    s.broadcasts = broadcasts_.load(std::memory_order_relaxed);
+    s.invalidations_heard = inbox_.received();
+    s.resyncs = inbox_.resyncs();
+    s.overflows = inbox_.overflows();
+    return s;
+  }
+
+  // flight_stats(): the local cache's inner group's counters (loads as
+  // flights, callers that joined one). Thread-safe.
+  singleflight::stats flight_stats() const { return local_.flight_stats(); }
+
+  // healthy(): false while the fleet's circuit breaker is open, and after
+  // close(). Thread-safe.
+  bool healthy() const noexcept {
+    return !closed_.load(std::memory_order_relaxed) && fleet_.healthy();
+  }
+
+ private:
+  friend struct detail::fleet_cache_test_access;
+
+  static std::size_t checked_pending(std::size_t n) {
+    if (n == 0) {
+      throw std::invalid_argument(
+          "singleflight::fleet_cache_options: max_pending_invalidations must be at least 1");
+    }
+    return n;
+  }
+
+  template <class K>
+  std::string key_text(const K& key) const {
+    if constexpr (requires { key_codec_.encode(key); }) {
+      return std::string(key_codec_.encode(key));
+    } else {
+      return std::string(key_codec_.encode(Key(key)));
+    }
+  }
+
+  // Applies what the bus told this process to the local cache: before every
+  // read, and before every local write (a clear still pending from a
+  // confirmation would otherwise take a later put away).
+  void catch_up() {
+    inbox_.apply([this](const std::string& text) { (void)local_.invalidate(text); },
+                 [this] { local_.clear(); });
+  }
+
+  // catch_up(), then the key's text.
+  template <class K>
+  std::string prepare(const K& key) {
+    catch_up();
+    return key_text(key);
+  }
+
+  // The local cache's loader: the fleet, with `loader` as the fleet's. Kept
+  // by value (the local cache may run it after the caller left, and keeps a
+  // copy for a background refresh); const: copies of it may run at once.
+  template <class L>
+  auto through(L&& loader) {
+    static_assert(detail::fleet_loader<std::decay_t<L>, T>,
+                  "singleflight::fleet_cache: the loader must be invocable as loader(stop_token) "
+                  "or loader(), returning something convertible to T");
+    return [this, load = std::decay_t<L>(std::forward<L>(loader))](const std::string& text,
+                                                                   stop_token st) -> T {
+      return fleet_.get(text, load, std::move(st));
+    };
+  }
+
+  // The cache-wide loader for one key, as a per-call loader.
+  auto bound_wide(const Key& key) const {
+    if (!wide_) {
+      throw std::logic_error(
+          "singleflight::fleet_cache::get(key): no cache-wide loader (construct the "
+          "fleet_cache with one, or pass a loader to get)");
+    }
+    return [wide = wide_, key](const stop_token& st) -> T { return (*wide)(key, st); };
+  }
+
+  // put / invalidate: the write script with the bus message, then the local
+  // step; when Redis fails, the local entry is dropped and the error thrown.
+  template <class Local>
+  std::uint64_t write(const std::string& text, const std::string& rec, Local&& local) {
+    if (closed_.load(std::memory_order_relaxed)) throw closed_error();
+    std::uint64_t gen = 0;
+    try {
+      gen = fleet_.engine_->write(text, rec, bus_, inbox_.self() + text);
+    } catch (...) {
+      (void)local_.invalidate(text);
+      throw;
+    }
+    broadcasts_.fetch_add(1, std::memory_order_relaxed);  // a counter
+    (void)fleet_.group_.forget(text);
+    catch_up();
+    local();
+    return gen;
+  }
+
+  fleet_t fleet_;
+  KeyCodec key_codec_;
+  std::shared_ptr<const wide_t> wide_;
+  detail::invalidation_inbox inbox_;
+  std::string bus_;
+  detail::fleet_subscriber::watch watch_;  // before local_: outlives its loads' flights
+  local_t local_;                          // destroyed first: joins its loads
+  std::atomic<bool> closed_{false};
+  std::atomic<std::uint64_t> broadcasts_{0};
+};
+
+namespace detail {
+// Test access: the fleet's engine (its hook, its subscriber).
+struct fleet_cache_test_access {
+  template <class C>
+  static detail::fleet_engine& engine(C& c) {
+    return fleet_test_access::engine(c.fleet_);
+  }
+};
+}  // namespace detail
+
+}  // namespace singleflight

@@ -1,0 +1,222 @@
+// singleflight::fleet_cache (fleet_cache.hpp): the local cache in front of the fleet, coherent
+// across processes through the bus (the PUBLISH path). Two fleet_cache objects stand for two
+// processes, each over its own fleet (its own connections, subscriber and renewer), with a
+// local ttl of 60 s: nothing but the bus can make a process drop a local entry within a test.
+// "Once B has heard it" is B's stats().invalidations_heard (or resyncs) having grown: the
+// inbox counts a message after recording it. Tests that kill clients run a private
+// redis-server; the others the shared one (skipped without it).
+#include <singleflight/fleet_cache.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "support/catch.hpp"
+#include "support/fleet.hpp"
+#include "support/jthread.hpp"
+#include "support/redis.hpp"
+#include "support/sync.hpp"
+
+namespace {
+
+namespace sf = singleflight;
+namespace d = singleflight::detail;
+using namespace std::chrono_literals;
+using fc_t = sf::fleet_cache<std::string, std::string>;
+using point = d::fleet_point;
+
+sf::fleet_cache_options opts(const std::string& uri, const std::string& prefix) {
+  sf::fleet_cache_options o;
+  o.fleet = sftest::message_only(uri, prefix);
+  o.local.ttl = 60s;
+  o.local.jitter = 0;
+  return o;
+}
+
+d::fleet_engine& engine(fc_t& c) { return d::fleet_cache_test_access::engine(c); }
+
+// Bounded wait until `c`'s bus subscription is confirmed. It also orders the test's earlier
+// writes (a hook) before the subscriber thread's later reads: both take the subscriber's lock.
+void until_listening(fc_t& c, const char* name) {
+  sftest::must([&] { return engine(c).subscriber.confirmed_channels() == 1; }, name);
+  sftest::must([&] { return c.stats().resyncs >= 1; }, name);
+}
+
+// An origin whose answer is "v<version>", counting its calls.
+struct versioned_origin {
+  std::atomic<int> version{1};
+  std::atomic<int> calls{0};
+  auto loader() {
+    return [this] {
+      calls.fetch_add(1);
+      return "v" + std::to_string(version.load());
+    };
+  }
+};
+
+auto must_not_load(std::atomic<int>& ran) {
+  return [&ran] {
+    ran.fetch_add(1);
+    return std::string("must not be loaded");
+  };
+}
+
+}  // namespace
+
+TEST_CASE(
+    "invalidate on one process: once another has heard it, its get never returns the old "
+    "value, though its local entry had 60 s to live; before, its reads are local hits",
+    "[fleet][fleet_cache]") {
+  const std::string uri = sftest::need_redis();
+  const std::string prefix = sftest::unique_prefix("fc-inval");
+  fc_t a(opts(uri, prefix));
+  fc_t b(opts(uri, prefix));
+  until_listening(a, "a listens");
+  until_listening(b, "b listens");
+  versioned_origin origin;
+  std::atomic<int> ran{0};
+  CHECK(a.get("k", origin.loader()) == "v1");
+  CHECK(b.get("k", must_not_load(ran)) == "v1");  // b's miss: a's value, from Redis
+  const std::uint64_t b_redis_gets = b.stats().fleet.gets;
+  for (int i = 0; i < 5; ++i) CHECK(b.get("k", must_not_load(ran)) == "v1");
+  CHECK(b.stats().local.hits == 5);
+  CHECK(b.stats().fleet.gets == b_redis_gets);  // local hits: no Redis round trip
+
+  origin.version = 2;
+  (void)a.invalidate("k");
+  CHECK(a.stats().broadcasts == 1);
+  sftest::must([&] { return b.stats().invalidations_heard >= 1; }, "b hears the invalidation");
+  CHECK(b.get("k", origin.loader()) == "v2");
+  CHECK(a.get("k", must_not_load(ran)) == "v2");  // b's load is in Redis: a reads it there
+  CHECK(ran.load() == 0);
+  CHECK(origin.calls.load() == 2);
+  // a does not apply its own message (its invalidate already did): its second read was a
+  // Redis hit after its own local invalidate, not after hearing itself.
+  CHECK(a.stats().invalidations_heard == 0);
+}
+
+TEST_CASE("put on one process is what another reads once it has heard it",
+          "[fleet][fleet_cache]") {
+  const std::string uri = sftest::need_redis();
+  const std::string prefix = sftest::unique_prefix("fc-put");
+  sftest::redis_client redis(uri);
+  fc_t a(opts(uri, prefix));
+  fc_t b(opts(uri, prefix));
+  // Each confirmation clears the local cache (what was stored before it may have missed a
+  // message): a's first one must not take its put away.
+  until_listening(a, "a listens");
+  until_listening(b, "b listens");
+  versioned_origin origin;
+  std::atomic<int> ran{0};
+  CHECK(b.get("k", origin.loader()) == "v1");  // b caches v1 for 60 s
+
+  (void)a.put("k", std::string("p1"));
+  CHECK(sftest::stored(redis, prefix, "k") == "p1");
+  CHECK(a.get("k", must_not_load(ran)) == "p1");  // a's local copy
+  CHECK(a.stats().fleet.gets == 0);
+  sftest::must([&] { return b.stats().invalidations_heard >= 1; }, "b hears the put");
+  CHECK(b.get("k", must_not_load(ran)) == "p1");  // from Redis, no origin call
+  CHECK(ran.load() == 0);
+  CHECK(origin.calls.load() == 1);
+}
+
+TEST_CASE(
+    "a load under way in another process when invalidate runs: its callers get what it "
+    "loaded, but it is not kept, neither locally nor in Redis; the next read loads again",
+    "[fleet][fleet_cache]") {
+  const std::string uri = sftest::need_redis();
+  const std::string prefix = sftest::unique_prefix("fc-inflight");
+  sftest::redis_client redis(uri);
+  fc_t a(opts(uri, prefix));
+  fc_t b(opts(uri, prefix));
+  until_listening(b, "b listens");
+  sftest::held_origin old_origin("old");
+  sftest::result<std::string> first;
+  sftest::jthread reader = sftest::spawn(first, [&] { return b.get("k", old_origin.loader()); });
+  old_origin.started.wait("b's load runs");
+  (void)a.invalidate("k");
+  sftest::must([&] { return b.stats().invalidations_heard >= 1; }, "b hears the invalidation");
+  old_origin.release.open();
+  sftest::finish(reader, first, "b's first read");
+  REQUIRE(first.value);
+  CHECK(*first.value == "old");
+  CHECK(sftest::stored(redis, prefix, "k").empty());  // the fleet refused the store
+  versioned_origin origin;
+  origin.version = 2;
+  CHECK(b.get("k", origin.loader()) == "v2");
+  CHECK(origin.calls.load() == 1);
+}
+
+TEST_CASE(
+    "bus subscriptions killed: an invalidate while a process is disconnected (CLIENT KILL "
+    "TYPE pubsub) is not lost; once it has resubscribed it does not serve the old value",
+    "[fleet][fleet_cache]") {
+  sftest::private_redis server;
+  auto client = server.client();
+  const std::string prefix = "killed";
+  fc_t a(opts(server.uri(), prefix));
+  fc_t b(opts(server.uri(), prefix));
+  sftest::gate b_down;
+  sftest::gate b_back;
+  engine(b).hook = [&](point p, std::string_view) {
+    if (p != point::resubscribing) return;
+    b_down.open();
+    b_back.wait("the test lets b resubscribe");
+  };
+  until_listening(a, "a listens");
+  until_listening(b, "b listens");  // after the hook: orders it before the thread reads it
+  versioned_origin origin;
+  std::atomic<int> ran{0};
+  CHECK(a.get("k", origin.loader()) == "v1");
+  CHECK(b.get("k", must_not_load(ran)) == "v1");
+
+  const auto killed = client->command({"CLIENT", "KILL", "TYPE", "pubsub"});
+  CHECK(killed.integer == 2);
+  b_down.wait("b's subscriber reconnects");
+  origin.version = 2;
+  (void)a.invalidate("k");
+  // The message is lost to b: during the gap it serves its local entry (the bound says so).
+  CHECK(b.get("k", must_not_load(ran)) == "v1");
+  CHECK(b.stats().invalidations_heard == 0);
+  const std::uint64_t resyncs = b.stats().resyncs;
+  b_back.open();
+  sftest::must([&] { return b.stats().resyncs > resyncs; }, "b resubscribed");
+  // Its local entry went with the resubscription: b reads through the fleet (a's invalidate
+  // deleted the Redis copy, so b loads).
+  CHECK(b.get("k", origin.loader()) == "v2");
+  CHECK(ran.load() == 0);
+}
+
+TEST_CASE(
+    "Redis down: concurrent gets of one key make one origin call in the process, no error; "
+    "later gets are local hits; invalidate throws fleet_error and still drops the local entry",
+    "[fleet][fleet_cache]") {
+  const std::string uri = "tcp://127.0.0.1:" + std::to_string(sftest::free_port());
+  sf::fleet_cache_options o = opts(uri, "down");
+  o.fleet.redis_timeout = 200ms;
+  fc_t c(o);
+  sftest::held_origin origin("v");
+  constexpr int readers = 4;
+  std::vector<sftest::result<std::string>> results(readers);
+  std::vector<sftest::jthread> threads;
+  for (int i = 0; i < readers; ++i) {
+    threads.push_back(sftest::spawn(results[i], [&] { return c.get("k", origin.loader()); }));
+  }
+  origin.started.wait("one load runs");
+  sftest::must([&] { return c.flight_stats().joins == readers - 1; }, "every reader waits");
+  origin.release.open();
+  for (int i = 0; i < readers; ++i) sftest::finish(threads[i], results[i], "reader");
+  for (const auto& r : results) {
+    REQUIRE(r.value);
+    CHECK(*r.value == "v");
+  }
+  CHECK(origin.calls.load() == 1);
+  std::atomic<int> ran{0};
+  CHECK(c.get("k", must_not_load(ran)) == "v");
+  CHECK(c.stats().local.hits == 1);
+  CHECK_THROWS_AS(c.invalidate("k"), sf::fleet_error);
+  versioned_origin fresh;
+  CHECK(c.get("k", fresh.loader()) == "v1");
+  CHECK(ran.load() == 0);
+}
