@@ -22,8 +22,8 @@
 // caller at a time applies (draining_), without the lock; callers that need
 // what it applies wait on `cv_` until it is done, and apply what was posted
 // after it themselves (but the applying thread itself, re-entering through a
-// T destroyed by its own drop: it returns, the outer apply goes on). A
-// caller that finds applied_ >= the posted_ it read
+// T destroyed by its own drop, returns at once: waiting would wait for
+// itself; what it wanted is applied by the next call). A caller that finds applied_ >= the posted_ it read
 // returns at once: two acquire loads on the hit path.
 #pragma once
 
@@ -99,7 +99,7 @@ class invalidation_inbox final : public fleet_subscriber::listener {
     while (applied_.load(std::memory_order_relaxed) < want) {
       if (draining_) {
         // A T destroyed by this thread's own drop() re-entered the fleet_cache:
-        // the outer apply finishes the job (waiting would wait for itself).
+        // waiting would wait for itself; the next call applies the rest.
         if (drainer_ == std::this_thread::get_id()) return;
         cv_.wait(lk);  // another caller applies; bounded by its cache writes
         continue;

@@ -1,0 +1,122 @@
+// detail::invalidation_inbox (detail/fleet/invalidation_inbox.hpp): what fleet_cache's bus told a
+// process and its local cache has not applied yet. No Redis: the test plays the subscriber's
+// thread (on_message, on_confirmed) and the callers (apply).
+#include <singleflight/detail/fleet/invalidation_inbox.hpp>
+
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "support/catch.hpp"
+#include "support/jthread.hpp"
+#include "support/sync.hpp"
+
+namespace {
+
+namespace d = singleflight::detail;
+
+const std::string self(32, 'a');
+const std::string other(32, 'b');
+
+struct applied {
+  std::vector<std::string> dropped;
+  int clears = 0;
+  void from(d::invalidation_inbox& in) {
+    in.apply([this](const std::string& k) { dropped.push_back(k); }, [this] { clears += 1; });
+  }
+};
+
+}  // namespace
+
+TEST_CASE("inbox: other writers' keys are applied once, in order; its own are not",
+          "[fleet][fleet_cache]") {
+  d::invalidation_inbox in(self, 16);
+  applied a;
+  a.from(in);
+  CHECK(a.dropped.empty());
+  in.on_message(other + "k1");
+  in.on_message(self + "mine");
+  in.on_message(other + "k2");
+  in.on_message("short");  // not a bus message
+  a.from(in);
+  CHECK(a.dropped == std::vector<std::string>{"k1", "k2"});
+  CHECK(a.clears == 0);
+  a.from(in);
+  CHECK(a.dropped.size() == 2);
+  CHECK(in.received() == 2);
+}
+
+TEST_CASE("inbox: a confirmation, or more keys than max_pending, is one clear of everything",
+          "[fleet][fleet_cache]") {
+  d::invalidation_inbox in(self, 2);
+  applied a;
+  in.on_message(other + "before");
+  in.on_confirmed();
+  a.from(in);
+  CHECK(a.clears == 1);
+  CHECK(a.dropped.empty());  // the clear covers it
+  CHECK(in.resyncs() == 1);
+  for (const char* k : {"x", "y", "z"}) in.on_message(other + k);
+  a.from(in);
+  CHECK(a.clears == 2);
+  CHECK(a.dropped.empty());
+  CHECK(in.overflows() == 1);
+}
+
+TEST_CASE(
+    "inbox: a drop that re-enters apply on its own thread (a T destroyed by the local "
+    "cache's invalidate calling the fleet_cache) returns instead of waiting for itself",
+    "[fleet][fleet_cache]") {
+  d::invalidation_inbox in(self, 16);
+  in.on_message(other + "k");
+  std::atomic<bool> done{false};
+  std::atomic<int> inner{0};
+  sftest::jthread t([&] {
+    in.apply(
+        [&](const std::string&) {
+          in.on_message(other + "during");  // heard while applying: the inner call wants it
+          in.apply([&](const std::string&) { inner.fetch_add(1); }, [] {});
+        },
+        [] {});
+    done.store(true);
+  });
+  sftest::must([&] { return done.load(); }, "the re-entrant apply returns");
+  t.join();
+  CHECK(inner.load() == 0);  // the inner call applied nothing; the next call applies it
+  applied a;
+  a.from(in);
+  CHECK(a.dropped == std::vector<std::string>{"during"});
+}
+
+TEST_CASE(
+    "inbox: a caller that finds another applying returns only once what was posted before it "
+    "is applied",
+    "[fleet][fleet_cache]") {
+  d::invalidation_inbox in(self, 16);
+  in.on_message(other + "k");
+  sftest::gate in_drop;
+  sftest::gate let_go;
+  std::atomic<bool> dropped{false};
+  std::atomic<bool> second_saw_it{false};
+  sftest::jthread first([&] {
+    in.apply(
+        [&](const std::string&) {
+          in_drop.open();
+          let_go.wait("the test lets the first caller finish");
+          dropped.store(true);
+        },
+        [] {});
+  });
+  in_drop.wait("the first caller applies");
+  std::atomic<bool> second_done{false};
+  sftest::jthread second([&] {
+    in.apply([](const std::string&) {}, [] {});
+    second_saw_it.store(dropped.load());
+    second_done.store(true);
+  });
+  let_go.open();
+  sftest::must([&] { return second_done.load(); }, "the second caller returns");
+  first.join();
+  second.join();
+  CHECK(second_saw_it.load());
+}
