@@ -445,3 +445,38 @@ TEST_CASE("close_called_on_the_timer_thread_still_lets_the_destructor_join_it",
   CHECK_FALSE(destroyed_early.load());
   CHECK(timer_joined);
 }
+
+// Two fns on thread_executor workers (threads the group owns) that both call close(): each
+// close() runs on a library thread, so it must not wait for the other's fn nor join the other's
+// thread (that one may be waiting for it): both return, the destructors join both. The same
+// with two groups whose fns close each other's group.
+TEST_CASE("two thread_executor fns that both call close() both return", "[close][reentrant]") {
+  const bool each_other = GENERATE(false, true);
+  CAPTURE(each_other);
+  auto g1 = std::make_unique<group_t>(threads());
+  auto g2 = std::make_unique<group_t>(threads());
+  std::atomic<int> in{0};
+  std::atomic<int> returned{0};
+  sftest::result<int> a, b;
+  const auto closing = [&](group_t& target) {
+    return [&] {
+      in.fetch_add(1);
+      sftest::must([&] { return in.load() == 2; }, "both fns run");
+      target.close();
+      returned.fetch_add(1);
+      // Both groups closed before either fn returns: both callers get closed_error.
+      sftest::must([&] { return returned.load() == 2; }, "both close() calls return");
+      return 1;
+    };
+  };
+  group_t& other = each_other ? *g2 : *g1;
+  auto ta = sftest::spawn(a, [&] { return g1->do_("a", closing(other)); });
+  auto tb = sftest::spawn(b, [&] { return other.do_("b", closing(*g1)); });
+  sftest::must([&] { return returned.load() == 2; }, "both close() calls return");
+  sftest::finish(ta, a, "caller a returns");
+  sftest::finish(tb, b, "caller b returns");
+  CHECK(a.threw<sf::closed_error>());
+  CHECK(b.threw<sf::closed_error>());
+  g1.reset();  // the destructors join the workers
+  g2.reset();
+}

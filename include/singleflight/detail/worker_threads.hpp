@@ -30,8 +30,10 @@
 // waiting on it. tests/model/worker_threads.pml checks this protocol (tests/model/README.md).
 //
 // owned_thread (detail/group/owned_thread.hpp) stays separate: the group lets its destructor
-// run on its own threads (it orphans them), a protocol this one forbids; the batch loader's
-// window thread is one job on a worker_threads of its own instead.
+// run on its own threads (it orphans them), a protocol this one forbids. Its close follows the
+// same rules: on an owned_thread or a thread of this piece the group's close() waits for nothing
+// (detail/group/lifecycle.hpp). The batch loader's window thread, the fleet's subscriber and
+// renewer are each one long-running job on a worker_threads instead.
 //
 // Locking: `mu_` guards the queue, the thread list and the counters. Jobs run without it.
 // Thread safety: every member may be called from any thread, the destructor excepted (not

@@ -9,6 +9,13 @@
 // group's threads, never the one it runs on. Also the thread_executor
 // workers: started here, reaped when the next one starts, joined by close().
 //
+// On a library thread (a thread of any group: timer, delivery, thread_executor
+// worker; or of any detail::worker_threads) close() follows worker_threads.hpp's
+// rule: it marks, settles and stops like any close(), then returns without
+// waiting for the drain and joins nothing: such a thread may be the one another
+// closer waits for (two thread_executor fns that both call close() each waited
+// for the other's fn). The destructor (or a close() from outside) finishes.
+//
 // Locking: shard locks as in flight_table.hpp, one at a time (never two at
 // once: a group may have 65,536 shards, and ThreadSanitizer follows at most
 // 64 locks held by one thread); workers_ is guarded by workers_mu_; join_mu_
@@ -25,6 +32,7 @@
 
 #include "../../executor.hpp"
 #include "../../task.hpp"
+#include "../worker_threads.hpp"
 #include "deadlines.hpp"
 #include "hooks.hpp"
 #include "owned_thread.hpp"
@@ -70,6 +78,8 @@ class lifecycle : public deadlines<Key, T, Hash, KeyEqual> {
       SINGLEFLIGHT_HOOK(close_marked);
     }
     this->drain_own();
+    // A library thread waits for nothing (it reports whether the drain is over).
+    const bool library = !destroying && on_library_thread();
     const auto me = std::this_thread::get_id();
     bool inside = false;  // called from code this thread runs inside the group
     for (std::size_t i = 0; i < this->shard_count(); ++i) {
@@ -78,15 +88,23 @@ class lifecycle : public deadlines<Key, T, Hash, KeyEqual> {
       const std::size_t own = base::held_in(s, me);
       inside = inside || own != 0;
       const auto drained = [&] { return s.users <= own; };
-      if (until) {
+      if (library) {
+        if (!drained()) return false;
+      } else if (until) {
         if (!s.drain_cv.wait_until(lk, *until, drained)) return false;
       } else {
         s.drain_cv.wait(lk, drained);
       }
     }
-    if (inside && !destroying) return true;  // inside fn or a loop: the destructor joins
+    // Inside fn or a loop, or on a library thread: the destructor joins.
+    if ((inside || library) && !destroying) return true;
     join_threads(destroying);
     return true;
+  }
+
+  // A thread of any group or of any worker_threads (see the top of this file).
+  static bool on_library_thread() noexcept {
+    return owned_thread::on_owned_thread() || worker_threads::on_library_thread();
   }
 
   // Hands a task to the executor (user code: no lock of the group held), or
