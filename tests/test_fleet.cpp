@@ -651,6 +651,140 @@ TEST_CASE(
   sftest::finish(ta, ra, "a");
 }
 
+// The close protocol (detail/worker_threads.hpp): from a thread of the library it stops and
+// rejects without waiting or joining; from outside it waits for every thread, concurrent closers
+// all wait.
+
+TEST_CASE("two close() calls from outside at once both wait for the fleet's threads and return",
+          "[fleet][close]") {
+  const std::string uri = sftest::need_redis();
+  // Rounds: each joins the subscriber's and the renewer's threads from two closers at once.
+  for (int round = 0; round < 20; ++round) {
+    fleet_t f(opts(uri, sftest::unique_prefix("close4")));
+    sftest::gate held;
+    std::atomic<bool> loader_in{false};
+    std::atomic<bool> loader_out{false};
+    std::atomic<bool> done{false};
+    f.async_get(
+        std::string("k"),
+        [&] {
+          loader_in = true;
+          held.wait("the test releases the loader");
+          loader_out = true;
+          return std::string("v");
+        },
+        [&](sf::outcome<std::string>) { done = true; });
+    sftest::must([&] { return loader_in.load(); }, "the loader runs on a fleet worker");
+    std::atomic<int> entered{0};
+    std::atomic<int> returned{0};
+    std::atomic<int> returned_early{0};  // a closer that returned before the loader had
+    const auto closer = [&] {
+      entered.fetch_add(1);
+      while (entered.load() < 2) std::this_thread::yield();  // bounded: both start at once
+      f.close();
+      if (!loader_out.load()) returned_early.fetch_add(1);
+      returned.fetch_add(1);
+    };
+    sftest::jthread a(closer);
+    sftest::jthread b(closer);
+    sftest::must([&] { return entered.load() == 2; }, "both closers start");
+    CHECK(returned.load() == 0);  // the loader is held: neither may return yet
+    held.open();
+    sftest::must([&] { return returned.load() == 2; }, "both close() calls return");
+    a.join();
+    b.join();
+    CHECK(returned_early.load() == 0);
+    CHECK(done.load());
+    CHECK(engine(f).services.threads() == 0);
+    CHECK(engine(f).workers.threads() == 0);
+  }
+}
+
+TEST_CASE("two async loaders that both call close() both return; the destructor then waits",
+          "[fleet][close]") {
+  const std::string uri = sftest::need_redis();
+  std::atomic<int> in{0};
+  std::atomic<int> returned{0};
+  std::atomic<int> delivered{0};
+  {
+    fleet_t f(opts(uri, sftest::unique_prefix("close5")));
+    const auto loader = [&] {
+      in.fetch_add(1);
+      sftest::must([&] { return in.load() == 2; }, "both loaders run");
+      f.close();
+      returned.fetch_add(1);
+      return std::string("v");
+    };
+    const auto on_done = [&](sf::outcome<std::string>) { delivered.fetch_add(1); };
+    f.async_get(std::string("k1"), loader, on_done);
+    f.async_get(std::string("k2"), loader, on_done);
+    sftest::must([&] { return returned.load() == 2; }, "both close() calls return");
+  }  // the destructor joins the workers
+  CHECK(delivered.load() == 2);
+}
+
+TEST_CASE(
+    "close() from an async loader returns at once although another loader of the fleet is "
+    "still held",
+    "[fleet][close]") {
+  const std::string uri = sftest::need_redis();
+  sftest::gate held;
+  std::atomic<bool> other_in{false};
+  std::atomic<bool> closed_while_held{false};
+  std::atomic<int> delivered{0};
+  {
+    fleet_t f(opts(uri, sftest::unique_prefix("close6")));
+    const auto on_done = [&](sf::outcome<std::string>) { delivered.fetch_add(1); };
+    f.async_get(
+        std::string("held"),
+        [&] {
+          other_in = true;
+          held.wait("the test releases the held loader");
+          return std::string("h");
+        },
+        on_done);
+    sftest::must([&] { return other_in.load(); }, "the held loader runs");
+    f.async_get(
+        std::string("closer"),
+        [&] {
+          f.close();
+          closed_while_held = !held.is_open();
+          return std::string("c");
+        },
+        on_done);
+    sftest::must([&] { return delivered.load() >= 1; }, "the closing loader's flight settles");
+    CHECK(closed_while_held.load());
+    held.open();
+  }
+  CHECK(delivered.load() == 2);
+}
+
+TEST_CASE("async loaders of two fleets that close each other's fleet both return",
+          "[fleet][close]") {
+  const std::string uri = sftest::need_redis();
+  std::atomic<int> in{0};
+  std::atomic<int> returned{0};
+  std::atomic<int> delivered{0};
+  {
+    fleet_t a(opts(uri, sftest::unique_prefix("close7a")));
+    fleet_t b(opts(uri, sftest::unique_prefix("close7b")));
+    const auto closes = [&](fleet_t& other) {
+      return [&] {
+        in.fetch_add(1);
+        sftest::must([&] { return in.load() == 2; }, "both loaders run");
+        other.close();  // a library thread: stops and rejects, waits for nothing
+        returned.fetch_add(1);
+        return std::string("v");
+      };
+    };
+    const auto on_done = [&](sf::outcome<std::string>) { delivered.fetch_add(1); };
+    a.async_get(std::string("k"), closes(b), on_done);
+    b.async_get(std::string("k"), closes(a), on_done);
+    sftest::must([&] { return returned.load() == 2; }, "both close() calls return");
+  }
+  CHECK(delivered.load() == 2);
+}
+
 // ---- Redis itself failing ---------------------------------------------------------------------
 
 TEST_CASE(

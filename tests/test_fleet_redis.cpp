@@ -222,6 +222,20 @@ TEST_CASE(
   CHECK(s.origin_calls == static_cast<std::uint64_t>(leaders));
 }
 
+// subscriber_running: runs a subscriber's loop as the fleet's engine does (one job on a
+// worker_threads of its own); on scope exit stops it and joins its thread.
+struct subscriber_running {
+  explicit subscriber_running(d::fleet_subscriber& s) : sub(s) { sub.start(threads); }
+  subscriber_running(const subscriber_running&) = delete;
+  subscriber_running& operator=(const subscriber_running&) = delete;
+  ~subscriber_running() {
+    sub.stop();
+    threads.close();
+  }
+  d::fleet_subscriber& sub;
+  d::worker_threads threads{d::worker_threads::default_idle_for, 1};
+};
+
 // ---- F8: a late SUBSCRIBE reply does not confirm a new watch -----------------------------------
 
 TEST_CASE(
@@ -235,6 +249,7 @@ TEST_CASE(
   std::atomic<std::uint64_t> errors{0};
   const d::fleet_hook no_hook;
   d::fleet_subscriber sub(pool, errors, no_hook);
+  const subscriber_running running(sub);
   const sf::stop_token never;
 
   // The subscriber's connection first (its handshake needs the replies to flow).
@@ -295,6 +310,7 @@ TEST_CASE(
   std::atomic<std::uint64_t> errors{0};
   const d::fleet_hook no_hook;
   d::fleet_subscriber sub(pool, errors, no_hook);
+  const subscriber_running running(sub);
   const long long connected = info_number(*admin, "clients", "connected_clients");
   admin->command({"CONFIG", "SET", "maxclients", std::to_string(connected)});
   const long long before = info_number(*admin, "stats", "rejected_connections");

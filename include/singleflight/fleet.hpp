@@ -63,7 +63,9 @@
 //
 // Threads: a fleet owns one subscriber thread (pub/sub), one lease renewer
 // thread and, for async_get/co_get, a pool of worker threads (one per
-// concurrent async flight at most); close() joins them all. get() runs the
+// concurrent async flight at most, max_async_threads); all are
+// detail::worker_threads, and close() follows its protocol (from outside it
+// joins them all; from a library thread it waits for nothing). get() runs the
 // protocol and the loader on the calling thread (or on options.local's
 // executor, when set), like a group's inline leader; async_get and co_get
 // never block their caller: the flight runs on a worker. The subscriber and
@@ -291,19 +293,25 @@ class fleet {
 
   // close()
   //
-  // Idempotent. Closes the local group (new calls throw closed_error; every
-  // flight's token is stopped; returns once every loader has returned), then
-  // stops and joins the fleet's threads and drops its connections. Leases
-  // held by loaders that were stopped are released by their flights (or
-  // expire after lease_ttl). Called from inside a loader or a callback it does
-  // not wait for itself; the destructor finishes. Thread-safe.
+  // Idempotent and thread-safe; the protocol of detail/worker_threads.hpp.
+  // New calls throw closed_error and every flight's token is stopped.
+  //   * From outside the library's threads: closes the local group (returns
+  //     once every loader has returned), then stops the fleet's threads, joins
+  //     them and drops its connections. Concurrent closers all wait.
+  //   * From a library thread (a loader or on_done on a fleet worker, or a
+  //     thread of another fleet, cache or batch loader): stops and rejects,
+  //     waits for nothing and joins nothing; the subscriber and the renewer
+  //     keep serving the flights still finishing until an outside close() or
+  //     the destructor. Loaders of two fleets closing each other both return.
+  // Leases held by loaders that were stopped are released by their flights (or
+  // expire after lease_ttl). From inside a loader on the caller's thread it
+  // does not wait for itself; the destructor finishes.
   void close() {
     // Relaxed: healthy() only reports it; nothing is ordered by it.
     closed_.store(true, std::memory_order_relaxed);
-    if (engine_->workers.on_own_thread()) {
-      // On a worker (a loader or on_done of an async flight): stop
-      // everything, wait for nothing; the destructor joins.
+    if (detail::worker_threads::on_library_thread()) {
       (void)group_.close_for(std::chrono::milliseconds(0));
+      engine_->workers.close();  // rejects new async flights; waits for nothing here
       return;
     }
     group_.close();

@@ -3,9 +3,11 @@
 // detail::fleet_engine: everything of a fleet that does not depend on its
 // Key and T: the settings (validated from fleet_options), the counters and
 // their snapshot, the command connection pool, the circuit breaker, the
-// subscriber thread, the lease renewer thread (which also retries failed
-// releases), the worker threads of async
-// flights, the lease tokens, and invalidate's round trip. fleet_flight.hpp
+// subscriber, the lease renewer (which also retries failed releases), the
+// threads (two worker_threads, detail/worker_threads.hpp: `services` runs the
+// subscriber's and the renewer's loops, one long-running job each; `workers`
+// runs async flights, at most max_async_threads), the lease tokens, and
+// invalidate's round trip. fleet_flight.hpp
 // runs the protocol's flights with it; fleet.hpp owns one.
 //
 // Locking: the engine has no lock of its own besides `token_mu_` (the token
@@ -148,7 +150,16 @@ class fleet_engine {
                 std::min(cfg.renew_every, cfg.redis_timeout), counters.redis_errors,
                 counters.lease_lost, counters.publish_failures),
         workers(worker_threads::default_idle_for, cfg.max_async_threads),
-        rng_(seed()) {}
+        services(worker_threads::default_idle_for, 2),
+        rng_(seed()) {
+    try {
+      subscriber.start(services);
+      renewer.start(services);
+    } catch (...) {
+      stop_services();  // ~worker_threads then joins what started
+      throw;
+    }
+  }
 
   fleet_engine(const fleet_engine&) = delete;
   fleet_engine& operator=(const fleet_engine&) = delete;
@@ -166,12 +177,16 @@ class fleet_engine {
     return hex16(a) + hex16(b);
   }
 
-  // close(): stops and joins the subscriber, the renewer and the workers
-  // (but the calling thread), then drops the idle connections. Idempotent.
+  // close(): closes the workers (no async flight starts after it), stops the
+  // subscriber and the renewer, drops the idle connections. From outside the
+  // library's threads it returns once every thread of the fleet is joined (the
+  // workers first: their flights use the renewer and the subscriber); from a
+  // library thread it waits for nothing (worker_threads' protocol) and the
+  // destructor joins. Idempotent, thread-safe: concurrent closers all wait.
   void close() noexcept {
     workers.close();
-    subscriber.close();
-    renewer.close();
+    stop_services();
+    services.close();
     pool.close();
   }
 
@@ -269,7 +284,9 @@ class fleet_engine {
   circuit_breaker breaker;
   fleet_subscriber subscriber;
   lease_renewer renewer;
+  // Declared after what their jobs use: destroyed (joined) first.
   worker_threads workers;
+  worker_threads services;
 
  private:
   // written(what, step): one write step (a script returning the key's new generation) on a
@@ -326,6 +343,11 @@ class fleet_engine {
     return (static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^
            static_cast<std::uint64_t>(
                std::chrono::high_resolution_clock::now().time_since_epoch().count());
+  }
+
+  void stop_services() noexcept {
+    subscriber.stop();
+    renewer.stop();
   }
 
   std::mutex token_mu_;

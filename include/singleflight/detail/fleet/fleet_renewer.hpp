@@ -1,7 +1,9 @@
 // singleflight/detail/fleet/fleet_renewer.hpp -- internal; do not include directly.
 //
 // detail::lease_renewer: keeps the leases of this process's leaders alive
-// while their loaders run. One thread and one connection of its own; every
+// while their loaders run. One long-running job (run(), started by start() on the
+// fleet's service threads, a worker_threads: detail/worker_threads.hpp) and one connection of
+// its own; every
 // `renew_every` it runs the token-checked renew script for each registered
 // lease, all due leases pipelined in one round trip (batches of 128). A renewal that finds the
 // lease gone (it expired while the process was paused, or Redis lost it) marks the lease lost: the
@@ -16,8 +18,12 @@
 // stalls for a few hundred milliseconds must not leave a lease that makes
 // other processes wait lease_ttl for nobody.
 //
+// Shutdown: stop() ends the job (the loop returns within one round trip) and waits for
+// nothing; the fleet's close() then waits for it through the worker_threads that runs it (from
+// outside: joined; from a library thread: not waited for, the destructor joins).
+//
 // Locking: `mu_` guards `leases_`, `releases_`, `closing_` and each entry's
-// `registered` flag. Round trips happen without it. The thread runs no user
+// `registered` flag. Round trips happen without it. The job runs no user
 // code.
 #pragma once
 
@@ -32,10 +38,10 @@
 #include <mutex>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <utility>
 #include <vector>
 
+#include "../worker_threads.hpp"
 #include "fleet_protocol.hpp"
 #include "redis_pool.hpp"
 
@@ -108,13 +114,19 @@ class lease_renewer {
         retry_every_(std::max(std::chrono::milliseconds(1), retry_every)),
         errors_(errors),
         lost_(lost),
-        publish_failures_(publish_failures) {
-    thread_ = std::thread([this] { run(); });
-  }
+        publish_failures_(publish_failures) {}
 
   lease_renewer(const lease_renewer&) = delete;
   lease_renewer& operator=(const lease_renewer&) = delete;
-  ~lease_renewer() { close(); }
+  // The job must have ended (stop(), and the worker_threads that ran it joined).
+  ~lease_renewer() = default;
+
+  // start(threads): runs the loop as one job on `threads` until stop(). Throws
+  // std::system_error (no thread could be started) or closed_error (`threads` closed).
+  void start(worker_threads& threads) {
+    std::unique_ptr<worker_threads::job> j = worker_threads::make_job([this] { run(); });
+    if (!threads.post(j)) throw closed_error();
+  }
 
   // add(names, token): renews this lease every renew_every from now until
   // the handle is released. After close(), returns a handle that renews
@@ -158,14 +170,12 @@ class lease_renewer {
     return releases_.size();
   }
 
-  // close(): stops and joins the thread. Idempotent.
-  void close() noexcept {
-    {
-      const std::lock_guard<std::mutex> lk(mu_);
-      closing_ = true;
-      cv_.notify_all();
-    }
-    if (thread_.joinable()) thread_.join();
+  // stop(): ends the job after its current round trip, waiting for nothing; later add()
+  // calls renew nothing and release_later() does nothing. Idempotent, thread-safe.
+  void stop() noexcept {
+    const std::lock_guard<std::mutex> lk(mu_);
+    closing_ = true;
+    cv_.notify_all();
   }
 
  private:
@@ -305,7 +315,6 @@ class lease_renewer {
   std::deque<pending_release> releases_;                    // guarded by mu_, by `next`
   std::uint64_t next_id_ = 0;                               // guarded by mu_
   bool closing_ = false;                                    // guarded by mu_
-  std::thread thread_;
 };
 
 }  // namespace singleflight::detail

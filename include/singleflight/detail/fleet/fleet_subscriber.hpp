@@ -1,7 +1,8 @@
 // singleflight/detail/fleet/fleet_subscriber.hpp -- internal; do not include directly.
 //
 // detail::fleet_subscriber: the fleet's one pub/sub connection and the thread
-// that owns it. A follower that lost the lease race takes a `watch` on its
+// that owns it: one long-running job (run(), started by start() on the fleet's
+// service threads, a worker_threads: detail/worker_threads.hpp). A follower that lost the lease race takes a `watch` on its
 // key's channel; the thread SUBSCRIBEs, reports the server's confirmation,
 // and wakes the watch on every message. The thread does I/O and sets flags:
 // it runs no user code, so no callback can hold back the notifications of
@@ -26,6 +27,11 @@
 // library code (fleet_cache's invalidation inbox): it only records what it
 // is told under a leaf lock of its own, never calls back into the subscriber
 // and runs no user code. It is never called once its watch is destroyed.
+//
+// Shutdown: stop() ends the job (a poke wakes it out of poll()) and waits for
+// nothing; every waiter returns `closed`. The fleet's close() then waits for the
+// job through the worker_threads that runs it (from outside: joined; from a
+// library thread: not waited for, the destructor joins).
 //
 // Locking: `mu_` guards `channels_`, `closing_`, `dirty_` and every
 // channel_state. The thread holds it only to read the wanted subscriptions
@@ -56,12 +62,13 @@
 #include <string>
 #include <string_view>
 #include <system_error>
-#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "../../errors.hpp"
 #include "../../stop_token.hpp"
+#include "../worker_threads.hpp"
 #include "fleet_hooks.hpp"
 #include "redis_conn.hpp"
 #include "redis_pool.hpp"
@@ -222,20 +229,13 @@ class fleet_subscriber {
     }
     wake_read_ = fds[0];
     wake_write_ = fds[1];
-    try {
-      thread_ = std::thread([this] { run(); });
-    } catch (...) {
-      ::close(wake_read_);
-      ::close(wake_write_);
-      throw;
-    }
   }
 
   fleet_subscriber(const fleet_subscriber&) = delete;
   fleet_subscriber& operator=(const fleet_subscriber&) = delete;
 
+  // The job must have ended (stop(), and the worker_threads that ran it joined).
   ~fleet_subscriber() {
-    close();
     ::close(wake_read_);
     ::close(wake_write_);
   }
@@ -264,10 +264,16 @@ class fleet_subscriber {
     return watch(this, ch, channel);
   }
 
-  // close(): stops the thread and joins it; every waiter returns `closed`.
-  // Idempotent. Must not be called from the subscriber's own thread (it never
-  // runs user code, so it cannot be).
-  void close() noexcept {
+  // start(threads): runs the thread's loop as one job on `threads` until stop(). Throws
+  // std::system_error (no thread could be started) or closed_error (`threads` closed).
+  void start(worker_threads& threads) {
+    std::unique_ptr<worker_threads::job> j = worker_threads::make_job([this] { run(); });
+    if (!threads.post(j)) throw closed_error();
+  }
+
+  // stop(): ends the job, waiting for nothing; every waiter returns `closed`.
+  // Idempotent, thread-safe.
+  void stop() noexcept {
     {
       const std::lock_guard<std::mutex> lk(mu_);
       closing_ = true;
@@ -275,7 +281,6 @@ class fleet_subscriber {
       for (auto& [name, ch] : channels_) ch->cv.notify_all();
     }
     poke();
-    if (thread_.joinable()) thread_.join();
   }
 
   // How many channels the current connection has confirmed (tests).
@@ -524,7 +529,6 @@ class fleet_subscriber {
   std::unordered_map<std::string, std::unique_ptr<channel_state>> channels_;  // guarded by mu_
   bool closing_ = false;                                                      // guarded by mu_
   bool dirty_ = false;                                                        // guarded by mu_
-  std::thread thread_;
 };
 
 }  // namespace singleflight::detail
