@@ -941,3 +941,44 @@ TEST_CASE("many keys at once from two processes: one origin call per key", "[fle
   CHECK(loads.load() == keys);
   CHECK(a.stats().origin_calls + b.stats().origin_calls == static_cast<std::uint64_t>(keys));
 }
+
+TEST_CASE(
+    "close() from a loader on the local group's thread_executor (a library thread) returns at "
+    "once although an async loader is still held",
+    "[fleet][close]") {
+  const std::string uri = sftest::need_redis();
+  sftest::gate held;
+  std::atomic<bool> held_in{false};
+  std::atomic<bool> close_returned{false};
+  std::atomic<bool> closed_while_held{false};
+  std::atomic<int> delivered{0};
+  {
+    sf::fleet_options o = opts(uri, sftest::unique_prefix("close8"));
+    o.local.executor = sf::thread_executor{};
+    fleet_t f(o);
+    f.async_get(
+        std::string("held"),
+        [&] {
+          held_in = true;
+          held.wait("the test releases the held loader");
+          return std::string("h");
+        },
+        [&](sf::outcome<std::string>) { delivered.fetch_add(1); });
+    sftest::must([&] { return held_in.load(); }, "the async loader runs on a fleet worker");
+    sftest::result<std::string> r;
+    auto t = sftest::spawn(r, [&] {
+      return f.get("closer", [&] {
+        f.close();  // on a thread the local group owns
+        closed_while_held = !held.is_open();
+        close_returned = true;
+        return std::string("c");
+      });
+    });
+    sftest::must([&] { return close_returned.load(); }, "close() on the executor's thread returns");
+    CHECK(closed_while_held.load());
+    held.open();
+    sftest::finish(t, r, "the caller returns");
+    CHECK(r.threw<sf::closed_error>());
+  }
+  CHECK(delivered.load() == 1);
+}

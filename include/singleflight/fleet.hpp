@@ -100,6 +100,8 @@
 #include "detail/fleet/fleet_flight.hpp"
 #include "detail/fn_shapes.hpp"
 #include "detail/get_awaitable.hpp"
+#include "detail/group/owned_thread.hpp"
+#include "detail/worker_threads.hpp"
 #include "errors.hpp"
 #include "fleet_options.hpp"
 #include "group.hpp"
@@ -298,8 +300,9 @@ class fleet {
   //   * From outside the library's threads: closes the local group (returns
   //     once every loader has returned), then stops the fleet's threads, joins
   //     them and drops its connections. Concurrent closers all wait.
-  //   * From a library thread (a loader or on_done on a fleet worker, or a
-  //     thread of another fleet, cache or batch loader): stops and rejects,
+  //   * From a library thread (a loader or on_done on a fleet worker, a thread
+  //     of the local group or any group, or of another fleet, cache or batch
+  //     loader): stops and rejects,
   //     waits for nothing and joins nothing; the subscriber and the renewer
   //     keep serving the flights still finishing until an outside close() or
   //     the destructor. Loaders of two fleets closing each other both return.
@@ -309,9 +312,10 @@ class fleet {
   void close() {
     // Relaxed: healthy() only reports it; nothing is ordered by it.
     closed_.store(true, std::memory_order_relaxed);
-    if (detail::worker_threads::on_library_thread()) {
+    if (detail::worker_threads::on_library_thread() || detail::owned_thread::on_owned_thread()) {
+      // The closed group starts no flight, so no async flight reaches the workers; they,
+      // the subscriber and the renewer are joined by a close() from outside or the destructor.
       (void)group_.close_for(std::chrono::milliseconds(0));
-      engine_->workers.close();  // rejects new async flights; waits for nothing here
       return;
     }
     group_.close();
