@@ -186,8 +186,19 @@ class worker_threads {
     bool finished = false;  // mu_: its loop has returned; join() will not block
   };
 
-  void loop(worker& self) noexcept {
+  // A job may end its thread (pthread_exit in user code): the forced unwind passes through
+  // here (not noexcept: that would terminate) with the lock released, and `ended` marks the
+  // thread finished so that post() or close() joins it.
+  void loop(worker& self) {
     current_ = this;
+    struct ended_mark {
+      worker_threads* o;
+      worker* w;
+      ~ended_mark() {
+        const std::lock_guard<std::mutex> lk(o->mu_);
+        w->finished = true;
+      }
+    } ended{this, &self};
     std::unique_lock<std::mutex> lk(mu_);
     for (;;) {
       while (!queue_.empty()) {
@@ -204,7 +215,7 @@ class worker_threads {
       --idle_;
       if (!woke) break;
     }
-    self.finished = true;
+    lk.unlock();  // `ended` marks this thread finished
   }
 
   // join_all(lk): claims every thread not yet claimed and joins it without the lock, then
