@@ -112,8 +112,7 @@ class batch_completion {
 
   void drop() noexcept {
     if (!b_) return;
-    std::shared_ptr<batch_t> b = std::move(b_);
-    b->sink->completion_dropped(std::move(b));
+    detail::batch_dropped(std::move(b_));
   }
 
   std::shared_ptr<batch_t> b_;

@@ -80,11 +80,15 @@
 //    waits for a key held behind itself;
 //  * a blocking call of the bulk function for a key of its own batch would
 //    wait for itself: it throws std::logic_error instead. Keys of other
-//    batches are fine, as long as max_in_flight_batches and max_threads
-//    leave room for the batch they go into;
+//    batches are fine: a blocking call on one of the loader's threads (the
+//    bulk function, a callback on its worker) never waits for a slot or a
+//    thread; while its keys have no result it runs the open batch, closed
+//    ones waiting for a slot, and ones a busy worker has not started, on
+//    its own thread (batch_queue::help_until);
 //  * the executor, when set, is called on the window thread: it must queue
-//    the task and return (thread_pool's does; one that refuses fails that
-//    batch).
+//    the task and return (thread_pool's does). One that refuses (throws)
+//    fails that batch with its own exception, delivered on one of the
+//    loader's workers, never on the window thread.
 //
 // Cache: a cache<Key, T> in front of the loader keeps the results; pass
 // loader_for(key) as the cache's loader, and misses and refreshes of many
@@ -105,8 +109,10 @@
 // batch_completion.hpp and batch_options.hpp at the top.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstddef>
 #include <exception>
 #include <functional>
@@ -116,6 +122,7 @@
 #include <span>
 #include <stdexcept>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -310,15 +317,16 @@ class batch_loader {
 
   // load_many(keys, caller[, bound])
   //
-  // One outcome per key, aligned with `keys` (a key given twice gets two
-  // outcomes of one flight). Blocks until every key has its outcome; no
+  // One outcome per key, aligned with `keys` (a key given twice is asked
+  // for once: both get its outcome). Blocks until every key has its outcome; no
   // throw for a key's failure (DataLoader's loadMany: errors in place).
   // The keys go into the open batch together: its window does not close
   // while they are being added, so up to max_batch of them share one bulk
   // call (more are split over full batches). `caller` and `bound` apply to
   // each key. Throws only std::logic_error from inside the bulk function for
-  // a key of its own batch; a key whose call threw (Hash, allocation) gets
-  // that exception as its outcome. Thread-safe.
+  // a key of its own batch, and what allocation throws; a key whose Hash,
+  // KeyEqual or copy threw gets that exception as its outcome, and the keys
+  // after it load. Thread-safe.
   std::vector<outcome<T>> load_many(std::span<const Key> keys, stop_token caller = {}) {
     return many(keys, caller, nullptr);
   }
@@ -412,8 +420,10 @@ class batch_loader {
   batch_stats stats() const {
     batch_stats s = queue_.stats();
     const singleflight::stats g = group_.stats();
-    s.calls = g.calls;
-    s.joins = g.joins;
+    // A key repeated in load_many is one call of the group; it counts as a call that joined.
+    const std::uint64_t r = repeats_.load(std::memory_order_relaxed);
+    s.calls = g.calls + r;
+    s.joins = g.joins + r;
     return s;
   }
 
@@ -473,6 +483,10 @@ class batch_loader {
       cv.wait(lk, [&] { return o.has_value(); });
       return std::move(*o);
     }
+    bool ready() {
+      const std::lock_guard<std::mutex> lk(m);
+      return o.has_value();
+    }
   };
   struct many_waiter {
     explicit many_waiter(std::size_t n) : slots(n), left(n) {}
@@ -485,13 +499,15 @@ class batch_loader {
       slots[i].emplace(std::move(x));
       if (--left == 0) cv.notify_all();  // under the lock, as above
     }
-    std::vector<outcome<T>> wait() {
+    // The outcomes; slot i is empty for a repeated key (many() fills it).
+    std::vector<std::optional<outcome<T>>> wait() {
       std::unique_lock<std::mutex> lk(m);
       cv.wait(lk, [&] { return left == 0; });
-      std::vector<outcome<T>> out;
-      out.reserve(slots.size());
-      for (auto& s : slots) out.push_back(std::move(*s));
-      return out;
+      return std::move(slots);
+    }
+    bool ready() {
+      const std::lock_guard<std::mutex> lk(m);
+      return left == 0;
     }
   };
 
@@ -515,48 +531,107 @@ class batch_loader {
   // rest, then wait). nullopt: nothing special, go the usual way.
   std::optional<outcome<T>> reentrant(const Key& key, const stop_token& caller,
                                       const time_point* bound) {
-    if (!queue_.has_frames()) return std::nullopt;
-    check_not_own_batch(key);
-    if (!queue_.delivering_here()) return std::nullopt;
+    const bool help = queue_.may_help_here();
+    if (!help && !queue_.has_frames()) return std::nullopt;
+    if (queue_.has_frames()) check_not_own_batch(key);
+    if (!help && !queue_.delivering_here()) return std::nullopt;
     one_waiter w;
-    auto on_done = [&w](outcome<T> o) { w.set(std::move(o)); };
+    auto on_done = [&w, q = &queue_](outcome<T> o) { q->settle([&] { w.set(std::move(o)); }); };
     if (bound != nullptr) {
       group_.async_do(key, by_value{&queue_, key}, on_done, caller, wait_bound(*bound));
     } else {
       group_.async_do(key, by_value{&queue_, key}, on_done, caller);
     }
     queue_.drain_here();
+    if (help) queue_.help_until([&] { return w.ready(); });
     return w.wait();
   }
 
+  // Hashing a key given to load_many, to find its repeats.
+  struct key_ptr_hash {
+    const Hash* h;
+    std::size_t operator()(const Key* k) const { return static_cast<std::size_t>((*h)(*k)); }
+  };
+  struct key_ptr_eq {
+    const KeyEqual* e;
+    bool operator()(const Key* a, const Key* b) const { return (*e)(*a, *b); }
+  };
+
+  // load_many: each distinct key is asked for once (a repeat gets a copy of its first
+  // occurrence's outcome); a key whose Hash, KeyEqual or copy throws gets that exception,
+  // and the keys after it go on.
   std::vector<outcome<T>> many(std::span<const Key> keys, const stop_token& caller,
                                const time_point* bound) {
     if (keys.empty()) return {};
     if (queue_.has_frames()) {
       for (const Key& k : keys) check_not_own_batch(k);
     }
-    many_waiter w(keys.size());
+    const std::size_t none = keys.size();
+    std::vector<std::size_t> first(keys.size(), none);  // a repeat: its first occurrence
+    std::vector<std::exception_ptr> failed(keys.size());
+    std::size_t asked = 0;
+    {
+      std::unordered_map<const Key*, std::size_t, key_ptr_hash, key_ptr_eq> seen(
+          keys.size(), key_ptr_hash{&hash_}, key_ptr_eq{&eq_});
+      for (std::size_t i = 0; i < keys.size(); ++i) {
+        try {
+          const auto [it, added] = seen.try_emplace(&keys[i], i);
+          if (!added) {
+            first[i] = it->second;
+            repeats_.fetch_add(1, std::memory_order_relaxed);
+            continue;
+          }
+        } catch (...) {  // Hash, KeyEqual, allocation: this key only
+          failed[i] = std::current_exception();
+        }
+        ++asked;
+      }
+    }
+    auto w = std::make_shared<many_waiter>(keys.size());
+    w->left = asked;
     queue_.hold();
-    std::size_t i = 0;
-    try {
-      for (; i < keys.size(); ++i) {
-        auto on_done = [&w, i](outcome<T> o) { w.set(i, std::move(o)); };
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (first[i] != none) continue;
+      if (failed[i]) {
+        w->set(i, outcome<T>(failed[i]));
+        continue;
+      }
+      try {
+        auto on_done = [w, i, q = &queue_](outcome<T> o) {
+          q->settle([&] { w->set(i, std::move(o)); });
+        };
         if (bound != nullptr) {
           group_.async_do(keys[i], by_value{&queue_, keys[i]}, on_done, caller, wait_bound(*bound));
         } else {
           group_.async_do(keys[i], by_value{&queue_, keys[i]}, on_done, caller);
         }
+      } catch (...) {  // nothing attached for keys[i] (Hash, Key's copy, allocation)
+        w->set(i, outcome<T>(std::current_exception()));
       }
-    } catch (...) {  // nothing attached for keys[i]; the ones before are
-      const std::exception_ptr e = std::current_exception();
-      for (; i < keys.size(); ++i) w.set(i, outcome<T>(e));
     }
     queue_.release();
     if (queue_.has_frames()) queue_.drain_here();
-    return w.wait();
+    if (queue_.may_help_here()) queue_.help_until([&] { return w->ready(); });
+    std::vector<std::optional<outcome<T>>> slots = w->wait();
+    std::vector<outcome<T>> out;
+    out.reserve(keys.size());
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (first[i] == none) {
+        out.push_back(std::move(*slots[i]));
+        continue;
+      }
+      try {
+        out.push_back(out[first[i]]);  // T's copy
+      } catch (...) {
+        out.push_back(outcome<T>(std::current_exception()));
+      }
+    }
+    return out;
   }
 
   KeyEqual eq_{};
+  Hash hash_{};
+  std::atomic<std::uint64_t> repeats_{0};  // load_many's repeated keys (stats: calls, joins)
   queue_t queue_;  // before group_: the group's flights refer to it
   group_t group_;
 };

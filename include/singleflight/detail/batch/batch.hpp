@@ -20,12 +20,14 @@
 #include <chrono>
 #include <cstddef>
 #include <exception>
+#include <list>
 #include <memory>
 #include <optional>
 #include <utility>
 #include <vector>
 
 #include "../../completion.hpp"
+#include "../../errors.hpp"
 #include "../../stop_token.hpp"
 #include "bulk_results.hpp"
 
@@ -45,8 +47,6 @@ class batch_sink {
   virtual void item_stopped(batch_item<Key, T>* item) noexcept = 0;
   // The batch's results (or its whole-batch error) are written: deliver them.
   virtual void results_ready(std::shared_ptr<batch<Key, T>> b) noexcept = 0;
-  // The batch's completion was destroyed unresolved.
-  virtual void completion_dropped(std::shared_ptr<batch<Key, T>> b) noexcept = 0;
 
  protected:
   batch_sink() = default;
@@ -84,6 +84,7 @@ struct batch_item {
   // (dropped), or the enqueuing thread (gone_early, closed).
   completion<T> done;
   state st = state::joining;       // queue lock
+  bool stopping = false;           // queue lock: its stop callback runs the bulk call's stop
   batch<Key, T>* owner = nullptr;  // queue lock: the batch it joined
   // Registered by the enqueuing thread before the item joins a batch; reset
   // with no lock held before the item is destroyed (which waits for a run on
@@ -92,8 +93,11 @@ struct batch_item {
 };
 
 template <class Key, class T>
-struct batch {
+struct batch : std::enable_shared_from_this<batch<Key, T>> {
   using item_t = batch_item<Key, T>;
+  // The bulk call's phase (call_phase): the call began, it ended (returned, threw or its
+  // thread ended), its completion was dropped unresolved.
+  static constexpr unsigned phase_in_call = 1, phase_ended = 2, phase_dropped = 4;
 
   batch(batch_sink<Key, T>* s, std::chrono::steady_clock::time_point d) noexcept
       : sink(s), due(d) {}
@@ -110,9 +114,17 @@ struct batch {
   // From dispatch:
   std::vector<item_t*> sent;     // written under the queue lock at dispatch, read-only after
   std::size_t wanted = 0;        // queue lock: sent items whose flight has not stopped
-  bool in_call = false;          // queue lock: the bulk function is running (it was called
-                                 // and has not returned)
-  bool dropped_in_call = false;  // queue lock: the completion died unresolved meanwhile
+  // Who runs the bulk call: the worker it was posted to, or a thread of the loader that
+  // needs one of its keys (batch_queue::help_until). Whoever sets it first; a batch is
+  // resolved only by its claimer's path, so an unclaimed batch is unresolved (and its
+  // loader alive). Memory ordering: acq_rel.
+  std::atomic<bool> claimed{false};
+  // Queue lock: on the loader's list of batches posted to a worker and not yet claimed.
+  bool listed = false;
+  typename std::list<std::shared_ptr<batch>>::iterator listed_at;
+  // phase_* bits. Memory ordering: acq_rel; decides who resolves a batch whose completion
+  // was dropped (batch_dropped).
+  std::atomic<unsigned> call_phase{0};
   // The keys of `sent`, in order: built by the thread that runs the bulk
   // call, before the call, and read-only from then on.
   std::vector<Key> keys;
@@ -128,5 +140,21 @@ struct batch {
   // thread (batch_queue::drain_here).
   std::atomic<std::size_t> next{0};
 };
+
+// batch_dropped(b): b's batch_completion was destroyed unresolved. During the bulk call
+// nothing happens here (the call's end resolves b: its exception, else
+// broken_promise_error); afterwards b fails with broken_promise_error, unless it was
+// resolved already, in which case nothing of the loader is touched (it may be gone: the
+// completion can outlive it, kept by an I/O layer after the bulk function threw).
+template <class Key, class T>
+void batch_dropped(std::shared_ptr<batch<Key, T>> b) noexcept {
+  using batch_t = batch<Key, T>;
+  const unsigned was = b->call_phase.fetch_or(batch_t::phase_dropped, std::memory_order_acq_rel);
+  if ((was & batch_t::phase_in_call) != 0 && (was & batch_t::phase_ended) == 0) return;
+  if (b->resolved.exchange(true, std::memory_order_acq_rel)) return;
+  b->whole_error = std::make_exception_ptr(broken_promise_error());
+  batch_sink<Key, T>* const sink = b->sink;
+  sink->results_ready(std::move(b));
+}
 
 }  // namespace singleflight::detail

@@ -17,7 +17,15 @@
 //     when every one is busy, up to batch_options::max_threads; an idle one
 //     exits after a while) or on the executor,
 //     with a stop token of its own that fires once every sent key's flight
-//     has stopped;
+//     has stopped; a batch whose keys all stopped before its call started is
+//     not run. An executor that refuses a batch (throws) fails it with its
+//     exception on a worker, never on the window thread (fail_elsewhere);
+//   * helping: a blocking load made on the loader's threads (a bulk call, a
+//     delivery on a worker) runs batches itself while it waits
+//     (help_until): the open one and those waiting for a slot, started at
+//     once, and those posted to a worker that has not claimed them yet
+//     (`launched_`; each batch is run by whoever claims it first). So such
+//     a load never waits for a slot or a thread its own waiters hold;
 //   * delivery: every key's completion resolved with its result, on the
 //     thread that resolved the batch, keys in order;
 //   * frames: which thread is calling a bulk function or delivering a batch,
@@ -31,8 +39,9 @@
 //     are in close() themselves, their batches delivered (two callbacks that
 //     both close would wait for each other).
 //
-// Locking: one mutex, `m_`, guards the open and ready batches, the items'
-// states, the running count, the frames, the flags and the counters. It is
+// Locking: one mutex, `m_`, guards the open, ready and launched batches, the
+// items' states, the running count, the frames, the helpers, the flags and
+// the counters. It is
 // never held while user code runs (the bulk function, the executor, a
 // completion's resolution and so the callbacks and resumptions it runs, a
 // stop callback, Key's or T's copies and destructors). Stop callbacks of
@@ -46,6 +55,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <list>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -119,6 +129,7 @@ class batch_queue final : public batch_sink<Key, T> {
           pending_ = std::make_shared<batch_t>(this, after(clock::now(), window_));
           wake = true;  // the window thread starts timing it
         }
+        if (helpers_ != 0) help_cv_.notify_all();  // a helper may run the batch
         batch_t& b = *pending_;
         // A throw here leaves `it` ours and the batch unchanged.
         if (b.sent.capacity() < b.items.size() + 1) b.sent.reserve(2 * (b.items.size() + 1));
@@ -265,6 +276,16 @@ class batch_queue final : public batch_sink<Key, T> {
     return out;
   }
 
+  // may_help_here(): whether a load made on this thread should run batches
+  // itself while it waits (help_until): a thread calling this loader's bulk
+  // function, or one of its workers (delivering a batch). Not a foreign
+  // thread that delivers (one resolving a batch_completion): bulk calls run
+  // only on the loader's threads or its executor's.
+  bool may_help_here() const {
+    if (workers_.on_own_thread()) return true;
+    return has_frames() && !calling_here().empty();
+  }
+
   // The counters (calls and joins are the group's: the loader adds them).
   batch_stats stats() const {
     std::lock_guard<std::mutex> lk(m_);
@@ -285,7 +306,10 @@ class batch_queue final : public batch_sink<Key, T> {
 
   void item_stopped(item_t* it) noexcept override {
     completion<T> drop;
-    batch_t* stop = nullptr;
+    // Held while the bulk call's stop callbacks run here (user code that may wait for the
+    // batch's delivery): the delivery then does not reset this item's callback (it would
+    // wait for this run), and the batch, with this callback, goes when both are done.
+    std::shared_ptr<batch_t> stop;
     {
       std::lock_guard<std::mutex> lk(m_);
       switch (it->st) {
@@ -302,8 +326,11 @@ class batch_queue final : public batch_sink<Key, T> {
         case state::sent:
           it->st = state::left;
           if (--it->owner->wanted == 0) {
-            stop = it->owner;
-            ++stopped_;
+            stop = it->owner->weak_from_this().lock();  // null: being freed, nothing to stop
+            if (stop) {
+              it->stopping = true;
+              ++stopped_;
+            }
           }
           break;
         default:
@@ -313,8 +340,7 @@ class batch_queue final : public batch_sink<Key, T> {
     // The flight has settled for its waiters (or has none): resolving only
     // frees the key, so that a newcomer starts a fresh flight at once.
     if (drop) drop.set_exception(dropped_);
-    // The batch is alive: it is freed only after this callback is reset.
-    if (stop != nullptr) stop->stop.request_stop();
+    if (stop) stop->stop.request_stop();
   }
 
   void results_ready(std::shared_ptr<batch_t> b) noexcept override {
@@ -328,8 +354,13 @@ class batch_queue final : public batch_sink<Key, T> {
     }
     window_cv_.notify_one();  // a bulk call's slot is free
     // Stop callbacks no longer matter; reset them with no lock held (each
-    // reset waits for a run of its callback on another thread).
-    for (auto& it : b->items) it->on_stop.reset();
+    // reset waits for a run of its callback on another thread), but not one
+    // that is running the bulk call's stop (`stopping`, stable once the items
+    // are done): it may be waiting for this very delivery. It goes with the
+    // batch (item_stopped holds it meanwhile).
+    for (auto& it : b->items) {
+      if (!it->stopping) it->on_stop.reset();
+    }
     deliver_from(*b);  // every key has its result (nested drains ran inside)
     {
       std::lock_guard<std::mutex> lk(m_);
@@ -338,15 +369,45 @@ class batch_queue final : public batch_sink<Key, T> {
     }
   }
 
-  void completion_dropped(std::shared_ptr<batch_t> b) noexcept override {
-    {
-      std::lock_guard<std::mutex> lk(m_);
-      if (b->in_call) {  // the bulk function may still throw: its exception wins
-        b->dropped_in_call = true;
-        return;
+  // help_until(done): the calling thread -- one of the loader's, about to block in a load
+  // made from a bulk function or a delivery callback -- runs batches itself until done()
+  // (read under the queue's lock) holds: the open batch and closed ones waiting for a slot
+  // are started at once (max_in_flight_batches does not count them), and batches posted to
+  // a busy worker are claimed from it. So a load made on the loader's threads never waits
+  // for a slot or a thread that the waiting threads themselves hold. Whatever done() reads
+  // must change inside settle().
+  template <class Done>
+  void help_until(Done done) {
+    for (;;) {
+      std::shared_ptr<batch_t> run, stale;
+      {
+        std::unique_lock<std::mutex> lk(m_);
+        ++helpers_;
+        help_cv_.wait(lk, [&] { return done() || stealable_locked(); });
+        --helpers_;
+        if (done()) return;
+        if (!launched_.empty()) {
+          run = std::move(launched_.front());
+          launched_.pop_front();
+          run->listed = false;
+          // Claimed by its worker, which is about to unlist it: not ours.
+          if (run->claimed.exchange(true, std::memory_order_acq_rel)) stale = std::move(run);
+        } else {
+          run = take_ready_locked();
+        }
       }
+      stale.reset();  // not the last reference: its claimer holds one
+      if (run) run_batch(run);
     }
-    finish_whole(b, broken_);
+  }
+  // settle(f): runs f() (what a helper's done() reads changes) under the
+  // queue's lock and wakes the helpers: once the lock is released nothing
+  // here is touched, so the helper may return and the loader go.
+  template <class F>
+  void settle(F&& f) {
+    const std::lock_guard<std::mutex> lk(m_);
+    f();
+    help_cv_.notify_all();
   }
 
  private:
@@ -401,20 +462,34 @@ class batch_queue final : public batch_sink<Key, T> {
     closer* next;
   };
 
-  // The task that runs one bulk call. Destroyed unrun (an executor dropped
-  // it), it fails the batch.
+  // Where launch() on this thread is handing a task to the executor: a task
+  // the executor destroys unrun right there (refused or dropped) hands its
+  // batch back, and launch() fails it on a worker with the executor's error.
+  struct handback {
+    const batch_queue* q;
+    std::shared_ptr<batch_t> b;
+  };
+  static inline thread_local handback* handback_ = nullptr;
+
+  // The task that runs one bulk call on the executor. Destroyed unrun later
+  // (an executor dropped it), it fails the batch there.
   class bulk_task final : public task_base {
    public:
     bulk_task(batch_queue* q, std::shared_ptr<batch_t> b) noexcept : q_(q), b_(std::move(b)) {}
     ~bulk_task() override {
-      if (!ran_) {
-        finish_whole(b_, std::make_exception_ptr(
-                             error("singleflight::batch_loader: the executor dropped the bulk "
-                                   "call's task without running it")));
+      if (ran_) return;
+      if (handback_ != nullptr && handback_->q == q_ && !handback_->b) {
+        handback_->b = std::move(b_);
+        return;
       }
+      if (b_->claimed.exchange(true, std::memory_order_acq_rel)) return;
+      finish_whole(b_, std::make_exception_ptr(
+                           error("singleflight::batch_loader: the executor dropped the bulk "
+                                 "call's task without running it")));
     }
     void run() override {
       ran_ = true;
+      if (b_->claimed.exchange(true, std::memory_order_acq_rel)) return;
       q_->run_batch(b_);
     }
 
@@ -423,6 +498,58 @@ class batch_queue final : public batch_sink<Key, T> {
     std::shared_ptr<batch_t> b_;
     bool ran_ = false;
   };
+
+  // The job that runs one bulk call on a worker, unless a helper claimed the
+  // batch first. A posted job always runs (worker_threads runs every queued
+  // job); refused, launch() takes the batch back.
+  class bulk_job final : public worker_threads::job {
+   public:
+    bulk_job(batch_queue* q, std::shared_ptr<batch_t> b) noexcept : q_(q), b_(std::move(b)) {}
+    ~bulk_job() override {
+      if (b_ && !b_->claimed.exchange(true, std::memory_order_acq_rel)) {
+        q_->unlist(*b_);
+        finish_whole(b_, std::make_exception_ptr(abandoned_error()));
+      }
+    }
+    void run() override {
+      const std::shared_ptr<batch_t> b = std::move(b_);
+      if (b->claimed.exchange(true, std::memory_order_acq_rel)) return;  // a helper runs it
+      q_->unlist(*b);
+      q_->run_batch(b);
+    }
+    std::shared_ptr<batch_t> take() noexcept { return std::move(b_); }
+
+   private:
+    batch_queue* q_;
+    std::shared_ptr<batch_t> b_;
+  };
+
+  // unlist(b): b leaves the list of batches helpers may claim (its claimer
+  // holds another reference).
+  void unlist(batch_t& b) noexcept {
+    std::shared_ptr<batch_t> ref;
+    {
+      const std::lock_guard<std::mutex> lk(m_);
+      if (!b.listed) return;
+      ref = std::move(*b.listed_at);
+      launched_.erase(b.listed_at);
+      b.listed = false;
+    }
+  }
+
+  // fail_elsewhere(b, e): every key of b (claimed by the caller) fails with e,
+  // delivered on a worker, not on the calling thread (the window thread: a
+  // callback that blocks there would stall dispatch). Here only when no
+  // worker takes the job (closed, or no thread could start).
+  void fail_elsewhere(std::shared_ptr<batch_t> b, std::exception_ptr e) noexcept {
+    std::unique_ptr<worker_threads::job> j;
+    try {
+      j = worker_threads::make_job([b, e]() mutable { finish_whole(b, std::move(e)); });
+    } catch (...) {
+    }
+    if (j && !workers_.try_post(j)) return;
+    finish_whole(b, std::move(e));
+  }
 
   // finish_whole(b, e): every key of b fails with e, unless b was resolved.
   // Touches nothing but b (the queue is alive while b is unresolved: the
@@ -451,15 +578,35 @@ class batch_queue final : public batch_sink<Key, T> {
           c.set_exception(b.whole_error);
         }
       } else if (b.results[i].value) {
-        c.set_value(std::move(*b.results[i].value));  // a throwing move fails that key
+        try {
+          c.set_value(std::move(*b.results[i].value));
+        } catch (...) {  // T's move into set_value's parameter threw: that key fails
+          c.set_exception(std::current_exception());
+        }
       } else {
         c.set_exception(std::move(b.results[i].error));
       }
     }
   }
 
-  // run_batch(b): the bulk call (on a worker or the executor's thread).
+  // run_batch(b): the bulk call (on a worker, the executor's thread or a
+  // helper), by b's claimer. Not run when every key left meanwhile.
   void run_batch(const std::shared_ptr<batch_t>& b) {
+    bool abandoned = false;
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      if (b->wanted == 0) {  // every key's flight stopped after dispatch: nobody wants it
+        abandoned = true;
+        ++skipped_;
+        --stopped_;
+        --batches_;
+        keys_ -= b->sent.size();
+      }
+    }
+    if (abandoned) {
+      finish_whole(b, dropped_);
+      return;
+    }
     try {
       b->keys.reserve(b->sent.size());
       for (item_t* it : b->sent) b->keys.push_back(std::move(it->key));
@@ -470,18 +617,21 @@ class batch_queue final : public batch_sink<Key, T> {
     frame f{std::this_thread::get_id(), b.get(), /*delivering=*/false};
     {
       std::lock_guard<std::mutex> lk(m_);
-      b->in_call = true;
       link_locked(f);
     }
+    b->call_phase.fetch_or(batch_t::phase_in_call, std::memory_order_acq_rel);
+    // Whether the completion was dropped during the call (batch_dropped left b to us).
     auto end_call = [&]() noexcept {
-      std::lock_guard<std::mutex> lk(m_);
-      b->in_call = false;
-      unlink_locked(f);
-      drained_cv_.notify_all();
-      return b->dropped_in_call;
+      {
+        std::lock_guard<std::mutex> lk(m_);
+        unlink_locked(f);
+        drained_cv_.notify_all();
+      }
+      return (b->call_phase.fetch_or(batch_t::phase_ended, std::memory_order_acq_rel) &
+              batch_t::phase_dropped) != 0;
     };
     // The bulk function ended its thread: the keys fail, the unwind goes on.
-    on_unwind abandoned([&] {
+    on_unwind abandoned_call([&] {
       (void)end_call();
       finish_whole(b, std::make_exception_ptr(abandoned_error()));
     });
@@ -493,7 +643,7 @@ class batch_queue final : public batch_sink<Key, T> {
       SINGLEFLIGHT_RETHROW_FOREIGN();
       thrown = std::current_exception();
     }
-    abandoned.disarm();
+    abandoned_call.disarm();
     const bool dropped = end_call();
     if (thrown) {
       finish_whole(b, std::move(thrown));
@@ -502,26 +652,101 @@ class batch_queue final : public batch_sink<Key, T> {
     }
   }
 
+  // launch(b): b's bulk call goes to the executor or a worker. Never fails b
+  // on this thread (the window thread) while a worker can take the failure.
   void launch(std::shared_ptr<batch_t> b) noexcept {
-    try {
-      // The task takes the only reference this thread had: the window thread
-      // never outlives a batch's delivery holding it.
-      task t(std::make_unique<bulk_task>(this, std::move(b)));
-      if (use_exec_) {
-        executor_access::submit(exec_, std::move(t));
-      } else {
-        // Not posted (closed) or throwing (no thread could start): the job, and the task in
-        // it, die here unrun, which fails the batch.
-        auto j = worker_threads::make_job([t = std::move(t)]() mutable { t(); });
-        (void)workers_.post(j);
-      }
-    } catch (...) {  // no task (allocation: b is still ours), or the executor threw (the
-                     // task, destroyed, failed the batch)
-      if (b) finish_whole(b, std::current_exception());
+    if (use_exec_) {
+      launch_on_executor(std::move(b));
+    } else {
+      launch_on_worker(std::move(b));
     }
   }
 
+  void launch_on_executor(std::shared_ptr<batch_t> b) noexcept {
+    task t;
+    try {
+      t = task(std::make_unique<bulk_task>(this, b));
+    } catch (...) {  // allocation: b is still ours
+      b->claimed.store(true, std::memory_order_release);
+      fail_elsewhere(std::move(b), std::current_exception());
+      return;
+    }
+    b.reset();  // the task holds the only reference: this thread frees no batch
+    handback h{this, nullptr};
+    handback_ = &h;
+    std::exception_ptr refused;
+    try {
+      executor_access::submit(exec_, std::move(t));
+    } catch (...) {  // the executor's own error (thread_pool: overloaded_error, closed_error)
+      refused = std::current_exception();
+    }
+    handback_ = nullptr;
+    if (!h.b) return;  // taken (or kept, then failed where it is dropped)
+    if (h.b->claimed.exchange(true, std::memory_order_acq_rel)) return;
+    if (!refused) {
+      refused = std::make_exception_ptr(
+          error("singleflight::batch_loader: the executor dropped the bulk call's task "
+                "without running it"));
+    }
+    fail_elsewhere(std::move(h.b), std::move(refused));
+  }
+
+  void launch_on_worker(std::shared_ptr<batch_t> b) noexcept {
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      try {  // listed for helpers (not when the list cannot grow: then only its worker runs it)
+        launched_.push_back(b);
+        b->listed_at = std::prev(launched_.end());
+        b->listed = true;
+      } catch (...) {
+      }
+      if (helpers_ != 0) help_cv_.notify_all();
+    }
+    std::unique_ptr<worker_threads::job> j;
+    try {
+      j = std::make_unique<bulk_job>(this, std::move(b));
+    } catch (...) {  // allocation: b is still ours
+      if (!b->claimed.exchange(true, std::memory_order_acq_rel)) {
+        unlist(*b);
+        fail_elsewhere(std::move(b), std::current_exception());
+      }
+      return;
+    }
+    std::exception_ptr refused = workers_.try_post(j);
+    if (!refused) return;  // this thread holds no reference now
+    b = static_cast<bulk_job&>(*j).take();
+    j.reset();
+    if (b->claimed.exchange(true, std::memory_order_acq_rel)) return;  // a helper runs it
+    unlist(*b);
+    fail_elsewhere(std::move(b), std::move(refused));
+  }
+
   bool slot_free_locked() const noexcept { return max_running_ == 0 || running_ < max_running_; }
+
+  // For help_until: a batch a helper may run.
+  bool stealable_locked() const noexcept {
+    if (!launched_.empty()) return true;
+    for (const auto& b : ready_) {
+      if (b->live != 0) return true;
+    }
+    return pending_ && pending_->live != 0;
+  }
+  // A closed or the open batch with keys, started now (no slot needed), claimed.
+  std::shared_ptr<batch_t> take_ready_locked() noexcept {
+    std::shared_ptr<batch_t> b;
+    for (auto it = ready_.begin(); it != ready_.end(); ++it) {
+      if ((*it)->live != 0) {
+        b = std::move(*it);
+        ready_.erase(it);
+        break;
+      }
+    }
+    if (!b && pending_ && pending_->live != 0) b = std::move(pending_);
+    if (!b) return b;
+    start_locked(*b);
+    b->claimed.store(true, std::memory_order_relaxed);  // nobody else holds it
+    return b;
+  }
 
   // start_locked(b): b's pending items are sent; b counts as running. No
   // allocation (sent's capacity was reserved by add).
@@ -605,6 +830,10 @@ class batch_queue final : public batch_sink<Key, T> {
   mutable std::mutex m_;
   std::condition_variable window_cv_;           // the window thread waits on it
   std::condition_variable drained_cv_;          // close_finish waits on it for frames to go
+  std::condition_variable help_cv_;             // help_until waits on it
+  std::size_t helpers_ = 0;                     // m_: threads in help_until
+  // m_: batches posted to a worker and not claimed yet (help_until may run them).
+  std::list<std::shared_ptr<batch_t>> launched_;
   std::shared_ptr<batch_t> pending_;            // m_: the open batch
   std::deque<std::shared_ptr<batch_t>> ready_;  // m_: closed, waiting for a slot
   std::size_t running_ = 0;                     // m_: bulk calls not yet answered
