@@ -36,6 +36,13 @@ using sftest::gate;
 using sftest::must;
 using loader_t = sf::batch_loader<std::string, std::string>;
 
+// The test's own exceptions, told apart by type only: reading an exception's contents on the
+// waiter's thread while the deliverer drops its last reference is a false positive under
+// ThreadSanitizer (it cannot see exception_ptr's reference count).
+struct bulk_threw : std::exception {};
+struct copy_threw : std::exception {};
+struct hash_threw : std::exception {};
+
 // What an outcome holds, as a word the assertions compare.
 template <class T>
 std::string kind(const sf::outcome<T>& o) {
@@ -54,8 +61,12 @@ std::string kind(const sf::outcome<T>& o) {
     return "abandoned";
   } catch (const sf::error&) {
     return "error";
-  } catch (const std::runtime_error& e) {
-    return std::string("runtime:") + e.what();
+  } catch (const bulk_threw&) {
+    return "bulk threw";
+  } catch (const copy_threw&) {
+    return "copy threw";
+  } catch (const hash_threw&) {
+    return "hash threw";
   } catch (...) {
     return "other";
   }
@@ -239,11 +250,11 @@ TEST_CASE("an asynchronous bulk function that keeps its completion and throws",
         [&](std::span<const std::string>, sf::stop_token,
             sf::batch_completion<std::string, std::string> done) {
           kept = std::move(done);  // handed to the I/O layer
-          throw std::runtime_error("bulk threw");
+          throw bulk_threw();
         },
         {.max_batch = 1});
     const sf::outcome<std::string> o = l.try_load("k");
-    CHECK(kind(o) == "runtime:bulk threw");
+    CHECK(kind(o) == "bulk threw");
   }
   CHECK(static_cast<bool>(kept));
   kept = completion_t();  // dropped: the loader is gone
@@ -257,7 +268,7 @@ namespace {
 struct fragile {
   explicit fragile(int copies) : left(copies) {}
   fragile(const fragile& o) : left(o.left - 1) {
-    if (o.left <= 0) throw std::runtime_error("copy");
+    if (o.left <= 0) throw copy_threw();
   }
   fragile& operator=(const fragile&) = default;
   int left;
@@ -280,7 +291,7 @@ TEST_CASE("a T whose copy (its move) throws at delivery fails that key only",
   const std::vector<std::string> keys{"bad", "good"};
   const auto out = l.load_many(keys);
   REQUIRE(out.size() == 2);
-  CHECK(kind(out[0]) == "runtime:copy");
+  CHECK(kind(out[0]) == "copy threw");
   CHECK(out[1].has_value());
 }
 
@@ -344,7 +355,7 @@ struct test_hash {
   static inline thread_local std::function<void()> before;
   std::size_t operator()(const std::string& k) const {
     if (before) before();
-    if (k == "bad") throw std::runtime_error("hash");
+    if (k == "bad") throw hash_threw();
     return std::hash<std::string>{}(k);
   }
 };
@@ -389,7 +400,7 @@ TEST_CASE("load_many: a key whose Hash throws gets that exception; later keys lo
   const auto out = l.load_many(keys);
   REQUIRE(out.size() == 3);
   CHECK(kind(out[0]) == "value");
-  CHECK(kind(out[1]) == "runtime:hash");
+  CHECK(kind(out[1]) == "hash threw");
   REQUIRE(out[2].has_value());
   CHECK(out[2].value() == "b");
 }
