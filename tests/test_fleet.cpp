@@ -731,6 +731,7 @@ TEST_CASE(
   sftest::gate held;
   std::atomic<bool> other_in{false};
   std::atomic<bool> closed_while_held{false};
+  std::atomic<bool> close_returned{false};
   std::atomic<int> delivered{0};
   {
     fleet_t f(opts(uri, sftest::unique_prefix("close6")));
@@ -749,10 +750,13 @@ TEST_CASE(
         [&] {
           f.close();
           closed_while_held = !held.is_open();
+          close_returned = true;
           return std::string("c");
         },
         on_done);
-    sftest::must([&] { return delivered.load() >= 1; }, "the closing loader's flight settles");
+    // Wait for the closing loader itself: close() settles the held flight at once, so its
+    // delivery may come first and says nothing about this close() having returned.
+    sftest::must([&] { return close_returned.load(); }, "close() in the closing loader returns");
     CHECK(closed_while_held.load());
     held.open();
   }
