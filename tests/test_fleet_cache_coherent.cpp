@@ -1,9 +1,11 @@
 // singleflight::fleet_cache (fleet_cache.hpp): the local cache in front of the fleet, coherent
-// across processes through the bus (the PUBLISH path). Two fleet_cache objects stand for two
+// across processes, each case in both coherence modes (client tracking, the bus). Two fleet_cache objects stand for two
 // processes, each over its own fleet (its own connections, subscriber and renewer), with a
 // local ttl of 60 s: nothing but the bus can make a process drop a local entry within a test.
 // "Once B has heard it" is B's stats().invalidations_heard (or resyncs) having grown: the
-// inbox counts a message after recording it. Tests that kill clients run a private
+// inbox counts a message after recording it. Under client tracking a process also hears its own
+// stores (a load's, a put's): a case waits for those echoes (heard_echo) where a local entry must
+// stay put for what it checks next. Tests that kill clients run a private
 // redis-server; the others the shared one (skipped without it).
 #include <singleflight/fleet_cache.hpp>
 
@@ -25,13 +27,22 @@ namespace d = singleflight::detail;
 using namespace std::chrono_literals;
 using fc_t = sf::fleet_cache<std::string, std::string>;
 using point = d::fleet_point;
+using mode = sf::fleet_coherence;
 
-sf::fleet_cache_options opts(const std::string& uri, const std::string& prefix) {
+sf::fleet_cache_options opts(const std::string& uri, const std::string& prefix, mode m) {
   sf::fleet_cache_options o;
   o.fleet = sftest::message_only(uri, prefix);
   o.local.ttl = 60s;
   o.local.jitter = 0;
+  o.coherence = m;
   return o;
+}
+
+// Under client tracking: bounded wait until `c` has heard `n` messages (the server's reports of
+// stores this test made, its own included), so that a local entry read after it is not dropped
+// later by one of them. Nothing under the bus (a process does not hear itself there).
+void heard_echo(fc_t& c, mode m, std::uint64_t n, const char* name) {
+  if (m == mode::tracking) sftest::must([&] { return c.stats().invalidations_heard >= n; }, name);
 }
 
 d::fleet_engine& engine(fc_t& c) { return d::fleet_cache_test_access::engine(c); }
@@ -68,15 +79,17 @@ TEST_CASE(
     "invalidate on one process: once another has heard it, its get never returns the old "
     "value, though its local entry had 60 s to live; before, its reads are local hits",
     "[fleet][fleet_cache]") {
+  const mode m = GENERATE(mode::tracking, mode::publish);
   const std::string uri = sftest::need_redis();
   const std::string prefix = sftest::unique_prefix("fc-inval");
-  fc_t a(opts(uri, prefix));
-  fc_t b(opts(uri, prefix));
+  fc_t a(opts(uri, prefix, m));
+  fc_t b(opts(uri, prefix, m));
   until_listening(a, "a listens");
   until_listening(b, "b listens");
   versioned_origin origin;
   std::atomic<int> ran{0};
   CHECK(a.get("k", origin.loader()) == "v1");
+  heard_echo(b, m, 1, "b hears a's store");
   CHECK(b.get("k", must_not_load(ran)) == "v1");  // b's miss: a's value, from Redis
   const std::uint64_t b_redis_gets = b.stats().fleet.gets;
   for (int i = 0; i < 5; ++i) CHECK(b.get("k", must_not_load(ran)) == "v1");
@@ -84,25 +97,27 @@ TEST_CASE(
   CHECK(b.stats().fleet.gets == b_redis_gets);  // local hits: no Redis round trip
 
   origin.version = 2;
+  const std::uint64_t heard = b.stats().invalidations_heard;
   (void)a.invalidate("k");
   CHECK(a.stats().broadcasts == 1);
-  sftest::must([&] { return b.stats().invalidations_heard >= 1; }, "b hears the invalidation");
+  sftest::must([&] { return b.stats().invalidations_heard > heard; }, "b hears the invalidation");
   CHECK(b.get("k", origin.loader()) == "v2");
   CHECK(a.get("k", must_not_load(ran)) == "v2");  // b's load is in Redis: a reads it there
   CHECK(ran.load() == 0);
   CHECK(origin.calls.load() == 2);
-  // a does not apply its own message (its invalidate already did): its second read was a
-  // Redis hit after its own local invalidate, not after hearing itself.
-  CHECK(a.stats().invalidations_heard == 0);
+  // On the bus, a does not apply its own message (its invalidate already did): its second read
+  // was a Redis hit after its own local invalidate, not after hearing itself.
+  if (m == mode::publish) CHECK(a.stats().invalidations_heard == 0);
 }
 
 TEST_CASE("put on one process is what another reads once it has heard it",
           "[fleet][fleet_cache]") {
+  const mode m = GENERATE(mode::tracking, mode::publish);
   const std::string uri = sftest::need_redis();
   const std::string prefix = sftest::unique_prefix("fc-put");
   sftest::redis_client redis(uri);
-  fc_t a(opts(uri, prefix));
-  fc_t b(opts(uri, prefix));
+  fc_t a(opts(uri, prefix, m));
+  fc_t b(opts(uri, prefix, m));
   // Each confirmation clears the local cache (what was stored before it may have missed a
   // message): a's first one must not take its put away.
   until_listening(a, "a listens");
@@ -110,12 +125,14 @@ TEST_CASE("put on one process is what another reads once it has heard it",
   versioned_origin origin;
   std::atomic<int> ran{0};
   CHECK(b.get("k", origin.loader()) == "v1");  // b caches v1 for 60 s
+  heard_echo(b, m, 1, "b hears its own store");
+  const std::uint64_t heard = b.stats().invalidations_heard;
 
   (void)a.put("k", std::string("p1"));
   CHECK(sftest::stored(redis, prefix, "k") == "p1");
-  CHECK(a.get("k", must_not_load(ran)) == "p1");  // a's local copy
-  CHECK(a.stats().fleet.gets == 0);
-  sftest::must([&] { return b.stats().invalidations_heard >= 1; }, "b hears the put");
+  CHECK(a.get("k", must_not_load(ran)) == "p1");  // a's local copy (or, tracking, Redis's)
+  if (m == mode::publish) CHECK(a.stats().fleet.gets == 0);
+  sftest::must([&] { return b.stats().invalidations_heard > heard; }, "b hears the put");
   CHECK(b.get("k", must_not_load(ran)) == "p1");  // from Redis, no origin call
   CHECK(ran.load() == 0);
   CHECK(origin.calls.load() == 1);
@@ -125,11 +142,12 @@ TEST_CASE(
     "a load under way in another process when invalidate runs: its callers get what it "
     "loaded, but it is not kept, neither locally nor in Redis; the next read loads again",
     "[fleet][fleet_cache]") {
+  const mode m = GENERATE(mode::tracking, mode::publish);
   const std::string uri = sftest::need_redis();
   const std::string prefix = sftest::unique_prefix("fc-inflight");
   sftest::redis_client redis(uri);
-  fc_t a(opts(uri, prefix));
-  fc_t b(opts(uri, prefix));
+  fc_t a(opts(uri, prefix, m));
+  fc_t b(opts(uri, prefix, m));
   until_listening(b, "b listens");
   sftest::held_origin old_origin("old");
   sftest::result<std::string> first;
@@ -152,11 +170,12 @@ TEST_CASE(
     "bus subscriptions killed: an invalidate while a process is disconnected (CLIENT KILL "
     "TYPE pubsub) is not lost; once it has resubscribed it does not serve the old value",
     "[fleet][fleet_cache]") {
+  const mode m = GENERATE(mode::tracking, mode::publish);
   sftest::private_redis server;
   auto client = server.client();
   const std::string prefix = "killed";
-  fc_t a(opts(server.uri(), prefix));
-  fc_t b(opts(server.uri(), prefix));
+  fc_t a(opts(server.uri(), prefix, m));
+  fc_t b(opts(server.uri(), prefix, m));
   sftest::gate b_down;
   sftest::gate b_back;
   engine(b).hook = [&](point p, std::string_view) {
@@ -169,7 +188,9 @@ TEST_CASE(
   versioned_origin origin;
   std::atomic<int> ran{0};
   CHECK(a.get("k", origin.loader()) == "v1");
+  heard_echo(b, m, 1, "b hears a's store");
   CHECK(b.get("k", must_not_load(ran)) == "v1");
+  const std::uint64_t heard = b.stats().invalidations_heard;
 
   const auto killed = client->command({"CLIENT", "KILL", "TYPE", "pubsub"});
   CHECK(killed.integer == 2);
@@ -178,7 +199,7 @@ TEST_CASE(
   (void)a.invalidate("k");
   // The message is lost to b: during the gap it serves its local entry (the bound says so).
   CHECK(b.get("k", must_not_load(ran)) == "v1");
-  CHECK(b.stats().invalidations_heard == 0);
+  CHECK(b.stats().invalidations_heard == heard);
   const std::uint64_t resyncs = b.stats().resyncs;
   b_back.open();
   sftest::must([&] { return b.stats().resyncs > resyncs; }, "b resubscribed");
@@ -193,7 +214,8 @@ TEST_CASE(
     "later gets are local hits; invalidate throws fleet_error and still drops the local entry",
     "[fleet][fleet_cache]") {
   const std::string uri = "tcp://127.0.0.1:" + std::to_string(sftest::free_port());
-  sf::fleet_cache_options o = opts(uri, "down");
+  const mode m = GENERATE(mode::tracking, mode::publish);
+  sf::fleet_cache_options o = opts(uri, "down", m);
   o.fleet.redis_timeout = 200ms;
   fc_t c(o);
   sftest::held_origin origin("v");

@@ -58,6 +58,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 
@@ -73,6 +74,18 @@
 
 namespace singleflight {
 
+// fleet_coherence: how a fleet_cache hears of writes it did not make.
+enum class fleet_coherence {
+  // Redis's client tracking (CLIENT TRACKING on REDIRECT BCAST PREFIX, Redis
+  // 6+): every change of a value under the fleet's prefix, by anyone (another
+  // fleet_cache, a DEL or SET from redis-cli, expiry, FLUSHALL, this process's
+  // own stores too).
+  tracking,
+  // The bus: only other fleet_caches' put and invalidate (for servers that
+  // refuse CLIENT TRACKING REDIRECT).
+  publish,
+};
+
 // fleet_cache_options
 struct fleet_cache_options {
   // The local cache in front (ttl, jitter, stale_while_revalidate,
@@ -85,6 +98,8 @@ struct fleet_cache_options {
   // are dropped by the next call); beyond this, the local cache is cleared
   // instead. At least 1.
   std::size_t max_pending_invalidations = 4096;
+  // What the local cache hears (see fleet_coherence and docs/fleet_cache.md).
+  fleet_coherence coherence = fleet_coherence::tracking;
 };
 
 // fleet_cache_stats: counters since construction (each exact; a snapshot is
@@ -138,9 +153,12 @@ class fleet_cache {
                        KeyCodec key_codec = KeyCodec{})
       : fleet_(opts.fleet, std::move(codec)),
         key_codec_(std::move(key_codec)),
-        inbox_(fleet_.engine_->new_token(), checked_pending(opts.max_pending_invalidations)),
+        inbox_(fleet_.engine_->new_token(), checked_pending(opts.max_pending_invalidations),
+               opts.coherence == fleet_coherence::tracking
+                   ? detail::tracking_prefix(fleet_.engine_->cfg.key_prefix)
+                   : std::string()),
         bus_(detail::bus_channel(fleet_.engine_->cfg.key_prefix)),
-        watch_(fleet_.engine_->subscriber.subscribe(bus_, &inbox_)),
+        watch_(listen(opts.coherence)),
         local_(opts.local) {}
 
   // fleet_cache(opts, loader, codec, key_codec)
@@ -313,6 +331,17 @@ class fleet_cache {
     }
     return n;
   }
+
+  // The subscription the inbox hears: the bus, or client tracking's channel
+  // (the subscriber's connections tracked for the prefix's names first).
+  detail::fleet_subscriber::watch listen(fleet_coherence mode) {
+    detail::fleet_subscriber& sub = fleet_.engine_->subscriber;
+    if (mode == fleet_coherence::publish) return sub.subscribe(bus_, &inbox_);
+    sub.track(detail::tracking_prefix(fleet_.engine_->cfg.key_prefix));
+    return sub.subscribe(std::string(tracking_channel), &inbox_);
+  }
+
+  static constexpr std::string_view tracking_channel = "__redis__:invalidate";
 
   template <class K>
   std::string key_text(const K& key) const {

@@ -316,11 +316,14 @@ return {g, note(ARGV[1], 'r')}
 // record ('' = delete the value), ttl_ms, bus, bus message. INVALIDATE's effects (the value
 // deleted, the generation bumped: no load acquired before this stores), then the record stored
 // when there is one; wakes waiters ("v": re-read, a value is there; "r": race again); then
-// PUBLISHes the bus message on the bus (every process's local cache drops the key). Returns
+// PUBLISHes the bus message on the bus (every process's local cache drops the key). The value
+// is written before it is deleted, so that client tracking reports it even when there was none
+// (a load under way elsewhere must not keep its result locally). Returns
 // {the new generation, published on the key's channel, published on the bus}.
 inline const lua_script& write_script() {
   static const lua_script s(SINGLEFLIGHT_FLEET_LUA_PRELUDE R"lua(
 seed(KEYS[2])
+redis.call('SET', KEYS[1], '', 'PX', 1)
 redis.call('DEL', KEYS[1])
 local g = redis.call('HINCRBY', KEYS[2], 'gen', 1)
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
@@ -557,6 +560,30 @@ inline std::string bus_channel(std::string_view prefix) {
   b += prefix;
   b += "}:i";
   return b;
+}
+
+// What every name of prefix P's keys starts with, "{N:P:": the prefix fleet_cache's client
+// tracking asks the server to report (BCAST PREFIX). Its leases, metadata and tombstones are
+// reported too; tracked_key_text tells the values apart.
+inline std::string tracking_prefix(std::string_view prefix) {
+  std::string t = "{" + std::to_string(prefix.size()) + ':';
+  t += prefix;
+  t += ':';
+  return t;
+}
+
+// The key text whose value is named `name` ("{N:P:K}:v", fleet_names::value), given
+// tracking_prefix(P); false for every other name (a lease "...}:l", metadata "...}:m", a
+// tombstone "...}:g:<token>", another prefix): only a value name ends in "}:v".
+inline bool tracked_key_text(std::string_view tracked, std::string_view name,
+                             std::string_view& text) noexcept {
+  constexpr std::string_view value_suffix = "}:v";
+  if (name.size() < tracked.size() + value_suffix.size() || !name.starts_with(tracked) ||
+      !name.ends_with(value_suffix)) {
+    return false;
+  }
+  text = name.substr(tracked.size(), name.size() - tracked.size() - value_suffix.size());
+  return true;
 }
 
 // How late after its timeout a server may answer WAIT: it checks blocked clients' timeouts on

@@ -33,6 +33,18 @@
 // job through the worker_threads that runs it (from outside: joined; from a
 // library thread: not waited for, the destructor joins).
 //
+// Client tracking (track(prefix), fleet_cache's default coherence): each
+// connection, before it subscribes, asks its CLIENT ID, then opens a second
+// connection, the tracker, that sends `CLIENT TRACKING on REDIRECT <id> BCAST
+// PREFIX <prefix>`: the server then reports every change of a key under the
+// prefix, by anyone, as a message on `__redis__:invalidate` to this connection
+// (RESP2: the payload is an array of key names, handed to the channel's
+// listener one by one; a FLUSHALL is a nil payload: on_flushed). The tracker
+// reads nothing, but it is polled: when it closes (CLIENT KILL, a restart),
+// tracking has stopped, so the subscriber's connection is dropped too and both
+// are reopened; the re-confirmation of the subscription, sent after the new
+// tracker is in place, tells the listener that messages may have been lost.
+//
 // Locking: `mu_` guards `channels_`, `closing_`, `dirty_` and every
 // channel_state. The thread holds it only to read the wanted subscriptions
 // and to apply what it read; connecting, writing, polling and reading happen
@@ -59,6 +71,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -85,6 +98,9 @@ class fleet_subscriber {
   struct listener {
     virtual void on_message(std::string_view payload) noexcept = 0;
     virtual void on_confirmed() noexcept = 0;
+    // A message with a nil payload: client tracking's report of a FLUSHALL
+    // (or FLUSHDB): every key changed.
+    virtual void on_flushed() noexcept = 0;
 
    protected:
     ~listener() = default;
@@ -264,6 +280,18 @@ class fleet_subscriber {
     return watch(this, ch, channel);
   }
 
+  // track(prefix): every connection from now on is tracked (see client
+  // tracking above) for the keys that start with `prefix`. Called before the
+  // first subscribe (std::logic_error otherwise: the connection would have
+  // to be reopened). Thread-safe.
+  void track(std::string prefix) {
+    const std::lock_guard<std::mutex> lk(mu_);
+    if (!channels_.empty()) {
+      throw std::logic_error("singleflight: fleet_subscriber::track after subscribe");
+    }
+    tracked_ = std::move(prefix);
+  }
+
   // start(threads): runs the thread's loop as one job on `threads` until stop(). Throws
   // std::system_error (no thread could be started) or closed_error (`threads` closed).
   void start(worker_threads& threads) {
@@ -329,6 +357,7 @@ class fleet_subscriber {
   void run() {
     using clock = std::chrono::steady_clock;
     std::unique_ptr<redis_conn> conn;
+    std::unique_ptr<redis_conn> tracker;  // with conn, while tracked_ is set
     std::chrono::milliseconds backoff{0};
     clock::time_point next_attempt{};
     std::vector<std::string> subs;
@@ -351,12 +380,16 @@ class fleet_subscriber {
           cv_.wait_until(lk, next_attempt, [&] { return closing_; });
           continue;
         }
+        const std::string tracked = tracked_;
         lk.unlock();
         std::unique_ptr<redis_conn> fresh;
         try {
           fresh = pool_.open();
+          if (!tracked.empty()) tracker = open_tracker(*fresh, tracked);
         } catch (const redis_failure&) {
           errors_.fetch_add(1, std::memory_order_relaxed);
+          fresh.reset();
+          tracker.reset();
         }
         lk.lock();
         if (!fresh) {
@@ -405,7 +438,7 @@ class fleet_subscriber {
       bool ok =
           send(*conn, "SUBSCRIBE", subs) && send(*conn, "UNSUBSCRIBE", unsubs) && flush(*conn);
       replies.clear();
-      if (ok) ok = wait_and_read(*conn, replies);
+      if (ok) ok = wait_and_read(*conn, tracker.get(), replies);
 
       lk.lock();
       for (const redis_reply& r : replies) apply(*r);
@@ -418,6 +451,7 @@ class fleet_subscriber {
         errors_.fetch_add(1, std::memory_order_relaxed);
         lk.unlock();
         conn.reset();
+        tracker.reset();
         lk.lock();
         for (auto& [name, ch] : channels_) {
           ch->on_server = false;
@@ -434,6 +468,23 @@ class fleet_subscriber {
     }
     lk.unlock();
     conn.reset();
+    tracker.reset();
+  }
+
+  // The tracker of `sub` (see client tracking above): its CLIENT ID, then a
+  // connection that redirects the tracking of `prefix` to it. Throws
+  // redis_failure (an error reply: a server without REDIRECT, an ACL).
+  std::unique_ptr<redis_conn> open_tracker(redis_conn& sub, const std::string& prefix) const {
+    const redis_reply id = sub.command({"CLIENT", "ID"});
+    if (id->type != REDIS_REPLY_INTEGER) throw redis_failure("CLIENT ID: unexpected reply");
+    std::unique_ptr<redis_conn> t = pool_.open();
+    const std::string id_text = std::to_string(id->integer);
+    const redis_reply on =
+        t->command({"CLIENT", "TRACKING", "on", "REDIRECT", id_text, "BCAST", "PREFIX", prefix});
+    if (is_error(on.get())) {
+      throw redis_failure("CLIENT TRACKING: " + std::string(text_of(on.get())));
+    }
+    return t;
   }
 
   // Appends `verb names...` to c's output buffer (nothing when `names` is
@@ -465,14 +516,23 @@ class fleet_subscriber {
   }
 
   // Waits for the connection or a poke; reads whatever replies arrived.
-  bool wait_and_read(redis_conn& c, std::vector<redis_reply>& out) {
+  // The tracker (when there is one) is polled too: anything from it but
+  // more bytes (its close, an error) is the connection lost.
+  bool wait_and_read(redis_conn& c, redis_conn* tracker, std::vector<redis_reply>& out) {
     // Replies already parsed (they came with an earlier read) first.
     if (!take_parsed(c, out)) return false;
     if (!out.empty()) return true;
-    pollfd fds[2] = {{c.raw()->fd, POLLIN, 0}, {wake_read_, POLLIN, 0}};
-    const int n = ::poll(fds, 2, -1);
+    pollfd fds[3] = {{c.raw()->fd, POLLIN, 0},
+                     {wake_read_, POLLIN, 0},
+                     {tracker != nullptr ? tracker->raw()->fd : -1, POLLIN, 0}};
+    const int n = ::poll(fds, 3, -1);
     if (n < 0) return errno == EINTR;
     if ((fds[1].revents & POLLIN) != 0) drain_pokes();
+    if ((fds[2].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
+      if (redisBufferRead(tracker->raw()) != REDIS_OK) return false;
+      std::vector<redis_reply> ignored;  // it is sent nothing in BCAST mode
+      if (!take_parsed(*tracker, ignored)) return false;
+    }
     if ((fds[0].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
       if (redisBufferRead(c.raw()) != REDIS_OK) return false;
       return take_parsed(c, out);
@@ -509,10 +569,22 @@ class fleet_subscriber {
       if (ch.heard != nullptr) ch.heard->on_confirmed();
       ch.cv.notify_all();
     } else if (kind == "message") {
-      if (!is_string(r.element[2])) return;
-      ch.last.assign(text_of(r.element[2]));
+      const redisReply* m = r.element[2];
+      if (is_string(m)) {
+        ch.last.assign(text_of(m));
+        if (ch.heard != nullptr) ch.heard->on_message(text_of(m));
+      } else if (m->type == REDIS_REPLY_ARRAY) {  // client tracking: key names
+        for (std::size_t i = 0; i < m->elements; ++i) {
+          if (ch.heard != nullptr && is_string(m->element[i])) {
+            ch.heard->on_message(text_of(m->element[i]));
+          }
+        }
+      } else if (m->type == REDIS_REPLY_NIL) {  // client tracking: FLUSHALL
+        if (ch.heard != nullptr) ch.heard->on_flushed();
+      } else {
+        return;
+      }
       ch.messages += 1;
-      if (ch.heard != nullptr) ch.heard->on_message(text_of(r.element[2]));
       ch.cv.notify_all();
     }
     // A forgotten channel (no watch, nothing pending) is erased by the thread's next pass.
@@ -529,6 +601,7 @@ class fleet_subscriber {
   std::unordered_map<std::string, std::unique_ptr<channel_state>> channels_;  // guarded by mu_
   bool closing_ = false;                                                      // guarded by mu_
   bool dirty_ = false;                                                        // guarded by mu_
+  std::string tracked_;  // guarded by mu_: the prefix each connection tracks ("" none)
 };
 
 }  // namespace singleflight::detail

@@ -9,6 +9,11 @@
 // a get that begins after a message was posted never reads what it dropped.
 //
 //   * A message from another process names one key: apply drops it.
+//   * Under client tracking (`tracked` given: fleet_protocol.hpp's
+//     tracking_prefix) a message is a Redis key name reported by the server,
+//     for a write by anyone, this process included: a value's name
+//     ("{N:P:K}:v") drops K, other names (leases, metadata) are ignored; a
+//     FLUSHALL (on_flushed) marks everything.
 //   * A confirmation (the first, and each after a reconnect: pub/sub loses
 //     what was published while the connection was down) marks everything:
 //     apply clears the local cache, so every entry stored before the gap is
@@ -38,6 +43,7 @@
 #include <utility>
 #include <vector>
 
+#include "fleet_protocol.hpp"
 #include "fleet_subscriber.hpp"
 
 namespace singleflight::detail {
@@ -48,24 +54,33 @@ class invalidation_inbox final : public fleet_subscriber::listener {
   // messages are not applied: its put and invalidate already did).
   static constexpr std::size_t id_size = 32;
 
-  invalidation_inbox(std::string self, std::size_t max_pending)
-      : self_(std::move(self)), max_pending_(max_pending) {}
+  // `tracked` empty: bus messages ("<writer id><key text>"); else the
+  // tracking prefix whose value names the server reports.
+  invalidation_inbox(std::string self, std::size_t max_pending, std::string tracked = {})
+      : self_(std::move(self)), max_pending_(max_pending), tracked_(std::move(tracked)) {}
 
   invalidation_inbox(const invalidation_inbox&) = delete;
   invalidation_inbox& operator=(const invalidation_inbox&) = delete;
 
   const std::string& self() const noexcept { return self_; }
 
-  // on_message(payload): "<writer id><key text>" from the subscriber's thread.
+  // on_message(payload): "<writer id><key text>" (the bus), or a key name
+  // (client tracking), from the subscriber's thread.
   void on_message(std::string_view payload) noexcept override {
-    if (payload.size() < id_size || payload.substr(0, id_size) == self_) return;
+    std::string_view text;
+    if (tracked_.empty()) {
+      if (payload.size() < id_size || payload.substr(0, id_size) == self_) return;
+      text = payload.substr(id_size);
+    } else if (!tracked_key_text(tracked_, payload, text)) {
+      return;
+    }
     const std::lock_guard<std::mutex> lk(mu_);
     if (!clear_all_) {
       if (keys_.size() >= max_pending_) {
         mark_all();
       } else {
         try {
-          keys_.emplace_back(payload.substr(id_size));
+          keys_.emplace_back(text);
         } catch (...) {  // bad_alloc: a clear loses nothing
           mark_all();
         }
@@ -80,6 +95,15 @@ class invalidation_inbox final : public fleet_subscriber::listener {
   void on_confirmed() noexcept override {
     const std::lock_guard<std::mutex> lk(mu_);
     resyncs_.fetch_add(1, std::memory_order_relaxed);  // a counter
+    clear_all_ = true;
+    keys_.clear();
+    posted_.store(posted_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+  }
+
+  // on_flushed(): client tracking reported a FLUSHALL: every key is gone.
+  void on_flushed() noexcept override {
+    const std::lock_guard<std::mutex> lk(mu_);
+    received_.fetch_add(1, std::memory_order_relaxed);  // a counter
     clear_all_ = true;
     keys_.clear();
     posted_.store(posted_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
@@ -146,6 +170,7 @@ class invalidation_inbox final : public fleet_subscriber::listener {
 
   const std::string self_;
   const std::size_t max_pending_;
+  const std::string tracked_;  // "" on the bus
 
   std::mutex mu_;
   std::condition_variable cv_;

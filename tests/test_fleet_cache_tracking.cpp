@@ -1,0 +1,231 @@
+// singleflight::fleet_cache under client tracking (fleet_coherence::tracking, the default):
+// writes the library did not make reach the local cache. A plain hiredis client stands for
+// redis-cli; one fleet_cache with a local ttl of 60 s stands for a process, so nothing but a
+// tracking message can make it drop a local entry within a test. "Once it has heard it" is its
+// stats().invalidations_heard having grown (the inbox counts a message after recording it); its
+// own store's report is waited for first (heard_own_store), so that a later growth is the write
+// under test. FLUSHALL and client kills run on a private redis-server; the rest on the shared one.
+#include <singleflight/fleet_cache.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <sstream>
+#include <string>
+
+#include "support/catch.hpp"
+#include "support/fleet.hpp"
+#include "support/redis.hpp"
+#include "support/sync.hpp"
+
+namespace {
+
+namespace sf = singleflight;
+namespace d = singleflight::detail;
+using namespace std::chrono_literals;
+using fc_t = sf::fleet_cache<std::string, std::string>;
+using point = d::fleet_point;
+
+sf::fleet_cache_options opts(const std::string& uri, const std::string& prefix) {
+  sf::fleet_cache_options o;
+  o.fleet = sftest::message_only(uri, prefix);
+  o.local.ttl = 60s;
+  o.local.jitter = 0;
+  return o;  // coherence: tracking, the default
+}
+
+d::fleet_engine& engine(fc_t& c) { return d::fleet_cache_test_access::engine(c); }
+
+void until_listening(fc_t& c, const char* name) {
+  sftest::must([&] { return engine(c).subscriber.confirmed_channels() == 1; }, name);
+  sftest::must([&] { return c.stats().resyncs >= 1; }, name);
+}
+
+// c's load of `key` stored `value` in Redis; the server reports that store too, perhaps after c
+// kept the value locally: once c has heard it, one more get applies it (a local hit, or a Redis
+// read when it arrived after the local store). From then on the local entry stays until
+// something else is reported.
+std::uint64_t heard_own_store(fc_t& c, std::uint64_t before, const std::string& key,
+                              const std::string& value) {
+  sftest::must([&] { return c.stats().invalidations_heard > before; }, "c hears its own store");
+  std::atomic<int> ran{0};
+  CHECK(c.get(key, [&ran] {
+    ran.fetch_add(1);
+    return std::string("must not be loaded");
+  }) == value);
+  CHECK(ran.load() == 0);
+  return c.stats().invalidations_heard;
+}
+
+std::string value_name(const std::string& prefix, const std::string& key) {
+  return d::fleet_names::of(prefix, key).value;
+}
+
+struct versioned_origin {
+  std::atomic<int> version{1};
+  std::atomic<int> calls{0};
+  auto loader() {
+    return [this] {
+      calls.fetch_add(1);
+      return "v" + std::to_string(version.load());
+    };
+  }
+};
+
+auto must_not_load(std::atomic<int>& ran) {
+  return [&ran] {
+    ran.fetch_add(1);
+    return std::string("must not be loaded");
+  };
+}
+
+// The CLIENT ID of the one connection with tracking on (flag 't' in CLIENT LIST).
+std::string tracking_client_id(sftest::redis_client& r) {
+  std::istringstream lines(r.command({"CLIENT", "LIST"}).str);
+  std::string line;
+  std::string found;
+  int count = 0;
+  while (std::getline(lines, line)) {
+    const auto f = line.find(" flags=");
+    if (f == std::string::npos) continue;
+    const std::string flags = line.substr(f + 7, line.find(' ', f + 7) - f - 7);
+    if (flags.find('t') == std::string::npos) continue;
+    found = line.substr(3, line.find(' ') - 3);  // "id=N ..."
+    ++count;
+  }
+  REQUIRE(count == 1);
+  return found;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a DEL by a plain client on the value's name reaches the local cache: the next get after "
+    "it was heard loads again, though the local entry had 60 s to live",
+    "[fleet][fleet_cache][tracking]") {
+  const std::string uri = sftest::need_redis();
+  const std::string prefix = sftest::unique_prefix("fct-del");
+  sftest::redis_client redis(uri);
+  fc_t c(opts(uri, prefix));
+  until_listening(c, "c listens");
+  versioned_origin origin;
+  std::atomic<int> ran{0};
+  CHECK(c.get("k", origin.loader()) == "v1");
+  const std::uint64_t heard = heard_own_store(c, 0, "k", "v1");
+  const std::uint64_t hits = c.stats().local.hits;
+  const std::uint64_t redis_gets = c.stats().fleet.gets;
+  CHECK(c.get("k", must_not_load(ran)) == "v1");  // a local hit
+  CHECK(c.stats().local.hits == hits + 1);
+  CHECK(c.stats().fleet.gets == redis_gets);
+
+  origin.version = 2;
+  CHECK(redis.command({"DEL", value_name(prefix, "k")}).integer == 1);
+  sftest::must([&] { return c.stats().invalidations_heard > heard; }, "c hears the DEL");
+  CHECK(c.get("k", origin.loader()) == "v2");
+  CHECK(origin.calls.load() == 2);
+  CHECK(ran.load() == 0);
+}
+
+TEST_CASE(
+    "a SET by an outside writer on the value's name reaches the local cache: the next get "
+    "after it was heard returns the written value, from Redis, with no origin call",
+    "[fleet][fleet_cache][tracking]") {
+  const std::string uri = sftest::need_redis();
+  const std::string prefix = sftest::unique_prefix("fct-set");
+  sftest::redis_client redis(uri);
+  fc_t c(opts(uri, prefix));
+  until_listening(c, "c listens");
+  versioned_origin origin;
+  std::atomic<int> ran{0};
+  CHECK(c.get("k", origin.loader()) == "v1");
+  const std::uint64_t heard = heard_own_store(c, 0, "k", "v1");
+  const std::string rec = d::make_record('v', d::codec_tag<sf::codec<std::string>>(), "0", "0",
+                                         "written outside");
+  CHECK(redis.command({"SET", value_name(prefix, "k"), rec}).str == "OK");
+  sftest::must([&] { return c.stats().invalidations_heard > heard; }, "c hears the SET");
+  CHECK(c.get("k", must_not_load(ran)) == "written outside");
+  CHECK(ran.load() == 0);
+  CHECK(origin.calls.load() == 1);
+}
+
+TEST_CASE(
+    "the value's expiry in Redis reaches the local cache: once heard, the next get loads again",
+    "[fleet][fleet_cache][tracking]") {
+  const std::string uri = sftest::need_redis();
+  const std::string prefix = sftest::unique_prefix("fct-exp");
+  sf::fleet_cache_options o = opts(uri, prefix);
+  o.fleet.value_ttl = 200ms;  // Redis expires it; the local entry has 60 s
+  fc_t c(o);
+  until_listening(c, "c listens");
+  versioned_origin origin;
+  CHECK(c.get("k", origin.loader()) == "v1");
+  const std::uint64_t heard = c.stats().invalidations_heard;  // the store, perhaps
+  origin.version = 2;
+  // The store's report and the expiry's are both a change of the value: wait for two.
+  sftest::must([&] { return c.stats().invalidations_heard >= 2; }, "c hears the expiry");
+  (void)heard;
+  CHECK(c.get("k", origin.loader()) == "v2");
+  CHECK(origin.calls.load() == 2);
+}
+
+TEST_CASE("FLUSHALL reaches the local cache as one clear: every key loads again",
+          "[fleet][fleet_cache][tracking]") {
+  sftest::private_redis server;
+  auto client = server.client();
+  fc_t c(opts(server.uri(), "flushed"));
+  until_listening(c, "c listens");
+  versioned_origin origin;
+  std::atomic<int> ran{0};
+  CHECK(c.get("a", origin.loader()) == "v1");
+  CHECK(c.get("b", origin.loader()) == "v1");
+  sftest::must([&] { return c.stats().invalidations_heard >= 2; }, "c hears both stores");
+  const std::uint64_t heard = heard_own_store(c, 1, "a", "v1");
+  CHECK(c.get("b", must_not_load(ran)) == "v1");
+  origin.version = 2;
+  CHECK(client->command({"FLUSHALL"}).str == "OK");
+  sftest::must([&] { return c.stats().invalidations_heard > heard; }, "c hears the FLUSHALL");
+  CHECK(c.get("a", origin.loader()) == "v2");
+  CHECK(c.get("b", origin.loader()) == "v2");
+  CHECK(origin.calls.load() == 4);
+}
+
+TEST_CASE(
+    "the tracking connection killed: a DEL while tracking is down is not lost; the subscriber "
+    "reconnects and re-tracks, its confirmation clears the local cache, later DELs are heard",
+    "[fleet][fleet_cache][tracking]") {
+  sftest::private_redis server;
+  auto client = server.client();
+  const std::string prefix = "tracker";
+  fc_t c(opts(server.uri(), prefix));
+  sftest::gate down;
+  sftest::gate back;
+  engine(c).hook = [&](point p, std::string_view) {
+    if (p != point::resubscribing) return;
+    down.open();
+    back.wait("the test lets c resubscribe");
+  };
+  until_listening(c, "c listens");  // after the hook: orders it before the thread reads it
+  versioned_origin origin;
+  std::atomic<int> ran{0};
+  CHECK(c.get("k", origin.loader()) == "v1");
+  const std::uint64_t heard = heard_own_store(c, 0, "k", "v1");
+
+  const std::string id = tracking_client_id(*client);
+  CHECK(client->command({"CLIENT", "KILL", "ID", id}).integer == 1);
+  down.wait("c's subscriber sees the tracker gone and reconnects");
+  origin.version = 2;
+  CHECK(client->command({"DEL", value_name(prefix, "k")}).integer == 1);
+  CHECK(c.get("k", must_not_load(ran)) == "v1");  // the gap: the local entry is served
+  CHECK(c.stats().invalidations_heard == heard);
+  const std::uint64_t resyncs = c.stats().resyncs;
+  back.open();
+  sftest::must([&] { return c.stats().resyncs > resyncs; }, "c re-tracked and resubscribed");
+  CHECK(c.get("k", origin.loader()) == "v2");  // cleared: loads (the DEL emptied Redis)
+  CHECK(ran.load() == 0);
+
+  // Tracking works again, through the new tracker.
+  const std::uint64_t again = heard_own_store(c, heard, "k", "v2");
+  origin.version = 3;
+  CHECK(client->command({"DEL", value_name(prefix, "k")}).integer == 1);
+  sftest::must([&] { return c.stats().invalidations_heard > again; }, "c hears the next DEL");
+  CHECK(c.get("k", origin.loader()) == "v3");
+}
