@@ -46,6 +46,35 @@ TEST_CASE("inbox: other writers' keys are applied once, in order; its own are no
   CHECK(in.received() == 2);
 }
 
+TEST_CASE(
+    "inbox under client tracking: a value's name drops its key (written by anyone, this "
+    "process too), other names of the prefix and other prefixes are ignored, a FLUSHALL clears",
+    "[fleet][fleet_cache]") {
+  const std::string tracked = d::tracking_prefix("p:x");
+  CHECK(tracked == "{3:p:x:");
+  d::invalidation_inbox in(self, 16, tracked);
+  applied a;
+  in.on_message(d::fleet_names::of("p:x", "k1").value);
+  in.on_message(d::fleet_names::of("p:x", "k1").lease);
+  in.on_message(d::fleet_names::of("p:x", "k1").meta);
+  in.on_message(d::fleet_names::of("p:x", "k1").tomb("0123"));
+  in.on_message(d::fleet_names::of("p:xy", "k1").value);  // another prefix
+  in.on_message(d::fleet_names::of("p:x", "a}:v").value);  // the text may hold "}:v"
+  in.on_message(d::fleet_names::of("p:x", "").value);
+  in.on_message(self + "k2");  // a bus message is no value name
+  a.from(in);
+  CHECK(a.dropped == std::vector<std::string>{"k1", "a}:v", ""});
+  CHECK(a.clears == 0);
+  CHECK(in.received() == 3);
+  in.on_message(d::fleet_names::of("p:x", "k3").value);
+  in.on_flushed();
+  a.from(in);
+  CHECK(a.clears == 1);
+  CHECK(a.dropped.size() == 3);  // the clear covers k3
+  CHECK(in.resyncs() == 0);
+  CHECK(in.overflows() == 0);
+}
+
 TEST_CASE("inbox: a confirmation, or more keys than max_pending, is one clear of everything",
           "[fleet][fleet_cache]") {
   d::invalidation_inbox in(self, 2);

@@ -31,15 +31,19 @@
 // load of that key already under way there does not publish (the local
 // cache's versioned publish).
 //
-// The coherence bound (PUBLISH path): once another process has received the
-// message, its get never returns a value stored before the invalidate or
-// put. While its subscription is down (a network gap, CLIENT KILL, a Redis
-// restart) messages are lost: when the subscription is confirmed again, the
-// whole local cache is cleared, so every entry stored before the gap is read
-// again through the fleet. During the gap itself a process serves its local
-// entries (up to their ttl). Writes by other programs (a DEL from redis-cli,
-// expiry, FLUSHALL) are not seen: that needs client tracking (not in this
-// version). docs/fleet_cache.md.
+// Coherence (fleet_cache_options::coherence): client tracking, the default
+// (CLIENT TRACKING on REDIRECT <subscriber> BCAST PREFIX "{N:P:", from a
+// tracker connection the subscriber keeps beside its own): every change of a
+// value under the prefix, by anyone (another process, redis-cli, expiry,
+// FLUSHALL), drops the key locally; or the bus (publish): only other
+// fleet_caches' put and invalidate. The bound: once a process has received
+// the report, its get never returns a value stored before the write. While
+// its subscription or tracker is down (a network gap, CLIENT KILL, a Redis
+// restart) reports are lost: when the subscription is confirmed again (after
+// the tracker is back), the whole local cache is cleared, so every entry
+// stored before the gap is read again through the fleet. During the gap
+// itself a process serves its local entries (up to their ttl).
+// docs/fleet_cache.md.
 //
 // Threads: the fleet's (subscriber, renewer, async workers) and the local
 // cache's (loads). The bus is read on the fleet's subscriber thread, which
