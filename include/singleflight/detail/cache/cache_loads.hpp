@@ -129,8 +129,9 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
   // flight).
   template <class P>
   registration begin_load(const P& key, std::uint64_t mixed, bool foreground) {
+    garbage_t g;  // a node made for nothing, freed after the lock
     shard_lock lk(table, table.shard_index(mixed));
-    node_t* n = find_or_make(key, mixed, lk);
+    node_t* n = find_or_make(key, mixed, lk, g);
     auto& s = table.at(table.shard_index(mixed));
     const time_point now = Clock::now();
     registration r(this, n, n->version, now);
@@ -238,8 +239,9 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
    public:
     template <class P>
     fresh_waiter(cache_loads* c, const P& key, std::uint64_t mixed) : c_(c) {
+      garbage_t g;  // a node made for nothing, freed after the lock
       shard_lock lk(c->table, c->table.shard_index(mixed));
-      n_ = c->find_or_make(key, mixed, lk);
+      n_ = c->find_or_make(key, mixed, lk, g);
       ++n_->pins;
       ++n_->fresh_waiters;
     }

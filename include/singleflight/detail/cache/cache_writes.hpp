@@ -20,8 +20,9 @@
 // turn), except take_from_other(), which try_locks a second shard while
 // holding one and never waits for it; anything a reader may look at changes with the shard's
 // readers locked out (shard_lock::write()). Nodes, values and exceptions leave under the mutex and
-// are destroyed after it (garbage_t and the `old_*` locals are declared before the lock). No user
-// code runs under the mutex except KeyEqual; find_or_make() copies Key with the mutex released.
+// are destroyed after it (garbage_t and the `old_*` locals are declared before the lock), nodes
+// find_or_make() made for nothing included. No user code runs under the mutex except KeyEqual:
+// find_or_make() copies Key with the mutex released, and no Key or T dies under it.
 #pragma once
 
 #include <atomic>
@@ -64,11 +65,14 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
 
   // -- records --
 
-  // find_or_make(key, mixed, lk): the node for key, created if missing (Key's
-  // copy and the allocation happen with `lk` released). `lk` holds the
-  // key's shard; returns with it held and the readers locked out.
+  // find_or_make(key, mixed, lk, g): the node for key, created if missing
+  // (Key's copy and the allocation happen with `lk` released). `lk` holds
+  // the key's shard; returns with it held and the readers locked out. A node
+  // made for nothing (another writer linked one for the key meanwhile) goes
+  // to `g`, which the caller declared before `lk`: its Key is destroyed
+  // after the mutex, as every other key the table lets go of.
   template <class P>
-  node_t* find_or_make(const P& key, std::uint64_t mixed, shard_lock& lk) {
+  node_t* find_or_make(const P& key, std::uint64_t mixed, shard_lock& lk, garbage_t& g) {
     auto& s = table.at(table.shard_index(mixed));
     lk.write();
     if (node_t* n = s.find(key, mixed, eq)) return n;
@@ -76,7 +80,10 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
     auto made = std::make_unique<node_t>(key, mixed);  // user code: no lock
     lk.lock();
     lk.write();
-    if (node_t* n = s.find(key, mixed, eq)) return n;  // `made` is freed after the lock
+    if (node_t* n = s.find(key, mixed, eq)) {
+      g.add(made.release());  // not here: `made` would die under the mutex, readers locked out
+      return n;
+    }
     s.reserve_one();
     made->version = s.versions.load(std::memory_order_relaxed);  // only grows, per key too
     made->throttle_until = time_point::min();
@@ -202,7 +209,7 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
     std::exception_ptr old_error;  // destroyed after the lock (declared before it)
     garbage_t g;
     shard_lock lk(table, table.shard_index(mixed));
-    node_t* n = find_or_make(key, mixed, lk);
+    node_t* n = find_or_make(key, mixed, lk, g);
     auto& s = table.at(table.shard_index(mixed));
     const time_point now = Clock::now();
     n->version = s.next_version();

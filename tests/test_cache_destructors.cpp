@@ -1,0 +1,192 @@
+// singleflight::cache: no Key or T destructor (nor copy) runs under a shard's mutex or with the
+// shard's readers locked out (issue 32). A destructor that blocks must not stall a hit on an
+// unrelated key, and one that calls the cache must not deadlock: whatever a write takes out of
+// the table (a node a racing writer made twice, an evicted, invalidated, cleared or replaced
+// entry) is destroyed after the lock. Interleavings are forced with gates on the key's copy and
+// destructor (armed for one thread, one shot); every wait is bounded (a hang aborts with its
+// name).
+#include <singleflight/cache.hpp>
+
+#include <atomic>
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "support/catch.hpp"
+#include "support/sync.hpp"
+
+namespace sf = singleflight;
+using sftest::gate;
+using sftest::must;
+using namespace std::chrono_literals;
+
+namespace {
+
+// One-shot hooks, each armed for one thread: the next copy (or destruction) of a dkey or dval
+// on that thread runs the hook.
+struct hook {
+  std::atomic<std::thread::id> on{};
+  std::function<void()> act;  // set before `on`; run once
+  void arm(std::thread::id t, std::function<void()> a) {
+    act = std::move(a);
+    on.store(t, std::memory_order_release);
+  }
+  void fire() {
+    std::thread::id me = std::this_thread::get_id();
+    if (on.load(std::memory_order_acquire) != me) return;
+    if (!on.compare_exchange_strong(me, std::thread::id{}, std::memory_order_acq_rel)) return;
+    act();
+  }
+};
+
+hook key_copy;
+hook key_dtor;
+hook value_dtor;
+
+struct dkey {
+  std::string s;
+  dkey(const char* v) : s(v) {}  // NOLINT: implicit, as a string key would be
+  dkey(const dkey& o) : s(o.s) { key_copy.fire(); }
+  dkey& operator=(const dkey&) = default;
+  ~dkey() { key_dtor.fire(); }
+  bool operator==(const dkey& o) const { return s == o.s; }
+};
+
+struct dhash {
+  std::size_t operator()(const dkey& k) const { return std::hash<std::string>{}(k.s); }
+};
+
+struct dval {
+  std::string s;
+  dval(const char* v) : s(v) {}  // NOLINT
+  dval(const dval&) = default;
+  ~dval() { value_dtor.fire(); }
+};
+
+using dcache = sf::cache<dkey, dval, dhash, std::equal_to<>>;
+
+// One shard (a bounded table has at most one per 1,024 entries): every key shares the mutex
+// and the read gate of every other.
+sf::cache_options one_shard(std::size_t max_entries = 100) {
+  sf::cache_options o;
+  o.ttl = 1h;
+  o.max_entries = max_entries;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("a Key destructor that blocks does not stall a hit on another key",
+          "[cache][destructors]") {
+  dcache c(one_shard());
+  c.put("other", "o");
+  gate copy_held, copy_go, dtor_held, dtor_go;
+  std::atomic<bool> a_done{false};
+  // A's put finds no node for "k", copies the key with the mutex released (held there), and
+  // finds, once back under the mutex, the node B made meanwhile: the copy it made is not needed.
+  sftest::thread a([&] {
+    key_copy.arm(std::this_thread::get_id(), [&] {
+      copy_held.open();
+      copy_go.wait("A's key copy released");
+    });
+    c.put("k", "a");
+    a_done.store(true);
+  });
+  copy_held.wait("A copies the key");
+  c.put("k", "b");  // B: makes and links the node
+  key_dtor.arm(a.get_id(), [&] {
+    dtor_held.open();
+    dtor_go.wait("A's spare key's destructor released");
+  });
+  copy_go.open();
+  dtor_held.wait("A destroys its spare key");
+  // A's spare key is being destroyed (held): a hit on an unrelated key of the same shard must
+  // not wait for it. Before: it was destroyed under the mutex with the readers locked out.
+  std::atomic<bool> hit_done{false};
+  std::atomic<int> loads{0};
+  sftest::thread hit([&] {
+    const dval v = c.get("other", [&](sf::stop_token) {
+      loads.fetch_add(1);
+      return dval("loaded");
+    });
+    hit_done.store(v.s == "o");
+  });
+  const bool unblocked = sftest::becomes([&] { return hit_done.load(); }, 5s);
+  dtor_go.open();
+  hit.join("the hit returns");
+  a.join("A's put returns");
+  CHECK(unblocked);
+  CHECK(hit_done.load());
+  CHECK(loads.load() == 0);
+  CHECK(a_done.load());
+  REQUIRE(c.peek("k"));
+  CHECK(c.peek("k")->value->s == "a");  // A's put came last
+}
+
+TEST_CASE("a Key destructor that calls the cache does not deadlock", "[cache][destructors]") {
+  dcache c(one_shard());
+  c.put("other", "o");
+  gate copy_held, copy_go;
+  std::atomic<bool> peeked{false};
+  sftest::thread a([&] {
+    key_copy.arm(std::this_thread::get_id(), [&] {
+      copy_held.open();
+      copy_go.wait("A's key copy released");
+    });
+    c.put("k", "a");
+  });
+  copy_held.wait("A copies the key");
+  c.put("k", "b");
+  key_dtor.arm(a.get_id(), [&] {
+    auto e = c.peek("other");  // before: the shard's mutex, held by this very thread
+    peeked.store(e.has_value() && e->value->s == "o");
+  });
+  copy_go.open();
+  must([&] { return a.done(); }, "A's put returns (its spare key's destructor called the cache)");
+  a.join("A");
+  CHECK(peeked.load());
+}
+
+TEST_CASE("Key and T destructors that call the cache, on every write that drops an entry",
+          "[cache][destructors]") {
+  // Each write below destroys a key or a value it took out of the table; the hook calls the
+  // cache (peek of an unrelated key of the same shard), which deadlocks if it runs under the
+  // mutex. The write runs on its own thread so that a deadlock is a named hang.
+  dcache c(one_shard(2));
+  c.put("other", "o");
+  const auto peek_other = [&] { return c.peek("other").has_value(); };
+  const auto on_thread = [&](const char* name, hook& h, auto write) {
+    std::atomic<bool> called{false};
+    sftest::thread t([&] {
+      h.arm(std::this_thread::get_id(), [&] {
+        (void)peek_other();
+        called.store(true);
+      });
+      write();
+    });
+    t.join(name);
+    h.on.store(std::thread::id{});
+    return called.load();
+  };
+  SECTION("put replacing a value") {
+    c.put("k", "1");
+    CHECK(on_thread("put replacing", value_dtor, [&] { c.put("k", "2"); }));
+  }
+  SECTION("invalidate") {
+    c.put("k", "1");
+    CHECK(on_thread("invalidate (value)", value_dtor, [&] { c.invalidate("k"); }));
+    const dkey k("k");  // no converted temporary: the one key destroyed is the node's
+    c.put(k, "1");
+    CHECK(on_thread("invalidate (key)", key_dtor, [&] { c.invalidate(k); }));
+  }
+  SECTION("clear") {
+    c.put("k", "1");
+    CHECK(on_thread("clear", value_dtor, [&] { c.clear(); }));
+  }
+  SECTION("eviction") {
+    c.put("k", "1");  // full: the next new key evicts one of "other" and "k"
+    CHECK(on_thread("eviction", value_dtor, [&] { c.put("n", "2"); }));
+  }
+}
