@@ -663,10 +663,12 @@ TEST_CASE("metrics::cache_metrics exports every cache_stats field once, under it
   std::uint64_t v = 100;
   for (std::uint64_t* f : {&s.hits, &s.stale_hits, &s.misses, &s.loads, &s.load_failures,
                            &s.early_refreshes, &s.background_refreshes, &s.negative_hits,
-                           &s.evictions, &s.rejected_publishes, &s.stale_on_error, &s.size}) {
+                           &s.evictions, &s.rejected_publishes, &s.stale_on_error,
+                           &s.stale_on_timeout, &s.size, &s.loads_running, &s.loads_stuck}) {
     *f = ++v;
   }
-  static_assert(sizeof(sf::cache_stats) == 12 * sizeof(std::uint64_t),
+  s.oldest_load_age = std::chrono::seconds(++v);  // exported in seconds
+  static_assert(sizeof(sf::cache_stats) == 16 * sizeof(std::uint64_t),
                 "a new cache_stats field needs a line in metrics::cache_metrics");
   std::set<std::string_view> names;
   std::set<double> values;
@@ -679,9 +681,9 @@ TEST_CASE("metrics::cache_metrics exports every cache_stats field once, under it
     values.insert(d.read(s));
   }
   CHECK(names.size() == sf::metrics::cache_metrics.size());
-  CHECK(values.size() == 12);  // every field read, none twice
+  CHECK(values.size() == 16);  // every field read, none twice
   CHECK(*values.begin() == 101);
-  CHECK(*values.rbegin() == 112);
+  CHECK(*values.rbegin() == 116);
   sf::cache<std::string, int> c;
   (void)c.get("k", [] { return 1; });
   (void)c.get("k", [] { return 2; });

@@ -2,6 +2,7 @@
 // Prometheus metric families (names, types, labels, values), read at scrape time; one family
 // per name across sources; the registration's lifetime rules; the generic table for other
 // layers; misuse rejected by add(). Built only where prometheus-cpp is found.
+#include <singleflight/cache.hpp>
 #include <singleflight/metrics.hpp>
 #include <singleflight/prometheus.hpp>
 #include <singleflight/singleflight.hpp>
@@ -21,6 +22,7 @@
 
 #include "support/catch.hpp"
 #include "support/jthread.hpp"
+#include "support/manual_clock.hpp"
 #include "support/sync.hpp"
 
 namespace {
@@ -321,6 +323,54 @@ TEST_CASE("another layer exports its own stats type through the same collector",
   REQUIRE(e != nullptr);
   REQUIRE(e->type == prometheus::MetricType::Gauge);
   REQUIRE(e->metric[0].gauge.value == 9);
+}
+
+TEST_CASE("a cache's running loads are gauges, its soft-timeout answers a counter",
+          "[prometheus][cache]") {
+  using scache =
+      sf::cache<std::string, std::string, sf::default_hash, std::equal_to<>, sftest::manual_clock>;
+  sftest::manual_clock::reset();
+  scache profiles;
+  sm::prometheus_collector c;
+  const auto rc = c.add_source({{"cache", "profiles"}}, sm::cache_metrics,
+                               [&] { return profiles.stats(); });
+  sftest::gate release;
+  std::atomic<int> calls{0};
+  std::atomic<bool> done{false};
+  sftest::jthread t([&] {
+    (void)profiles.get("k", [&](sf::stop_token) {
+      calls.fetch_add(1);
+      release.wait("origin released");
+      return std::string("v");
+    });
+    done.store(true);
+  });
+  sftest::must([&] { return calls.load() == 1; }, "the loader runs");
+  sftest::manual_clock::advance(3s);
+  auto fams = c.Collect();
+  REQUIRE(fams.size() == sm::cache_metrics.size());
+  const auto* running = family(fams, "singleflight_cache_loads_running");
+  REQUIRE(running != nullptr);
+  REQUIRE(running->type == prometheus::MetricType::Gauge);
+  REQUIRE(running->metric[0].gauge.value == 1);
+  const auto* stuck = family(fams, "singleflight_cache_loads_stuck");
+  REQUIRE(stuck != nullptr);
+  REQUIRE(stuck->metric[0].gauge.value == 0);
+  const auto* age = family(fams, "singleflight_cache_oldest_load_age_seconds");
+  REQUIRE(age != nullptr);
+  REQUIRE(age->type == prometheus::MetricType::Gauge);
+  REQUIRE(age->metric[0].gauge.value == 3.0);
+  const auto* sot = family(fams, "singleflight_cache_stale_on_timeout_total");
+  REQUIRE(sot != nullptr);
+  REQUIRE(sot->type == prometheus::MetricType::Counter);
+  REQUIRE(sot->metric[0].counter.value == 0);
+  release.open();
+  sftest::must([&] { return done.load(); }, "the get returns");
+  t.join();
+  sftest::must([&] { return profiles.stats().loads_running == 0; }, "the load is over");
+  fams = c.Collect();
+  REQUIRE(family(fams, "singleflight_cache_loads_running")->metric[0].gauge.value == 0);
+  REQUIRE(family(fams, "singleflight_cache_oldest_load_age_seconds")->metric[0].gauge.value == 0);
 }
 
 TEST_CASE("a reset registration is never read again; the group may go right after",

@@ -189,12 +189,28 @@ struct cache_stats {
                                            // invalidate / clear of their key: not stored
   std::uint64_t stale_on_error = 0;        // answers with freshness::stale_on_error (also in
                                            // stale_hits or misses)
+  std::uint64_t stale_on_timeout = 0;      // answers with freshness::stale_on_timeout: an old
+                                           // value at soft_timeout (also in misses)
   std::uint64_t size = 0;                  // entries now (same as cache::size())
+  // Gauges of the loads whose loader runs now (called and not returned; an asynchronous
+  // loader until its completion is resolved), loads and background refreshes alike:
+  std::uint64_t loads_running = 0;  // how many
+  std::uint64_t loads_stuck = 0;    // of those, still running after their stop was requested
+                                    // (flight.timeout passed, or close()): a loader that
+                                    // ignores its stop_token holds a thread
+  std::chrono::nanoseconds oldest_load_age{0};  // how long the oldest has run (0: none), by
+                                                // the cache's Clock
 };
 
 }  // namespace singleflight
 
 namespace singleflight::metrics {
+
+namespace detail {
+inline double oldest_load_age_seconds(const cache_stats& s) noexcept {
+  return std::chrono::duration<double>(s.oldest_load_age).count();
+}
+}  // namespace detail
 
 // cache_metrics: a cache's `stats()` (cache_stats) as named metrics, for any
 // exporter that reads metrics::descriptor tables (metrics.hpp), e.g.
@@ -227,7 +243,18 @@ inline constexpr std::array cache_metrics{
         "Finished loads not stored: they started before a put, invalidate or clear"),
     counter<&cache_stats::stale_on_error>("singleflight_cache_stale_on_error_total",
                                           "Answers served stale because a load failed"),
+    counter<&cache_stats::stale_on_timeout>(
+        "singleflight_cache_stale_on_timeout_total",
+        "Answers served stale because a load outlasted soft_timeout"),
     gauge<&cache_stats::size>("singleflight_cache_entries", "Entries held now"),
+    gauge<&cache_stats::loads_running>("singleflight_cache_loads_running",
+                                       "Loads whose loader runs now"),
+    gauge<&cache_stats::loads_stuck>(
+        "singleflight_cache_loads_stuck",
+        "Loads still running after their stop was requested (flight.timeout, close)"),
+    descriptor<cache_stats>{"singleflight_cache_oldest_load_age_seconds",
+                            "How long the oldest running load has run", kind::gauge,
+                            &detail::oldest_load_age_seconds},
 };
 
 }  // namespace singleflight::metrics

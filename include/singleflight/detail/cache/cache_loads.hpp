@@ -16,7 +16,9 @@
 //   * serve_on_error() / applies(): the stale-if-error answer for a caller
 //     whose load failed; usable_old() / serve_on_timeout(): the soft-timeout
 //     answer for a caller that stopped waiting (no failure, no throttle);
-//   * entry_of(): what a caller of a finished load receives.
+//   * entry_of(): what a caller of a finished load receives;
+//   * stats(): the counters, with the gauges of the loads whose loader runs
+//     now (running_loads.hpp: each registration holds a ticket while it does).
 //
 // Locking: the key's shard mutex around every change of a node, with the
 // readers locked out for anything they may see (finish_load() always). The
@@ -45,6 +47,7 @@
 #include "cache_clock.hpp"
 #include "cache_loader.hpp"
 #include "cache_writes.hpp"
+#include "running_loads.hpp"
 
 namespace singleflight::detail {
 
@@ -83,19 +86,29 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
     registration(cache_loads* c, node_t* n, std::uint64_t v, time_point t0) noexcept
         : c_(c), n_(n), v_(v), t0_(t0) {}
     registration(registration&& o) noexcept
-        : c_(std::exchange(o.c_, nullptr)), n_(o.n_), v_(o.v_), t0_(o.t0_) {}
+        : c_(std::exchange(o.c_, nullptr)),
+          n_(o.n_),
+          v_(o.v_),
+          t0_(o.t0_),
+          run_(std::move(o.run_)) {}
     registration& operator=(registration&&) = delete;
     registration(const registration&) = delete;
     registration& operator=(const registration&) = delete;
     ~registration() {
+      run_.end();
       if (c_ != nullptr) c_->finish_load(n_, v_, nullptr, false, std::nullopt, t0_, nullptr, true);
     }
+    // The loader is about to be called with `st`: counted in the running-load gauges until
+    // the registration ends. Throws std::bad_alloc (then the loader is not called).
+    void running(const stop_token& st) { run_ = c_->running_.start(st); }
     loaded_t publish(std::shared_ptr<const T> box, bool found,
                      std::optional<std::chrono::nanoseconds> entry_ttl) {
+      run_.end();
       cache_loads* c = std::exchange(c_, nullptr);
       return c->finish_load(n_, v_, std::move(box), found, entry_ttl, t0_, nullptr, false);
     }
     void fail(std::exception_ptr e, bool stopped) noexcept {
+      run_.end();
       cache_loads* c = std::exchange(c_, nullptr);
       (void)c->finish_load(n_, v_, nullptr, false, std::nullopt, t0_, std::move(e), stopped);
     }
@@ -120,6 +133,7 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
     node_t* n_;
     std::uint64_t v_;
     time_point t0_;
+    typename running_loads<Clock>::ticket run_;  // linked while the loader runs
   };
 
   // begin_load(key, mixed, foreground): registers a load. A foreground load
@@ -326,6 +340,8 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
     }
     out.value.emplace(*v);  // user code: no lock
     out.state = freshness::stale_on_timeout;
+    auto& sc = table.stripe(table.gate().my_stripe());
+    sc.add(sc.stale_on_timeout);
     return out;
   }
 
@@ -356,6 +372,17 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
     return e;
   }
 
+  // stats(): cache_writes' counters, with the running-load gauges (running_loads.hpp) and the
+  // soft-timeout answers.
+  cache_stats stats() {
+    cache_stats st = base::stats();
+    const auto g = running_.read(Clock::now());
+    st.loads_running = g.running;
+    st.loads_stuck = g.stuck;
+    st.oldest_load_age = g.oldest;
+    return st;
+  }
+
   // -- running loaders --
 
   // run_sync(key, mixed, loader, st, foreground): a synchronous loader inside a
@@ -372,6 +399,7 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
       r.fail(nullptr, true);  // release the claim; nothing to record
       return out;
     }
+    r.running(st);
     std::shared_ptr<const T> box;
     bool found = true;
     std::optional<std::chrono::nanoseconds> ttl_override;
@@ -414,6 +442,7 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
       done.set_value(std::move(out));
       return;
     }
+    r.running(st);
     auto finish = [r = std::move(r), st, d = std::move(done)](outcome<X>&& o) mutable noexcept {
       try {
         if (!o.has_value()) {
@@ -438,6 +467,9 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
     auto start = [&](completion<X> c) { start_loader<T>(loader, key, st, std::move(c)); };
     detail::start_relayed<X>(start, std::move(finish));
   }
+
+ private:
+  running_loads<Clock> running_;  // loads whose loader runs now (the gauges)
 };
 
 }  // namespace singleflight::detail

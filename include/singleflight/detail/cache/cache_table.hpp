@@ -187,6 +187,7 @@ struct alignas(64) stripe_counters {
   std::atomic<std::uint64_t> negative_hits{0};
   std::atomic<std::uint64_t> misses{0};
   std::atomic<std::uint64_t> stale_on_error{0};
+  std::atomic<std::uint64_t> stale_on_timeout{0};
   std::atomic<std::uint64_t> rng{0};  // XFetch draws (racy by design: a repeat is harmless)
 
   void add(std::atomic<std::uint64_t>& c) noexcept { c.fetch_add(1, std::memory_order_relaxed); }

@@ -290,6 +290,7 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
       st.negative_hits += c.negative_hits.load(std::memory_order_relaxed);
       st.misses += c.misses.load(std::memory_order_relaxed);
       st.stale_on_error += c.stale_on_error.load(std::memory_order_relaxed);
+      st.stale_on_timeout += c.stale_on_timeout.load(std::memory_order_relaxed);
     }
     for (std::size_t si = 0; si < table.shard_total(); ++si) {
       auto& s = table.at(si);
