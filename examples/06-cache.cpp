@@ -9,7 +9,10 @@
 //   * from 1.8 s to 3.3 s the origin is down: stale_if_error (1 min) answers
 //     with the last profile instead of the error, and error_ttl (0.5 s) keeps
 //     the failing origin from being asked more than about twice a second per
-//     profile.
+//     profile (a profile with no old value would have its failure cached and
+//     thrown to every caller for 0.5 s);
+//   * the origin is the cache-wide loader, given at construction: the cache
+//     keeps it for the loads and refreshes that outlive a request.
 // Prints origin calls, hits and stale serves, and exits non-zero if a request
 // got an error, the start was not coalesced, or no stale serve happened.
 #include <singleflight/cache.hpp>
@@ -29,30 +32,34 @@ using steady = std::chrono::steady_clock;
 namespace {
 
 int run() {
-  singleflight::cache<std::string, std::string> profiles({
-      .ttl = 1s,
-      .jitter = 0.1,
-      .stale_while_revalidate = 500ms,
-      .stale_if_error = 1min,
-      .error_ttl = 500ms,
-  });
-
   const auto start = steady::now();
-  auto since_start = [&] { return steady::now() - start; };
+  const auto since_start = [start] { return steady::now() - start; };
   std::atomic<int> origin_calls{0};
   std::atomic<int> origin_failures{0};
-  auto origin = [&](const std::string& key) {
-    return [&, key](const singleflight::stop_token&) {
-      origin_calls.fetch_add(1);
-      std::this_thread::sleep_for(200ms);  // the slow origin
-      const auto t = since_start();
-      if (t > 1800ms && t < 3300ms) {
-        origin_failures.fetch_add(1);
-        throw std::runtime_error("profile service unavailable");
-      }
-      return "profile of " + key;
-    };
-  };
+
+  // Declared after what its loader uses: destroyed first, it joins its loads and refreshes.
+  singleflight::cache<std::string, std::string> profiles(
+      {
+          .ttl = 1s,
+          .jitter = 0.1,
+          .stale_while_revalidate = 500ms,
+          .stale_if_error = 1min,
+          .error_ttl = 500ms,  // a failing profile is asked at most twice a second; one with
+                               // no old value: its failure is thrown to every caller for 0.5 s
+      },
+      // The cache-wide loader: the cache keeps it and runs it for misses and background
+      // refreshes, after the request that caused them has returned; it is given the key.
+      [&origin_calls, &origin_failures, since_start](const std::string& key,
+                                                     singleflight::stop_token) {
+        origin_calls.fetch_add(1);
+        std::this_thread::sleep_for(200ms);  // the slow origin
+        const auto t = since_start();
+        if (t > 1800ms && t < 3300ms) {
+          origin_failures.fetch_add(1);
+          throw std::runtime_error("profile service unavailable");
+        }
+        return "profile of " + key;
+      });
 
   std::vector<std::string> keys;
   keys.reserve(20);
@@ -74,7 +81,7 @@ int run() {
         // The first 8 requests per thread are the start burst (all 20 keys, 64 requests).
         const std::string& key = keys[n < 8 ? (t * 8 + n) % keys.size() : rng() % keys.size()];
         try {
-          const auto e = profiles.get_entry(key, origin(key));
+          const auto e = profiles.get_entry(key);
           if (*e.value != "profile of " + key) errors.fetch_add(1);
           if (e.taken_as != singleflight::role::none) waited.fetch_add(1);
           if (n < 8 && e.taken_as == singleflight::role::leader) burst_loads.fetch_add(1);

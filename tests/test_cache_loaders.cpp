@@ -246,7 +246,9 @@ void run(origin_service& origin) {
           .ttl = 30s,                     // fresh window, jittered by ±10% per write
           .stale_while_revalidate = 10s,  // then: old value at once, one background refresh
           .stale_if_error = 5min,         // a failing origin is answered with the old value
-          .error_ttl = 1s,                // ...and asked at most once a second per key
+          .error_ttl = 1s,                // ...and asked at most once a second per key;
+                                          // a key with no old value caches its failure:
+                                          // every caller gets it for 1 s, no origin call
           .early_refresh_beta = 1.0,      // XFetch: refresh shortly before expiry
           .max_entries = 100'000,         // S3-FIFO eviction
       },
