@@ -76,8 +76,7 @@ TEST_CASE("two bulk calls that each call close() return, and so does the destruc
     std::atomic<int> settled{0};
     l->async_load("a", [&](sf::outcome<std::string>) { ++settled; });
     l->async_load("b", [&](sf::outcome<std::string>) { ++settled; });
-    must([&] { return returned.load() == 2; }, "both closes inside the bulk calls return",
-         returns);
+    must([&] { return returned.load() == 2; }, "both closes inside the bulk calls return", returns);
     must([&] { return settled.load() == 2; }, "both keys settle");
     std::atomic<bool> destroyed{false};
     sftest::thread d([&] {

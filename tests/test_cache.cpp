@@ -661,10 +661,10 @@ TEST_CASE("metrics::cache_metrics exports every cache_stats field once, under it
           "[cache][metrics]") {
   sf::cache_stats s;
   std::uint64_t v = 100;
-  for (std::uint64_t* f : {&s.hits, &s.stale_hits, &s.misses, &s.loads, &s.load_failures,
-                           &s.early_refreshes, &s.background_refreshes, &s.negative_hits,
-                           &s.evictions, &s.rejected_publishes, &s.stale_on_error,
-                           &s.stale_on_timeout, &s.size, &s.loads_running, &s.loads_stuck}) {
+  for (std::uint64_t* f :
+       {&s.hits, &s.stale_hits, &s.misses, &s.loads, &s.load_failures, &s.early_refreshes,
+        &s.background_refreshes, &s.negative_hits, &s.evictions, &s.rejected_publishes,
+        &s.stale_on_error, &s.stale_on_timeout, &s.size, &s.loads_running, &s.loads_stuck}) {
     *f = ++v;
   }
   s.oldest_load_age = std::chrono::seconds(++v);  // exported in seconds

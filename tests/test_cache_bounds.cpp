@@ -50,9 +50,9 @@ struct held_loader {
   }
 };
 
-fire_task<std::string> co_read(scache& c, std::string key,
-                               std::function<void(sf::stop_token, sf::completion<std::string>)> load,
-                               sf::wait_bound bound) {
+fire_task<std::string> co_read(
+    scache& c, std::string key,
+    std::function<void(sf::stop_token, sf::completion<std::string>)> load, sf::wait_bound bound) {
   co_return co_await c.co_get(key, load, {}, bound);
 }
 
@@ -73,9 +73,7 @@ TEST_CASE("get with a wait_bound leaves a load that outlasts it with timeout_err
   auto t = sftest::spawn(first, [&] { return c.get("k", loader); });  // no bound
   must([&] { return calls.load() == 1; }, "the load runs");
 
-  SECTION("get") {
-    CHECK_THROWS_AS(c.get("k", loader, {}, short_bound), sf::timeout_error);
-  }
+  SECTION("get") { CHECK_THROWS_AS(c.get("k", loader, {}, short_bound), sf::timeout_error); }
   SECTION("get_entry") {
     CHECK_THROWS_AS(c.get_entry("k", loader, {}, short_bound), sf::timeout_error);
   }
@@ -83,8 +81,8 @@ TEST_CASE("get with a wait_bound leaves a load that outlasts it with timeout_err
     CHECK_THROWS_AS(c.get_fresh("k", loader, {}, short_bound), sf::timeout_error);
   }
   SECTION("a bound given as a time point") {
-    CHECK_THROWS_AS(
-        c.get("k", loader, {}, std::chrono::steady_clock::now() + short_bound), sf::timeout_error);
+    CHECK_THROWS_AS(c.get("k", loader, {}, std::chrono::steady_clock::now() + short_bound),
+                    sf::timeout_error);
   }
   CHECK(calls.load() == 1);  // the bounded caller started nothing
   release.open();
@@ -161,10 +159,14 @@ TEST_CASE("a hit answers whatever the bound", "[cache][bound]") {
   scache c(opts());
   c.put("k", "v");
   const auto passed = std::chrono::steady_clock::now() - 1s;
-  CHECK(c.get("k", [] { return std::string("never"); }, {}, passed) == "v");
-  CHECK(c.get_entry("k", [] { return std::string("never"); }, {}, passed).value == "v");
+  CHECK(c.get(
+            "k", [] { return std::string("never"); }, {}, passed) == "v");
+  CHECK(c.get_entry(
+             "k", [] { return std::string("never"); }, {}, passed)
+            .value == "v");
   callback_log<std::string> log;
-  c.async_get("k", [] { return std::string("never"); }, log.on_done(), {}, passed);
+  c.async_get(
+      "k", [] { return std::string("never"); }, log.on_done(), {}, passed);
   REQUIRE(log.is_done());
   CHECK(log.value == "v");
 }
@@ -183,9 +185,7 @@ TEST_CASE("a caller's own bound is not an origin failure: no stale_on_error, no 
   callback_log<std::string> first;  // starts the load (a bound passed first would start none)
   c.async_get("k", loader, first.on_done());
   must([&] { return calls.load() == 1; }, "the load runs");
-  SECTION("get") {
-    CHECK_THROWS_AS(c.get("k", loader, {}, short_bound), sf::timeout_error);
-  }
+  SECTION("get") { CHECK_THROWS_AS(c.get("k", loader, {}, short_bound), sf::timeout_error); }
   SECTION("async_get") {
     callback_log<std::string> log;
     c.async_get("k", loader, log.on_done(), {}, short_bound);

@@ -214,8 +214,7 @@ TEST_CASE("an empty bounded cache's cost per shard is bounded whatever the machi
   const auto empty_with = [](std::size_t shards) {
     const forced_shards f(shards);
     std::unique_ptr<ucache> c;
-    return sftest::alloc::bytes_during(
-        [&] { c = std::make_unique<ucache>(opts(1h, 1'000'000)); });
+    return sftest::alloc::bytes_during([&] { c = std::make_unique<ucache>(opts(1h, 1'000'000)); });
   };
   const std::size_t few = empty_with(8);
   const std::size_t many = empty_with(256);

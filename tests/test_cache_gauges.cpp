@@ -37,8 +37,7 @@ struct held_origin {
 
 }  // namespace
 
-TEST_CASE("loads_running and oldest_load_age follow the loaders that run",
-          "[cache][gauges]") {
+TEST_CASE("loads_running and oldest_load_age follow the loaders that run", "[cache][gauges]") {
   manual_clock::reset();
   scache c;
   CHECK(c.stats().loads_running == 0);

@@ -46,8 +46,7 @@ struct origin {
   std::atomic<int> calls{0};
   std::atomic<int> stopped{0};
   std::atomic<bool> on_caller{false};
-  std::string fetch(const std::string& key, const sf::stop_token& st,
-                    std::thread::id caller = {}) {
+  std::string fetch(const std::string& key, const sf::stop_token& st, std::thread::id caller = {}) {
     calls.fetch_add(1);
     if (std::this_thread::get_id() == caller) on_caller = true;
     release.wait("origin released");
@@ -58,9 +57,10 @@ struct origin {
 
 }  // namespace
 
-TEST_CASE("50 keys, each requested once with a bound the origin outlasts: every caller leaves, "
-          "every key is loaded and cached",
-          "[cache][owned]") {
+TEST_CASE(
+    "50 keys, each requested once with a bound the origin outlasts: every caller leaves, "
+    "every key is loaded and cached",
+    "[cache][owned]") {
   manual_clock::reset();
   origin o;
   scache c(opts(), [&o](const std::string& key, sf::stop_token st) { return o.fetch(key, st); });

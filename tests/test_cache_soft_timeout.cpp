@@ -70,9 +70,7 @@ TEST_CASE("soft_timeout: a caller of a key with an old value gets it while the l
     CHECK(e.state == sf::freshness::stale_on_timeout);
     CHECK(e.taken_as == sf::role::follower);
   }
-  SECTION("get, with a later bound of its own") {
-    CHECK(c.get("k", o.loader(), {}, 10s) == "v1");
-  }
+  SECTION("get, with a later bound of its own") { CHECK(c.get("k", o.loader(), {}, 10s) == "v1"); }
   SECTION("async_get") {
     callback_log<std::string> log;
     c.async_get("k", o.loader(), log.on_done());
@@ -95,8 +93,7 @@ TEST_CASE("soft_timeout: a caller of a key with an old value gets it while the l
   CHECK(o.calls.load() == 1);
 }
 
-TEST_CASE("soft_timeout: a caller's own sooner bound still throws timeout_error",
-          "[cache][soft]") {
+TEST_CASE("soft_timeout: a caller's own sooner bound still throws timeout_error", "[cache][soft]") {
   manual_clock::reset();
   sf::cache_options op = opts();
   op.soft_timeout = 10s;

@@ -1,12 +1,12 @@
 // singleflight::fleet_cache (fleet_cache.hpp): the local cache in front of the fleet, coherent
-// across processes, each case in both coherence modes (client tracking, the bus). Two fleet_cache objects stand for two
-// processes, each over its own fleet (its own connections, subscriber and renewer), with a
-// local ttl of 60 s: nothing but the bus can make a process drop a local entry within a test.
-// "Once B has heard it" is B's stats().invalidations_heard (or resyncs) having grown: the
-// inbox counts a message after recording it. Under client tracking a process also hears its own
-// stores (a load's, a put's): a case waits for those echoes (heard_echo) where a local entry must
-// stay put for what it checks next. Tests that kill clients run a private
-// redis-server; the others the shared one (skipped without it).
+// across processes, each case in both coherence modes (client tracking, the bus). Two fleet_cache
+// objects stand for two processes, each over its own fleet (its own connections, subscriber and
+// renewer), with a local ttl of 60 s: nothing but the bus can make a process drop a local entry
+// within a test. "Once B has heard it" is B's stats().invalidations_heard (or resyncs) having
+// grown: the inbox counts a message after recording it. Under client tracking a process also hears
+// its own stores (a load's, a put's): a case waits for those echoes (heard_echo) where a local
+// entry must stay put for what it checks next. Tests that kill clients run a private redis-server;
+// the others the shared one (skipped without it).
 #include <singleflight/fleet_cache.hpp>
 
 #include <atomic>
@@ -110,8 +110,7 @@ TEST_CASE(
   if (m == mode::publish) CHECK(a.stats().invalidations_heard == 0);
 }
 
-TEST_CASE("put on one process is what another reads once it has heard it",
-          "[fleet][fleet_cache]") {
+TEST_CASE("put on one process is what another reads once it has heard it", "[fleet][fleet_cache]") {
   const mode m = GENERATE(mode::tracking, mode::publish);
   const std::string uri = sftest::need_redis();
   const std::string prefix = sftest::unique_prefix("fc-put");

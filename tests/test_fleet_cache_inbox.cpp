@@ -58,7 +58,7 @@ TEST_CASE(
   in.on_message(d::fleet_names::of("p:x", "k1").lease);
   in.on_message(d::fleet_names::of("p:x", "k1").meta);
   in.on_message(d::fleet_names::of("p:x", "k1").tomb("0123"));
-  in.on_message(d::fleet_names::of("p:xy", "k1").value);  // another prefix
+  in.on_message(d::fleet_names::of("p:xy", "k1").value);   // another prefix
   in.on_message(d::fleet_names::of("p:x", "a}:v").value);  // the text may hold "}:v"
   in.on_message(d::fleet_names::of("p:x", "").value);
   in.on_message(self + "k2");  // a bus message is no value name

@@ -138,8 +138,8 @@ TEST_CASE(
   std::atomic<int> ran{0};
   CHECK(c.get("k", origin.loader()) == "v1");
   const std::uint64_t heard = heard_own_store(c, 0, "k", "v1");
-  const std::string rec = d::make_record('v', d::codec_tag<sf::codec<std::string>>(), "0", "0",
-                                         "written outside");
+  const std::string rec =
+      d::make_record('v', d::codec_tag<sf::codec<std::string>>(), "0", "0", "written outside");
   CHECK(redis.command({"SET", value_name(prefix, "k"), rec}).str == "OK");
   sftest::must([&] { return c.stats().invalidations_heard > heard; }, "c hears the SET");
   CHECK(c.get("k", must_not_load(ran)) == "written outside");

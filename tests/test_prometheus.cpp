@@ -332,8 +332,8 @@ TEST_CASE("a cache's running loads are gauges, its soft-timeout answers a counte
   sftest::manual_clock::reset();
   scache profiles;
   sm::prometheus_collector c;
-  const auto rc = c.add_source({{"cache", "profiles"}}, sm::cache_metrics,
-                               [&] { return profiles.stats(); });
+  const auto rc =
+      c.add_source({{"cache", "profiles"}}, sm::cache_metrics, [&] { return profiles.stats(); });
   sftest::gate release;
   std::atomic<int> calls{0};
   std::atomic<bool> done{false};

@@ -115,7 +115,8 @@ TEST_CASE("jobs of one object that both close it return", "[worker_threads][clos
   CHECK(w.threads() == 0);
 }
 
-TEST_CASE("an outside close waits for a job that closes its own object", "[worker_threads][close]") {
+TEST_CASE("an outside close waits for a job that closes its own object",
+          "[worker_threads][close]") {
   worker_threads w;
   gate closing, release;
   std::atomic<bool> job_done{false};

@@ -112,8 +112,8 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <cstdint>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -632,7 +632,7 @@ class batch_loader {
   KeyEqual eq_{};
   Hash hash_{};
   std::atomic<std::uint64_t> repeats_{0};  // load_many's repeated keys (stats: calls, joins)
-  queue_t queue_;  // before group_: the group's flights refer to it
+  queue_t queue_;                          // before group_: the group's flights refer to it
   group_t group_;
 };
 

@@ -462,10 +462,9 @@ class cache {
   }
   template <class K, class Callback>
   requires std::is_invocable_v < std::decay_t<Callback>
-  &, outcome<T>&& > void async_get(const K& key, Callback&& on_done, stop_token caller,
-                                   wait_bound bound) {
-    async_get(key, calls_.wide_loader(), std::forward<Callback>(on_done), std::move(caller),
-              bound);
+  &, outcome<T>&& >
+         void async_get(const K& key, Callback&& on_done, stop_token caller, wait_bound bound) {
+    async_get(key, calls_.wide_loader(), std::forward<Callback>(on_done), std::move(caller), bound);
   }
   template <class K>
   [[nodiscard]] auto co_get(const K& key, stop_token caller, wait_bound bound) {

@@ -24,10 +24,10 @@ namespace singleflight {
 //
 // How a cache's answer relates to its windows.
 enum class freshness {
-  fresh,           // within ttl, or just loaded
-  stale,           // past ttl, within stale_while_revalidate (a refresh is under way)
-  stale_on_error,  // past its windows for normal use, served because a load failed
-                   // within stale_if_error (no exception reached the caller)
+  fresh,             // within ttl, or just loaded
+  stale,             // past ttl, within stale_while_revalidate (a refresh is under way)
+  stale_on_error,    // past its windows for normal use, served because a load failed
+                     // within stale_if_error (no exception reached the caller)
   stale_on_timeout,  // past its windows for normal use, within stale_if_error, served
                      // because the load outlasted soft_timeout (the load goes on)
 };

@@ -10,7 +10,8 @@
 //   o.fleet.key_prefix = "profiles:v3";
 //   o.fleet.value_ttl = 5min;
 //   singleflight::fleet_cache<std::string, profile> profiles(o);
-//   profile p = profiles.get(key, [&](singleflight::stop_token st) { return origin.fetch(st, key); },
+//   profile p = profiles.get(key, [&](singleflight::stop_token st) { return origin.fetch(st, key);
+//   },
 //                            request_stop_token, 100ms);
 //   profiles.invalidate(key);  // every process's local copy goes too
 //
@@ -109,12 +110,12 @@ struct fleet_cache_options {
 // fleet_cache_stats: counters since construction (each exact; a snapshot is
 // not one instant).
 struct fleet_cache_stats {
-  cache_stats local;                       // the local cache's
-  fleet_stats fleet;                       // the fleet's (Redis, leases, origin calls)
-  std::uint64_t broadcasts = 0;            // put / invalidate calls that reached the bus
-  std::uint64_t invalidations_heard = 0;   // bus messages from other processes
-  std::uint64_t resyncs = 0;               // bus subscriptions (re)confirmed: local cache cleared
-  std::uint64_t overflows = 0;             // max_pending_invalidations passed: local cache cleared
+  cache_stats local;                      // the local cache's
+  fleet_stats fleet;                      // the fleet's (Redis, leases, origin calls)
+  std::uint64_t broadcasts = 0;           // put / invalidate calls that reached the bus
+  std::uint64_t invalidations_heard = 0;  // bus messages from other processes
+  std::uint64_t resyncs = 0;              // bus subscriptions (re)confirmed: local cache cleared
+  std::uint64_t overflows = 0;            // max_pending_invalidations passed: local cache cleared
 };
 
 template <class Key, class T, class Codec = codec<T>, class KeyCodec = key_codec<Key>>
@@ -178,8 +179,9 @@ class fleet_cache {
       : fleet_cache(std::move(opts), std::move(codec), std::move(key_codec)) {
     using D = std::decay_t<L>;
     if constexpr (std::is_invocable_v<const D&, const Key&, stop_token>) {
-      static_assert(std::is_convertible_v<std::invoke_result_t<const D&, const Key&, stop_token>, T>,
-                    "singleflight::fleet_cache: the cache-wide loader must return T");
+      static_assert(
+          std::is_convertible_v<std::invoke_result_t<const D&, const Key&, stop_token>, T>,
+          "singleflight::fleet_cache: the cache-wide loader must return T");
       wide_ = std::make_shared<const wide_t>(
           [l = D(std::forward<L>(loader))](const Key& k, const stop_token& st) -> T {
             return l(k, st);

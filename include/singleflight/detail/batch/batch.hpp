@@ -112,8 +112,8 @@ struct batch : std::enable_shared_from_this<batch<Key, T>> {
   std::chrono::steady_clock::time_point due;   // when the window closes
 
   // From dispatch:
-  std::vector<item_t*> sent;     // written under the queue lock at dispatch, read-only after
-  std::size_t wanted = 0;        // queue lock: sent items whose flight has not stopped
+  std::vector<item_t*> sent;  // written under the queue lock at dispatch, read-only after
+  std::size_t wanted = 0;     // queue lock: sent items whose flight has not stopped
   // Who runs the bulk call: the worker it was posted to, or a thread of the loader that
   // needs one of its keys (batch_queue::help_until). Whoever sets it first; a batch is
   // resolved only by its claimer's path, so an unclaimed batch is unresolved (and its

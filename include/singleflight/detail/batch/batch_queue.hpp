@@ -55,8 +55,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
-#include <list>
 #include <exception>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -224,7 +224,7 @@ class batch_queue final : public batch_sink<Key, T> {
     window_cv_.notify_all();
     window_thread_.close();  // on one of the library's threads: joins nothing, waits for nothing
     workers_.close();
-    left.clear();      // items' stop callbacks reset, unresolved completions (none) broken
+    left.clear();  // items' stop callbacks reset, unresolved completions (none) broken
   }
 
   // Frames of the calling thread. has_frames(): a cheap first look.
@@ -828,10 +828,10 @@ class batch_queue final : public batch_sink<Key, T> {
   const std::exception_ptr broken_;        // a completion destroyed unresolved
 
   mutable std::mutex m_;
-  std::condition_variable window_cv_;           // the window thread waits on it
-  std::condition_variable drained_cv_;          // close_finish waits on it for frames to go
-  std::condition_variable help_cv_;             // help_until waits on it
-  std::size_t helpers_ = 0;                     // m_: threads in help_until
+  std::condition_variable window_cv_;   // the window thread waits on it
+  std::condition_variable drained_cv_;  // close_finish waits on it for frames to go
+  std::condition_variable help_cv_;     // help_until waits on it
+  std::size_t helpers_ = 0;             // m_: threads in help_until
   // m_: batches posted to a worker and not claimed yet (help_until may run them).
   std::list<std::shared_ptr<batch_t>> launched_;
   std::shared_ptr<batch_t> pending_;            // m_: the open batch

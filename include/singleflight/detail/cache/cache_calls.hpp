@@ -51,8 +51,8 @@
 #include "../../stats.hpp"
 #include "../../stop_token.hpp"
 #include "../../wait_bound.hpp"
-#include "../resume_gate.hpp"
 #include "../after.hpp"
+#include "../resume_gate.hpp"
 #include "../unwind.hpp"
 #include "../worker_threads.hpp"
 #include "cache_core.hpp"
@@ -424,8 +424,8 @@ class cache_calls {
   // waits: how long one caller waits on a load — its own bound, or the sooner soft_timeout
   // when the key has an old value within stale_if_error — and what it gets when that passes.
   struct waits {
-    bound_t wait;                          // what the group is given
-    std::optional<steady::time_point> own;  // the caller's own bound
+    bound_t wait;                            // what the group is given
+    std::optional<steady::time_point> own;   // the caller's own bound
     std::optional<steady::time_point> soft;  // soft_timeout's bound, when it is the sooner
 
     // left(e, c, n): for a load that ended in `e` for this caller: nullopt when `e` is not
@@ -507,17 +507,16 @@ class cache_calls {
     using Ld = std::decay_t<L>;
     return [this, k = std::move(key), mixed, foreground, ld = Ld(loader)](
                stop_token st, completion<loaded_t> d) mutable {
-      std::unique_ptr<detail::worker_threads::job> j = std::make_unique<load_job<Ld>>(
-          core_.get(), &runs_, std::move(k), mixed, std::move(ld), std::move(st), std::move(d),
-          foreground);
+      std::unique_ptr<detail::worker_threads::job> j =
+          std::make_unique<load_job<Ld>>(core_.get(), &runs_, std::move(k), mixed, std::move(ld),
+                                         std::move(st), std::move(d), foreground);
       (void)threads_.post(j);  // after close(): j dies here, unrun (its completion breaks)
     };
   }
 
   template <class P, class L>
   cached<T> load_blocking(const P& key, std::uint64_t mixed, L&& loader, node_t* pinned,
-                          stop_token caller, const bound_t& bound, bool fresh,
-                          std::uint64_t seen) {
+                          stop_token caller, const bound_t& bound, bool fresh, std::uint64_t seen) {
     using Ld = std::remove_reference_t<L>;
     core* c = core_.get();
     if (runs_.running_here(key, mixed, c->eq)) {
@@ -535,8 +534,8 @@ class cache_calls {
       const auto run = [&](bool fresh_flight) {
         if constexpr (!traits::is_async) {
           if (off) {
-            return flight(key, hand_off(key_of(key), mixed, loader, !fresh_flight), caller,
-                          w.wait, fresh_flight, info);
+            return flight(key, hand_off(key_of(key), mixed, loader, !fresh_flight), caller, w.wait,
+                          fresh_flight, info);
           }
           if (!group_has_executor_) {
             // Inline: the leader runs the loader on this thread and cannot leave before it
@@ -614,8 +613,8 @@ class cache_calls {
   // marked as running on this thread (refresh_runs), and completes the flight.
   template <class Ld>
   struct load_job final : detail::worker_threads::job {
-    load_job(core* c_in, refresh_runs<Key, KeyEqual>* runs_in, Key k, std::uint64_t mixed_in,
-             Ld ld, stop_token st_in, completion<loaded_t> d, bool foreground_in)
+    load_job(core* c_in, refresh_runs<Key, KeyEqual>* runs_in, Key k, std::uint64_t mixed_in, Ld ld,
+             stop_token st_in, completion<loaded_t> d, bool foreground_in)
         : c(c_in),
           runs(runs_in),
           key(std::move(k)),

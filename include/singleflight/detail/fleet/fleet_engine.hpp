@@ -231,10 +231,12 @@ class fleet_engine {
     });
     if (!broadcast) {
       fleet_counters::bump(counters.publish_failures);
-      throw fleet_error("singleflight::fleet_cache: applied in Redis, but the server refused "
-                        "the PUBLISH on " + std::string(bus) +
-                        " (the fleet's ACL user needs that channel): other processes' local "
-                        "caches were not told");
+      throw fleet_error(
+          "singleflight::fleet_cache: applied in Redis, but the server refused "
+          "the PUBLISH on " +
+          std::string(bus) +
+          " (the fleet's ACL user needs that channel): other processes' local "
+          "caches were not told");
     }
     return gen;
   }

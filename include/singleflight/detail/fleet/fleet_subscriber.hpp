@@ -2,11 +2,10 @@
 //
 // detail::fleet_subscriber: the fleet's one pub/sub connection and the thread
 // that owns it: one long-running job (run(), started by start() on the fleet's
-// service threads, a worker_threads: detail/worker_threads.hpp). A follower that lost the lease race takes a `watch` on its
-// key's channel; the thread SUBSCRIBEs, reports the server's confirmation,
-// and wakes the watch on every message. The thread does I/O and sets flags:
-// it runs no user code, so no callback can hold back the notifications of
-// other keys.
+// service threads, a worker_threads: detail/worker_threads.hpp). A follower that lost the lease
+// race takes a `watch` on its key's channel; the thread SUBSCRIBEs, reports the server's
+// confirmation, and wakes the watch on every message. The thread does I/O and sets flags: it runs
+// no user code, so no callback can hold back the notifications of other keys.
 //
 // Pub/sub is at-most-once: a message published before the subscription was
 // confirmed, or while the connection was down, is lost. So a follower re-reads

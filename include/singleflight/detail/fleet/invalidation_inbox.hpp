@@ -28,8 +28,8 @@
 // what it applies wait on `cv_` until it is done, and apply what was posted
 // after it themselves (but the applying thread itself, re-entering through a
 // T destroyed by its own drop, returns at once: waiting would wait for
-// itself; what it wanted is applied by the next call). A caller that finds applied_ >= the posted_ it read
-// returns at once: two acquire loads on the hit path.
+// itself; what it wanted is applied by the next call). A caller that finds applied_ >= the posted_
+// it read returns at once: two acquire loads on the hit path.
 #pragma once
 
 #include <atomic>
@@ -174,10 +174,10 @@ class invalidation_inbox final : public fleet_subscriber::listener {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<std::string> keys_;  // guarded by mu_
-  bool clear_all_ = false;         // guarded by mu_
-  bool draining_ = false;          // guarded by mu_
-  std::thread::id drainer_;        // guarded by mu_: who applies while draining_
+  std::vector<std::string> keys_;          // guarded by mu_
+  bool clear_all_ = false;                 // guarded by mu_
+  bool draining_ = false;                  // guarded by mu_
+  std::thread::id drainer_;                // guarded by mu_: who applies while draining_
   std::atomic<std::uint64_t> posted_{0};   // written under mu_
   std::atomic<std::uint64_t> applied_{0};  // written under mu_
   std::atomic<std::uint64_t> received_{0};
