@@ -18,6 +18,12 @@
 //       the loader ceil(100 / M).
 //   two_keys/callers:100/...  100 callers of 2 keys (50 each): the group 2 origin calls, the
 //       loader 1 bulk call of 2 keys.
+//   call_cost_vs_running  the cost of one call made from outside the loader while 0, 100 and
+//       500 bulk calls run (held inside the bulk function, each on a worker of its own): a
+//       try_load whose caller token is already stopped, so that the figure is the loader's
+//       per-call checks plus the group's early rejection (no flight, no thread hand-off).
+//       Counters ns_0, ns_100, ns_500 (ns per call, the best of 5 passes of 20,000 calls) and
+//       ratio_100, ratio_500 (against ns_0): a call must not pay for other threads' batches.
 // Counters (per round):
 //   origin_calls     origin calls made
 //   keys_per_call    keys carried per origin call
@@ -37,8 +43,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <span>
 #include <string>
 #include <thread>
@@ -158,6 +166,81 @@ void two_keys(benchmark::State& state, impl which) {
   run(state, which, sc);
 }
 
+// The best ns per call of 5 passes of 20,000 try_load calls with a stopped caller token.
+double call_ns(sf::batch_loader<long long, long long>& loader, const sf::stop_token& stopped) {
+  constexpr int calls = 20000;
+  double best = 0;
+  for (int pass = 0; pass < 5; ++pass) {
+    const auto t0 = clock_type::now();
+    for (int i = 0; i < calls; ++i) {
+      sf::outcome<long long> o = loader.try_load(i, stopped);
+      if (o.has_value()) fail("a call with a stopped token got a value", 1, 0);
+      benchmark::DoNotOptimize(o);
+    }
+    const double ns = std::chrono::duration<double, std::nano>(clock_type::now() - t0).count() /
+                      static_cast<double>(calls);
+    if (pass == 0 || ns < best) best = ns;
+  }
+  return best;
+}
+
+void call_cost_vs_running(benchmark::State& state) {
+  // Negative keys are held inside the bulk function until `release`.
+  std::mutex m;
+  std::condition_variable cv;
+  bool release = false;
+  std::atomic<long long> held{0};
+  sf::batch_options opts;
+  opts.max_batch = 1;  // one batch, one bulk call and one worker per held key
+  opts.window = std::chrono::microseconds(0);
+  opts.max_in_flight_batches = 0;
+  opts.max_threads = 0;
+  sf::batch_loader<long long, long long> loader(
+      [&](std::span<const long long> keys) {
+        if (keys[0] < 0) {
+          held.fetch_add(1);
+          std::unique_lock<std::mutex> lk(m);
+          cv.wait(lk, [&] { return release; });
+        }
+        return std::vector<long long>(keys.begin(), keys.end());
+      },
+      opts);
+  std::atomic<long long> delivered{0};
+  long long next = 0;
+  auto hold_until = [&](long long n) {
+    while (next < n) {
+      loader.async_load(-(++next), [&](sf::outcome<long long>) { delivered.fetch_add(1); });
+    }
+    while (held.load() < n) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (loader.stats().running_batches != static_cast<std::uint64_t>(n)) {
+      fail("running batches", static_cast<long long>(loader.stats().running_batches), n);
+    }
+  };
+  sf::stop_source src;
+  src.request_stop();
+  const sf::stop_token stopped = src.get_token();
+  double ns0 = 0, ns100 = 0, ns500 = 0;
+  for (auto _ : state) {
+    ns0 = call_ns(loader, stopped);
+    hold_until(100);
+    ns100 = call_ns(loader, stopped);
+    hold_until(500);
+    ns500 = call_ns(loader, stopped);
+  }
+  {
+    const std::lock_guard<std::mutex> lk(m);
+    release = true;
+  }
+  cv.notify_all();
+  loader.close();  // waits for every bulk call and delivery
+  if (delivered.load() != next) fail("held keys delivered", delivered.load(), next);
+  state.counters["ns_0"] = ns0;
+  state.counters["ns_100"] = ns100;
+  state.counters["ns_500"] = ns500;
+  state.counters["ratio_100"] = ns100 / ns0;
+  state.counters["ratio_500"] = ns500 / ns0;
+}
+
 void cold_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"max_batch", "window_us", "rtt_us"});
   for (long long m : {64, 100}) {
@@ -205,6 +288,8 @@ BENCHMARK_CAPTURE(two_keys, callers : 100 / impl
     ->Apply(group_two_args)
     ->UseRealTime()
     ->Iterations(100);
+
+BENCHMARK(call_cost_vs_running)->UseRealTime()->Iterations(1);
 
 }  // namespace
 

@@ -462,6 +462,38 @@ TEST_CASE("the bulk function asking (blocking) for a key of its own batch gets l
   CHECK(other_loads == 1);
 }
 
+TEST_CASE(
+    "a thread's frames belong to their loader: a bulk function may load its own key from "
+    "another loader of the same type",
+    "[batch][s5][reentrant]") {
+  // Catches: a thread's record of being inside a loader's bulk call that is not keyed by the
+  // loader (the other loader's call would be refused with logic_error, or drain the wrong one).
+  std::atomic<int> logic_errors{0};
+  std::atomic<int> other_loads{0};
+  sf::batch_options o;
+  o.window = 0ns;
+  loader_t other(
+      [](std::span<const std::string> keys) {
+        std::vector<std::string> out;
+        for (const auto& k : keys) out.push_back(k + "!");
+        return out;
+      },
+      o);
+  loader_t l(
+      [&](std::span<const std::string> keys) {
+        try {
+          if (other.load(keys.front()) == keys.front() + "!") other_loads.fetch_add(1);
+        } catch (const std::logic_error&) {
+          logic_errors.fetch_add(1);
+        }
+        return std::vector<std::string>(keys.begin(), keys.end());
+      },
+      o);
+  CHECK(l.load("a") == "a");
+  CHECK(logic_errors == 0);
+  CHECK(other_loads == 1);
+}
+
 TEST_CASE("close() from a callback delivers the rest of the batch and returns",
           "[batch][s5][reentrant][close]") {
   bulk_record<std::string> rec;

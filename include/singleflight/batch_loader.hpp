@@ -405,7 +405,7 @@ class batch_loader {
   void close() {
     if (queue_.has_frames()) queue_.drain_here();
     queue_.close_begin();
-    if (queue_.has_frames() && !queue_.calling_here().empty()) {
+    if (queue_.calling_any_here()) {
       (void)group_.close_for(std::chrono::nanoseconds(0));
       queue_.close_finish(queue_t::wait_for::nobody);
       return;

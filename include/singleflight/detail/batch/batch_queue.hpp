@@ -31,7 +31,10 @@
 //   * frames: which thread is calling a bulk function or delivering a batch,
 //     so that a blocking call made there (by a callback, a resumption, the
 //     bulk function) can first deliver what this thread holds back, or
-//     report that it would wait for itself (batch_loader);
+//     report that it would wait for itself (batch_loader). A thread finds
+//     its own frames in a list of its own (frames_here_), without the lock
+//     and without looking at other threads' frames: a call's cost does not
+//     grow with the number of running batches;
 //   * shutdown: the window thread and the workers follow worker_threads'
 //     close protocol (a close from one of the library's threads joins
 //     nothing); a close from a thread delivering a batch waits for the other
@@ -40,7 +43,8 @@
 //     both close would wait for each other).
 //
 // Locking: one mutex, `m_`, guards the open, ready and launched batches, the
-// items' states, the running count, the frames, the helpers, the flags and
+// items' states, the running count, the list of every thread's frames (not
+// a thread's own list, which only that thread touches), the helpers, the flags and
 // the counters. It is
 // never held while user code runs (the bulk function, the executor, a
 // completion's resolution and so the callbacks and resumptions it runs, a
@@ -227,24 +231,27 @@ class batch_queue final : public batch_sink<Key, T> {
     left.clear();  // items' stop callbacks reset, unresolved completions (none) broken
   }
 
-  // Frames of the calling thread. has_frames(): a cheap first look.
-  // Memory ordering: relaxed; a thread only cares about its own frames,
-  // which it wrote itself.
-  bool has_frames() const noexcept { return frame_count_.load(std::memory_order_relaxed) != 0; }
+  // Frames of the calling thread, read from its own list (frames_here_), never
+  // from the other threads': the cost of a call does not grow with the number
+  // of running batches. has_frames(): a cheap first look (one load of a
+  // thread_local pointer when this thread is inside no loader).
+  bool has_frames() const noexcept {
+    for (const frame* f = frames_here_; f != nullptr; f = f->below) {
+      if (f->q == this) return true;
+    }
+    return false;
+  }
 
   // drain_here(): delivers the rest of every batch this thread is
   // delivering (a callback or resumption it ran is about to block).
   void drain_here() {
     for (;;) {
       batch_t* b = nullptr;
-      {
-        std::lock_guard<std::mutex> lk(m_);
-        for (frame* f = frames_; f != nullptr; f = f->next) {
-          if (f->delivering && f->thread == std::this_thread::get_id() &&
-              f->b->next.load(std::memory_order_relaxed) < f->b->sent.size()) {
-            b = f->b;
-            break;
-          }
+      for (const frame* f = frames_here_; f != nullptr; f = f->below) {
+        if (f->q == this && f->delivering &&
+            f->b->next.load(std::memory_order_relaxed) < f->b->sent.size()) {
+          b = f->b;
+          break;
         }
       }
       if (b == nullptr) return;
@@ -253,10 +260,9 @@ class batch_queue final : public batch_sink<Key, T> {
   }
 
   // delivering_here(): whether this thread is delivering a batch.
-  bool delivering_here() const {
-    std::lock_guard<std::mutex> lk(m_);
-    for (frame* f = frames_; f != nullptr; f = f->next) {
-      if (f->delivering && f->thread == std::this_thread::get_id()) return true;
+  bool delivering_here() const noexcept {
+    for (const frame* f = frames_here_; f != nullptr; f = f->below) {
+      if (f->q == this && f->delivering) return true;
     }
     return false;
   }
@@ -266,14 +272,17 @@ class batch_queue final : public batch_sink<Key, T> {
   // alive while the frames are on this thread's stack).
   std::vector<const batch_t*> calling_here() const {
     std::vector<const batch_t*> out;
-    std::lock_guard<std::mutex> lk(m_);
-    for (frame* f = frames_; f != nullptr; f = f->next) {
-      if (!f->delivering && f->thread == std::this_thread::get_id() &&
-          !f->b->resolved.load(std::memory_order_acquire)) {
-        out.push_back(f->b);
-      }
+    for (const frame* f = frames_here_; f != nullptr; f = f->below) {
+      if (f->q == this && calling(*f)) out.push_back(f->b);
     }
     return out;
+  }
+  // calling_any_here(): whether calling_here() is not empty (allocates nothing).
+  bool calling_any_here() const noexcept {
+    for (const frame* f = frames_here_; f != nullptr; f = f->below) {
+      if (f->q == this && calling(*f)) return true;
+    }
+    return false;
   }
 
   // may_help_here(): whether a load made on this thread should run batches
@@ -281,10 +290,7 @@ class batch_queue final : public batch_sink<Key, T> {
   // function, or one of its workers (delivering a batch). Not a foreign
   // thread that delivers (one resolving a batch_completion): bulk calls run
   // only on the loader's threads or its executor's.
-  bool may_help_here() const {
-    if (workers_.on_own_thread()) return true;
-    return has_frames() && !calling_here().empty();
-  }
+  bool may_help_here() const noexcept { return workers_.on_own_thread() || calling_any_here(); }
 
   // The counters (calls and joins are the group's: the loader adds them).
   batch_stats stats() const {
@@ -344,7 +350,7 @@ class batch_queue final : public batch_sink<Key, T> {
   }
 
   void results_ready(std::shared_ptr<batch_t> b) noexcept override {
-    frame f{std::this_thread::get_id(), b.get(), /*delivering=*/true};
+    frame f{this, std::this_thread::get_id(), b.get(), /*delivering=*/true};
     {
       std::lock_guard<std::mutex> lk(m_);
       for (item_t* it : b->sent) it->st = state::done;  // later stops change nothing
@@ -412,20 +418,38 @@ class batch_queue final : public batch_sink<Key, T> {
 
  private:
   // Which thread calls a bulk function (delivering = false) or delivers a
-  // batch (true). Lives on that thread's stack; linked under m_.
+  // batch (true). Lives on that thread's stack, in two lists: every thread's
+  // frames of this queue (frames_, under m_: close_finish waits for the other
+  // threads'), and this thread's frames of every queue of this type
+  // (frames_here_, innermost first; read and written by this thread only, so
+  // without a lock).
   struct frame {
+    const batch_queue* q;
     std::thread::id thread;
     batch_t* b;
     bool delivering;
-    frame* prev = nullptr;
-    frame* next = nullptr;
+    frame* prev = nullptr;   // frames_ (m_)
+    frame* next = nullptr;   // frames_ (m_)
+    frame* below = nullptr;  // frames_here_ (this thread)
   };
+  // The calling thread's frames, keyed by queue (frame::q). A thread_local of
+  // the class, not "which thread is inside this queue": each queue finds its
+  // own frames by its address. (Under -fvisibility=hidden each shared object
+  // has its own copy, as for worker_threads' current thread: a loader's
+  // re-entrant calls are recognised when compiled in the shared object that
+  // runs its bulk calls and deliveries.)
+  static inline thread_local frame* frames_here_ = nullptr;
+
+  static bool calling(const frame& f) noexcept {
+    return !f.delivering && !f.b->resolved.load(std::memory_order_acquire);
+  }
 
   void link_locked(frame& f) noexcept {
     f.next = frames_;
     if (frames_ != nullptr) frames_->prev = &f;
     frames_ = &f;
-    frame_count_.fetch_add(1, std::memory_order_relaxed);
+    f.below = frames_here_;
+    frames_here_ = &f;
   }
   void unlink_locked(frame& f) noexcept {
     if (f.prev != nullptr) {
@@ -434,7 +458,11 @@ class batch_queue final : public batch_sink<Key, T> {
       frames_ = f.next;
     }
     if (f.next != nullptr) f.next->prev = f.prev;
-    frame_count_.fetch_sub(1, std::memory_order_relaxed);
+    // Frames nest (each lives in a scope of the one below), so f is the top; searched
+    // all the same, as an unwind may leave them in any order.
+    frame** p = &frames_here_;
+    while (*p != nullptr && *p != &f) p = &(*p)->below;
+    if (*p != nullptr) *p = f.below;
   }
   bool only_own_frames_locked() const noexcept {
     for (frame* f = frames_; f != nullptr; f = f->next) {
@@ -614,7 +642,7 @@ class batch_queue final : public batch_sink<Key, T> {
       finish_whole(b, std::current_exception());
       return;
     }
-    frame f{std::this_thread::get_id(), b.get(), /*delivering=*/false};
+    frame f{this, std::this_thread::get_id(), b.get(), /*delivering=*/false};
     {
       std::lock_guard<std::mutex> lk(m_);
       link_locked(f);
@@ -842,7 +870,6 @@ class batch_queue final : public batch_sink<Key, T> {
   bool stopping_ = false;                       // m_
   frame* frames_ = nullptr;                     // m_
   closer* closers_ = nullptr;                   // m_
-  std::atomic<std::size_t> frame_count_{0};     // see has_frames()
   std::uint64_t batches_ = 0, keys_ = 0, largest_ = 0, dropped_keys_ = 0, skipped_ = 0,
                 stopped_ = 0, failed_ = 0, pending_keys_ = 0;  // m_
 
