@@ -414,8 +414,10 @@ class batch_loader {
     queue_.close_finish(queue_t::wait_for::others_not_closing);
   }
 
-  // stats(): the loader's counters (batch_options.hpp), with the group's
-  // calls and joins (read right after; not one snapshot with the rest).
+  // stats(): the loader's counters, one snapshot under the batching's lock,
+  // then the group's calls and joins (its shards in turn) and load_many's
+  // repeats, read right after and not part of that snapshot
+  // (batch_options.hpp, batch_stats).
   // Thread-safe.
   batch_stats stats() const {
     batch_stats s = queue_.stats();

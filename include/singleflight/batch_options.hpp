@@ -59,10 +59,11 @@ struct batch_options {
 
 // batch_stats
 //
-// Counters since construction, read together under the loader's lock (one
-// consistent snapshot), with the per-key group's calls and joins (summed
-// over its shards in turn, see singleflight::stats). Keys per
-// batch: keys / batches.
+// Counters since construction. All but calls and joins are the loader's own,
+// read together under its lock (one consistent snapshot); calls and joins are
+// the per-key group's (summed over its shards in turn, see singleflight::stats)
+// plus load_many's repeated keys, read right after that snapshot and not part
+// of it. Keys per batch: keys / batches.
 struct batch_stats {
   std::uint64_t calls = 0;            // load / try_load / async_load / co_load calls, one per
                                       // key of load_many (the group's calls)
