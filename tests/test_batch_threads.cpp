@@ -9,6 +9,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <exception>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -156,4 +158,56 @@ TEST_CASE("batch_options::max_threads bounds the bulk calls' threads", "[batch][
   CHECK(l.stats().running_batches == 10);  // dispatched: running or waiting for a thread
   hold.open();
   must([&] { return settled.load() == 10; }, "every key answered");
+}
+
+TEST_CASE(
+    "close_for: a bulk call that ignores its token is reported still running, then close() "
+    "waits for it",
+    "[batch][close]") {
+  gate release;
+  std::atomic<int> entered{0};
+  auto l = std::make_unique<loader_t>(
+      [&](std::span<const std::string> keys) {
+        entered.fetch_add(1);
+        release.wait("released");  // ignores its token
+        return echo(keys);
+      },
+      no_window());
+  std::atomic<int> closed_errors{0};
+  std::atomic<int> answered{0};
+  l->async_load("a", [&](sf::outcome<std::string> o) {
+    if (o.has_value()) return;
+    try {
+      std::rethrow_exception(o.error());
+    } catch (const sf::closed_error&) {
+      closed_errors.fetch_add(1);
+    } catch (...) {
+    }
+    answered.fetch_add(1);
+  });
+  l->flush();
+  must([&] { return entered.load() == 1; }, "the bulk call started");
+  const sf::batch_close_result r = l->close_for(20ms);
+  CHECK_FALSE(r.drained);
+  CHECK(r.running_batches == 1);
+  CHECK(r.keys_in_flight == 1);
+  must([&] { return answered.load() == 1; }, "the caller settled");
+  CHECK(closed_errors == 1);
+  CHECK_THROWS_AS(l->load("b"), sf::closed_error);
+  release.open();
+  l->close();
+  CHECK(l->stats().running_batches == 0);
+  l.reset();
+}
+
+TEST_CASE("close_for with nothing running drains at once", "[batch][close]") {
+  sf::batch_options o;
+  o.window = 0ns;
+  loader_t l(echo, o);
+  CHECK(l.load("a") == "a");
+  const sf::batch_close_result r = l.close_for(std::chrono::hours(1));
+  CHECK(r.drained);
+  CHECK(r.running_batches == 0);
+  CHECK(r.keys_in_flight == 0);
+  CHECK_THROWS_AS(l.load("b"), sf::closed_error);
 }

@@ -414,6 +414,39 @@ class batch_loader {
     queue_.close_finish(queue_t::wait_for::others_not_closing);
   }
 
+  // close_for(timeout)
+  //
+  // close() that gives up waiting after `timeout` (any duration, up to
+  // duration::max()) and says what is still running then: drained (as
+  // close() returns) or not, with the bulk calls not yet answered and the
+  // keys whose flight has not finished. Not drained, the loader stays closed
+  // (every key settled for its waiters with closed_error, every running bulk
+  // call's token stopped) and its threads stay; a later close() or the
+  // destructor waits for the rest. From inside the bulk function it returns
+  // at once, as close() does. Thread-safe.
+  template <class Rep, class Period>
+  batch_close_result close_for(std::chrono::duration<Rep, Period> timeout) {
+    const auto until = detail::after(std::chrono::steady_clock::now(), timeout);
+    if (queue_.has_frames()) queue_.drain_here();
+    queue_.close_begin();
+    bool drained = false;
+    if (queue_.calling_any_here()) {
+      (void)group_.close_for(std::chrono::nanoseconds(0));
+      (void)queue_.close_finish(queue_t::wait_for::nobody);
+    } else {
+      const auto now = std::chrono::steady_clock::now();
+      drained = group_.close_for(until > now ? until - now : std::chrono::nanoseconds(0)) &&
+                queue_.close_finish(queue_t::wait_for::others_not_closing, until);
+    }
+    batch_close_result r;
+    r.drained = drained;
+    if (!drained) {
+      r.running_batches = static_cast<std::size_t>(queue_.stats().running_batches);
+      r.keys_in_flight = group_.in_flight();
+    }
+    return r;
+  }
+
   // stats(): the loader's counters, one snapshot under the batching's lock,
   // then the group's calls and joins (its shards in turn) and load_many's
   // repeats, read right after and not part of that snapshot

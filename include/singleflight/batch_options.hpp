@@ -57,6 +57,13 @@ struct batch_options {
   options flight{};
 };
 
+// batch_close_result: what batch_loader::close_for found when it returned.
+struct batch_close_result {
+  bool drained = false;             // every bulk call answered and delivered, threads joined
+  std::size_t running_batches = 0;  // bulk calls still running (not yet answered)
+  std::size_t keys_in_flight = 0;   // keys whose flight had not finished
+};
+
 // batch_stats
 //
 // Counters since construction. All but calls and joins are the loader's own,

@@ -63,6 +63,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <thread>
 #include <utility>
@@ -204,8 +205,10 @@ class batch_queue final : public batch_sink<Key, T> {
   // thread and the workers and joins them (worker_threads::close: none when
   // the calling thread is one of the library's), and frees the batches left
   // (their keys all resolved by then). Idempotent.
+  // With `until` (others_not_closing only), it gives up at that time and
+  // returns false, stopping and joining nothing (a later close_finish does).
   enum class wait_for { nobody, others_not_closing, everyone };
-  void close_finish(wait_for wait) {
+  bool close_finish(wait_for wait, std::optional<clock::time_point> until = std::nullopt) {
     std::vector<std::shared_ptr<batch_t>> left;
     {
       std::unique_lock<std::mutex> lk(m_);
@@ -215,10 +218,17 @@ class batch_queue final : public batch_sink<Key, T> {
         closer self{std::this_thread::get_id(), closers_};
         closers_ = &self;
         drained_cv_.notify_all();  // a closer waiting for this thread's frames re-checks
-        drained_cv_.wait(lk, [&] { return only_own_or_closing_frames_locked(); });
+        const auto drained = [&] { return only_own_or_closing_frames_locked(); };
+        bool ok = true;
+        if (until) {
+          ok = drained_cv_.wait_until(lk, *until, drained);
+        } else {
+          drained_cv_.wait(lk, drained);
+        }
         closer** p = &closers_;
         while (*p != &self) p = &(*p)->next;
         *p = self.next;
+        if (!ok) return false;
       }
       stopping_ = true;
       if (pending_) left.push_back(std::move(pending_));
@@ -229,6 +239,7 @@ class batch_queue final : public batch_sink<Key, T> {
     window_thread_.close();  // on one of the library's threads: joins nothing, waits for nothing
     workers_.close();
     left.clear();  // items' stop callbacks reset, unresolved completions (none) broken
+    return true;
   }
 
   // Frames of the calling thread, read from its own list (frames_here_), never
