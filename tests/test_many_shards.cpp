@@ -157,7 +157,10 @@ TEST_CASE("a cache whose group has 256 shards is used, read, closed and destroye
   CHECK(cs.hits >= static_cast<std::uint64_t>(workers * keys_each));  // the second round
   CHECK(c->size() == static_cast<std::size_t>(keys_each));
   const sf::stats fs = c->flight_stats();
-  CHECK(fs.flights == static_cast<std::uint64_t>(keys_each));
+  // At least one flight per key; more when a caller missed just before a load published and
+  // its flight then found the value (a flight checks the cache again before calling the
+  // loader): `loads` above is the one-origin-call-per-key guarantee.
+  CHECK(fs.flights >= static_cast<std::uint64_t>(keys_each));
   CHECK(fs.in_flight == 0);
 
   // close() from two threads while a load runs; then every call is rejected.
