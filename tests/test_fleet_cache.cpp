@@ -106,13 +106,7 @@ struct counting_origin {
 
 using sftest::held_origin;  // blocks until released (a load in progress), counting its calls
 
-// A loader that must not run (the answer has to come from a layer in front of it).
-auto must_not_load(std::atomic<int>& ran) {
-  return [&ran] {
-    ran.fetch_add(1);
-    return std::string("must not be loaded");
-  };
-}
+using sftest::must_not_load;
 
 // The value stored in Redis for `key`, or "" when none.
 std::string in_redis(sftest::redis_client& c, const std::string& prefix, const std::string& key) {

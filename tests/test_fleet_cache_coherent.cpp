@@ -55,23 +55,9 @@ void until_listening(fc_t& c, const char* name) {
 }
 
 // An origin whose answer is "v<version>", counting its calls.
-struct versioned_origin {
-  std::atomic<int> version{1};
-  std::atomic<int> calls{0};
-  auto loader() {
-    return [this] {
-      calls.fetch_add(1);
-      return "v" + std::to_string(version.load());
-    };
-  }
-};
+using sftest::versioned_origin;
 
-auto must_not_load(std::atomic<int>& ran) {
-  return [&ran] {
-    ran.fetch_add(1);
-    return std::string("must not be loaded");
-  };
-}
+using sftest::must_not_load;
 
 }  // namespace
 

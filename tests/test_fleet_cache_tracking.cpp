@@ -60,23 +60,9 @@ std::string value_name(const std::string& prefix, const std::string& key) {
   return d::fleet_names::of(prefix, key).value;
 }
 
-struct versioned_origin {
-  std::atomic<int> version{1};
-  std::atomic<int> calls{0};
-  auto loader() {
-    return [this] {
-      calls.fetch_add(1);
-      return "v" + std::to_string(version.load());
-    };
-  }
-};
+using sftest::versioned_origin;
 
-auto must_not_load(std::atomic<int>& ran) {
-  return [&ran] {
-    ran.fetch_add(1);
-    return std::string("must not be loaded");
-  };
-}
+using sftest::must_not_load;
 
 // The CLIENT ID of the one connection with tracking on (flag 't' in CLIENT LIST).
 std::string tracking_client_id(sftest::redis_client& r) {

@@ -1,4 +1,4 @@
-// tests/support/fleet.hpp: what the fleet tests share (test_fleet.cpp, test_fleet_faults.cpp).
+// tests/support/fleet.hpp: what the fleet tests share (test_fleet*.cpp).
 //
 //  * fleet_opts(uri, prefix): settings for tests that are not about timeouts (a generous
 //    redis_timeout, so that a slow, sanitized, shared machine never turns into a fault);
@@ -7,6 +7,8 @@
 //  * fleet_engine(f): the fleet's engine (its hook, its parts), through fleet_test_access;
 //  * stored(client, prefix, key): the payload of the record stored under a key;
 //  * held_origin: a loader that blocks until released, counting its calls;
+//  * versioned_origin: a loader that answers "v<version>" for the version the test sets;
+//  * must_not_load: a loader that must not run (the answer has to come from a layer in front);
 //  * fleet_points: counts the protocol points one fleet passes (its hook).
 #pragma once
 
@@ -94,5 +96,26 @@ struct fleet_points {
     if (p == point::stored) stored.fetch_add(1);
   }
 };
+
+// An origin whose answer is "v" followed by the version the test sets, counting its calls.
+struct versioned_origin {
+  std::atomic<int> version{1};
+  std::atomic<int> calls{0};
+  auto loader() {
+    return [this] {
+      calls.fetch_add(1);
+      return "v" + std::to_string(version.load());
+    };
+  }
+};
+
+// A loader that must not run (the answer has to come from a layer in front of it): it counts
+// in `ran` and answers a value no test expects.
+inline auto must_not_load(std::atomic<int>& ran) {
+  return [&ran] {
+    ran.fetch_add(1);
+    return std::string("must not be loaded");
+  };
+}
 
 }  // namespace sftest
