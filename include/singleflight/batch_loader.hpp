@@ -132,6 +132,7 @@
 #include "completion.hpp"
 #include "detail/batch/batch_queue.hpp"
 #include "detail/batch/bulk_fn.hpp"
+#include "detail/library_thread.hpp"
 #include "group.hpp"
 #include "hash.hpp"
 #include "outcome.hpp"
@@ -398,14 +399,16 @@ class batch_loader {
   // of that batch, then waits for the other bulk calls and deliveries but
   // those of callbacks in close() themselves. Called from inside the bulk
   // function it does not wait for that batch (the destructor finishes the
-  // drain, and joins that thread). On one of the library's threads it joins
-  // none (detail/worker_threads.hpp); concurrent closers all wait.
+  // drain, and joins that thread). On any thread the library started (this
+  // loader's, another loader's, a cache's, a fleet's or a group's: see
+  // docs/threads.md) it stops and rejects as from a bulk function, waiting
+  // for no work and joining nothing; concurrent outside closers all wait.
   // A bulk function that ignores its token makes close() wait for it.
   // Thread-safe.
   void close() {
     if (queue_.has_frames()) queue_.drain_here();
     queue_.close_begin();
-    if (queue_.calling_any_here()) {
+    if (waits_for_nothing()) {
       (void)group_.close_for(std::chrono::nanoseconds(0));
       queue_.close_finish(queue_t::wait_for::nobody);
       return;
@@ -430,7 +433,7 @@ class batch_loader {
     if (queue_.has_frames()) queue_.drain_here();
     queue_.close_begin();
     bool drained = false;
-    if (queue_.calling_any_here()) {
+    if (waits_for_nothing()) {
       (void)group_.close_for(std::chrono::nanoseconds(0));
       (void)queue_.close_finish(queue_t::wait_for::nobody);
     } else {
@@ -548,6 +551,13 @@ class batch_loader {
 
   // A blocking call from inside the bulk function for a key of its own
   // batch would wait for itself.
+  // close() waits for no work when called inside a bulk function of this loader or on
+  // any thread the library started (detail/library_thread.hpp: this loader's workers, another
+  // layer's, a group's): such a thread may be the one the work it would wait for waits on.
+  bool waits_for_nothing() const noexcept {
+    return queue_.calling_any_here() || detail::on_library_thread();
+  }
+
   void check_not_own_batch(const Key& key) const {
     for (const auto* b : queue_.calling_here()) {
       for (const Key& k : b->keys) {

@@ -100,7 +100,7 @@
 #include "detail/fleet/fleet_flight.hpp"
 #include "detail/fn_shapes.hpp"
 #include "detail/get_awaitable.hpp"
-#include "detail/group/owned_thread.hpp"
+#include "detail/library_thread.hpp"
 #include "detail/worker_threads.hpp"
 #include "errors.hpp"
 #include "fleet_options.hpp"
@@ -312,7 +312,7 @@ class fleet {
   void close() {
     // Relaxed: healthy() only reports it; nothing is ordered by it.
     closed_.store(true, std::memory_order_relaxed);
-    if (detail::worker_threads::on_library_thread() || detail::owned_thread::on_owned_thread()) {
+    if (detail::on_library_thread()) {
       // The closed group starts no flight, so no async flight reaches the workers; they,
       // the subscriber and the renewer are joined by a close() from outside or the destructor.
       (void)group_.close_for(std::chrono::milliseconds(0));

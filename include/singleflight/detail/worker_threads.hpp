@@ -15,8 +15,9 @@
 //
 // Close. close() is idempotent and thread-safe; after it no job is accepted, the queued ones
 // still run.
-//   * From a library thread -- a thread of this object or of any other worker_threads (a
-//     job: a refresh loader, a bulk function, a delivery callback run there) -- it stops and
+//   * From a library thread (detail/library_thread.hpp) -- a thread of this object, of any
+//     other worker_threads, or of any group (a job: a refresh loader, a bulk function, a
+//     delivery callback run there; a group's fn, timer or delivery thread) -- it stops and
 //     rejects, and returns at once: it joins nothing and waits for nothing. A library thread
 //     may be waited on by an outside closer of its own object, so it must never wait for
 //     another library thread: jobs of two objects that close each other (or each its own)
@@ -55,6 +56,7 @@
 #include <utility>
 
 #include "../errors.hpp"
+#include "library_thread.hpp"
 
 namespace singleflight::detail {
 
@@ -157,7 +159,7 @@ class worker_threads {
     std::unique_lock<std::mutex> lk(mu_);
     closing_ = true;
     cv_.notify_all();
-    if (current_ != nullptr) return;  // a library thread: stop and reject, never wait
+    if (on_library_thread()) return;  // a library thread (any layer's): stop, reject, never wait
     join_all(lk);
   }
 
@@ -168,9 +170,6 @@ class worker_threads {
 
   // on_own_thread(): whether the caller is one of this object's threads.
   bool on_own_thread() const noexcept { return current_ == this; }
-
-  // on_library_thread(): whether the caller is a thread of any worker_threads.
-  static bool on_library_thread() noexcept { return current_ != nullptr; }
 
   // The number of threads started and not yet joined (for tests and stats).
   std::size_t threads() const {
@@ -191,6 +190,7 @@ class worker_threads {
   // thread finished so that post() or close() joins it.
   void loop(worker& self) {
     current_ = this;
+    library_thread::mark();
     struct ended_mark {
       worker_threads* o;
       worker* w;

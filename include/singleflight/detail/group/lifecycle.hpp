@@ -102,10 +102,8 @@ class lifecycle : public deadlines<Key, T, Hash, KeyEqual> {
     return true;
   }
 
-  // A thread of any group or of any worker_threads (see the top of this file).
-  static bool on_library_thread() noexcept {
-    return owned_thread::on_owned_thread() || worker_threads::on_library_thread();
-  }
+  // A thread of any group or of any worker_threads (detail/library_thread.hpp).
+  static bool on_library_thread() noexcept { return detail::on_library_thread(); }
 
   // Hands a task to the executor (user code: no lock of the group held), or
   // starts a thread_executor worker: a thread the group owns, which touches

@@ -15,20 +15,21 @@
 // How it relates to detail::worker_threads (worker_threads.hpp), the piece the
 // cache, the batch loader and the fleet run their threads on: the same close
 // rules -- close() on a library thread (an owned_thread of any group, or a
-// worker_threads thread: on_owned_thread() || worker_threads::on_library_thread())
-// stops and rejects and waits for nothing, joining no thread; from outside it
-// waits and joins; concurrent closers all wait (the group's join_mu_); no thread
-// joins itself. It stays a thread of its own because the group also lets its
-// destructor run on these threads (orphaning them, above), which worker_threads
-// forbids, and because the group's timer and delivery threads are part of its
-// model-checked schedule (tests/model/singleflight.pml), a pool is not.
-// Not thread-safe by itself: the group serialises join/orphan calls.
+// worker_threads thread: detail/library_thread.hpp, which both mark) stops and rejects and waits
+// for nothing, joining no thread; from outside it waits and joins; concurrent closers all wait (the
+// group's join_mu_); no thread joins itself. It stays a thread of its own because the group also
+// lets its destructor run on these threads (orphaning them, above), which worker_threads forbids,
+// and because the group's timer and delivery threads are part of its model-checked schedule
+// (tests/model/singleflight.pml), a pool is not. Not thread-safe by itself: the group serialises
+// join/orphan calls.
 #pragma once
 
 #include <atomic>
 #include <memory>
 #include <thread>
 #include <utility>
+
+#include "../library_thread.hpp"
 
 namespace singleflight::detail {
 
@@ -52,7 +53,7 @@ class owned_thread {
   template <class F>
   explicit owned_thread(F body) : home_(std::make_shared<home>()) {
     thread_ = std::thread([h = home_, body = std::move(body)]() mutable {
-      on_owned_ = true;
+      library_thread::mark();
       struct finished {
         home* h;
         ~finished() { h->done.store(true, std::memory_order_release); }  // also on unwind
@@ -69,8 +70,6 @@ class owned_thread {
   ~owned_thread() = default;  // joined or orphaned by then (std::thread terminates otherwise)
 
   bool started() const noexcept { return thread_.joinable(); }
-  // Whether the calling thread is an owned_thread (of any group).
-  static bool on_owned_thread() noexcept { return on_owned_; }
   bool is_current() const noexcept { return started() && id_ == std::this_thread::get_id(); }
   bool finished() const noexcept { return home_ && home_->done.load(std::memory_order_acquire); }
 
@@ -99,7 +98,6 @@ class owned_thread {
   std::shared_ptr<home> home_;
   std::thread thread_;
   std::thread::id id_;
-  static inline thread_local bool on_owned_ = false;  // this thread is an owned_thread
 };
 
 }  // namespace singleflight::detail
