@@ -616,3 +616,56 @@ TEST_CASE("without jitter keys written together expire together", "[cache][jitte
   manual_clock::advance(1ns);
   for (int i = 0; i < 100; ++i) CHECK(!c.peek("key-" + std::to_string(i)));
 }
+
+// ---- expire: stale, but kept ----------------------------------------------------
+
+TEST_CASE(
+    "expire makes a fresh value stale now, under a new version: within stale_while_revalidate "
+    "(from the expire) readers get it and one refresh starts",
+    "[cache][expire]") {
+  manual_clock::reset();
+  scache c(swr(60s, 1s));
+  const std::uint64_t put_version = c.put("k", "v1");
+  manual_clock::advance(10s);
+  const std::uint64_t v = c.expire("k");
+  CHECK(v > put_version);
+  CHECK(c.peek("k")->version == v);
+  CHECK(c.peek("k")->state == sf::freshness::stale);
+  CHECK(c.expire("k") == v);  // already stale: unchanged
+  CHECK(c.expire("absent") == 0);
+  held_origin origin;
+  for (int i = 0; i < 5; ++i) {
+    const sf::cached<std::string> e = c.get_entry("k", origin.fn());
+    CHECK(*e.value == "v1");
+    CHECK(e.state == sf::freshness::stale);
+  }
+  must([&] { return origin.calls.load() == 1; }, "one refresh started");
+  origin.release.open();
+  must([&] { return c.peek("k")->state == sf::freshness::fresh; }, "refresh published");
+  CHECK(*c.peek("k")->value == "v2");
+  CHECK(origin.calls.load() == 1);
+
+  // Past stale_while_revalidate measured from the expire, the value is dead (no stale_if_error).
+  c.put("k", "v3");
+  (void)c.expire("k");
+  manual_clock::advance(1s);
+  CHECK(!c.peek("k"));
+}
+
+TEST_CASE("expire keeps the value for stale_if_error: a failed load after it answers with it",
+          "[cache][expire]") {
+  manual_clock::reset();
+  sf::cache_options o = swr(60s, 0s);
+  o.stale_if_error = 60s;
+  scache c(o);
+  c.put("k", "v1");
+  (void)c.expire("k");
+  const sf::cached<std::string> e = c.get_entry("k", []() -> std::string { throw origin_error(); });
+  CHECK(*e.value == "v1");
+  CHECK(e.state == sf::freshness::stale_on_error);
+  // A cached not-found is dropped by expire, as by invalidate.
+  CHECK(c.get_entry("nf", [] { return sf::load_result<std::string>::not_found(); }).found() ==
+        false);
+  (void)c.expire("nf");
+  CHECK(!c.peek("nf"));
+}

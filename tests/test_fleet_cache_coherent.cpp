@@ -50,8 +50,10 @@ d::fleet_engine& engine(fc_t& c) { return d::fleet_cache_test_access::engine(c);
 // Bounded wait until `c`'s bus subscription is confirmed. It also orders the test's earlier
 // writes (a hook) before the subscriber thread's later reads: both take the subscriber's lock.
 void until_listening(fc_t& c, const char* name) {
-  sftest::must([&] { return engine(c).subscriber.confirmed_channels() == 1; }, name);
-  sftest::must([&] { return c.stats().resyncs >= 1; }, name);
+  // Two channels: the coherence one (the bus, or client tracking's) and the expire channel;
+  // each confirmation clears the local cache.
+  sftest::must([&] { return engine(c).subscriber.confirmed_channels() == 2; }, name);
+  sftest::must([&] { return c.stats().resyncs >= 2; }, name);
 }
 
 // An origin whose answer is "v<version>", counting its calls.

@@ -36,8 +36,10 @@ sf::fleet_cache_options opts(const std::string& uri, const std::string& prefix) 
 d::fleet_engine& engine(fc_t& c) { return d::fleet_cache_test_access::engine(c); }
 
 void until_listening(fc_t& c, const char* name) {
-  sftest::must([&] { return engine(c).subscriber.confirmed_channels() == 1; }, name);
-  sftest::must([&] { return c.stats().resyncs >= 1; }, name);
+  // Two channels: the coherence one (the bus, or client tracking's) and the expire channel;
+  // each confirmation clears the local cache.
+  sftest::must([&] { return engine(c).subscriber.confirmed_channels() == 2; }, name);
+  sftest::must([&] { return c.stats().resyncs >= 2; }, name);
 }
 
 // c's load of `key` stored `value` in Redis; the server reports that store too, perhaps after c

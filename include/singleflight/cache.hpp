@@ -330,6 +330,23 @@ class cache {
         key, [&](const auto& k) { return calls_.state().invalidate(k, calls_.hash_of(k)); });
   }
 
+  // expire(key)
+  //
+  // Stale, but kept: a fresh value for `key` becomes stale now, as if its
+  // ttl had just passed: the next get returns it (freshness::stale) within
+  // stale_while_revalidate and starts one refresh, and past that it is kept
+  // for stale_if_error, both measured from now. It does so under a new
+  // version (returned), as put and invalidate: a load of the key that
+  // started before it will not publish. A value already stale is unchanged
+  // (its version returned); a cached not-found or failure is dropped, as by
+  // invalidate; 0 when the cache holds nothing for the key. Thread-safe.
+  template <class K>
+  std::uint64_t expire(const K& key) {
+    return calls_t::with_key(key, [&](const auto& k) {
+      return calls_.state().expire(k, calls_.hash_of(k), Clock::now());
+    });
+  }
+
   // clear(): invalidate every key. Thread-safe.
   void clear() { calls_.state().clear(); }
 

@@ -116,6 +116,7 @@ struct fleet_cache_stats {
   std::uint64_t invalidations_heard = 0;  // bus messages from other processes
   std::uint64_t resyncs = 0;              // bus subscriptions (re)confirmed: local cache cleared
   std::uint64_t overflows = 0;            // max_pending_invalidations passed: local cache cleared
+  std::uint64_t expires_heard = 0;        // expire messages from other processes
 };
 
 template <class Key, class T, class Codec = codec<T>, class KeyCodec = key_codec<Key>>
@@ -163,7 +164,9 @@ class fleet_cache {
                    ? detail::tracking_prefix(fleet_.engine_->cfg.key_prefix)
                    : std::string()),
         bus_(detail::bus_channel(fleet_.engine_->cfg.key_prefix)),
+        expire_bus_(detail::expire_channel(fleet_.engine_->cfg.key_prefix)),
         watch_(listen(opts.coherence)),
+        expire_watch_(fleet_.engine_->subscriber.subscribe(expire_bus_, inbox_.expire_listener())),
         local_(opts.local) {}
 
   // fleet_cache(opts, loader, codec, key_codec)
@@ -265,7 +268,30 @@ class fleet_cache {
   // Thread-safe.
   std::uint64_t invalidate(const Key& key) {
     const std::string text = key_text(key);
-    return write(text, std::string(), [&] { (void)local_.invalidate(text); });
+    return write(text, std::string(), bus_, [&] { (void)local_.invalidate(text); });
+  }
+
+  // expire(key)
+  //
+  // Fleet-wide "stale, but kept" (FusionCache's Expire). One script in
+  // Redis: the value deleted and the key's generation bumped (as
+  // invalidate: a process without a local copy loads, once across the
+  // fleet; no load that started before it stores), and the key published on
+  // the prefix's expire channel. Every process that hears it (and this one
+  // at once) marks its local entry stale (cache::expire): its next get
+  // returns the old value (freshness::stale) within stale_while_revalidate
+  // and starts one refresh through the fleet; past that, the value is kept
+  // for stale_if_error, both measured from the expire. A local entry
+  // already stale is unchanged. Under client tracking the server's report of
+  // the deletion is recognised as the expire's and does not drop the entry
+  // (docs/fleet_cache.md). Returns the key's new generation. Throws as
+  // invalidate (this process's entry is then marked stale anyway).
+  // Thread-safe.
+  std::uint64_t expire(const Key& key) {
+    const std::string text = key_text(key);
+    return write(
+        text, std::string(), expire_bus_, [&] { (void)local_.expire(text); },
+        [&] { (void)local_.expire(text); });
   }
 
   // put(key, value)
@@ -290,7 +316,7 @@ class fleet_cache {
     } else {
       rec = detail::make_record('v', fleet_.tag_, "0", "0", payload);
     }
-    return write(text, rec, [&] { (void)local_.put(text, std::move(v)); });
+    return write(text, rec, bus_, [&] { (void)local_.put(text, std::move(v)); });
   }
 
   // close()
@@ -314,6 +340,7 @@ class fleet_cache {
     s.invalidations_heard = inbox_.received();
     s.resyncs = inbox_.resyncs();
     s.overflows = inbox_.overflows();
+    s.expires_heard = inbox_.expires_received();
     return s;
   }
 
@@ -363,7 +390,8 @@ class fleet_cache {
   // confirmation would otherwise take a later put away).
   void catch_up() {
     inbox_.apply([this](const std::string& text) { (void)local_.invalidate(text); },
-                 [this] { local_.clear(); });
+                 [this] { local_.clear(); },
+                 [this](const std::string& text) { (void)local_.expire(text); });
   }
 
   // catch_up(), then the key's text.
@@ -397,16 +425,24 @@ class fleet_cache {
     return [wide = wide_, key](const stop_token& st) -> T { return (*wide)(key, st); };
   }
 
-  // put / invalidate: the write script with the bus message, then the local
-  // step; when Redis fails, the local entry is dropped and the error thrown.
+  // put / invalidate / expire: the write script with the message on
+  // `channel`, then the local step; when Redis fails, `failed` (by default
+  // the local entry is dropped) and the error thrown.
   template <class Local>
-  std::uint64_t write(const std::string& text, const std::string& rec, Local&& local) {
+  std::uint64_t write(const std::string& text, const std::string& rec, const std::string& channel,
+                      Local&& local) {
+    return write(text, rec, channel, std::forward<Local>(local),
+                 [&] { (void)local_.invalidate(text); });
+  }
+  template <class Local, class Failed>
+  std::uint64_t write(const std::string& text, const std::string& rec, const std::string& channel,
+                      Local&& local, Failed&& failed) {
     if (closed_.load(std::memory_order_relaxed)) throw closed_error();
     std::uint64_t gen = 0;
     try {
-      gen = fleet_.engine_->write(text, rec, bus_, inbox_.self() + text);
+      gen = fleet_.engine_->write(text, rec, channel, inbox_.self() + text);
     } catch (...) {
-      (void)local_.invalidate(text);
+      failed();
       throw;
     }
     broadcasts_.fetch_add(1, std::memory_order_relaxed);  // a counter
@@ -421,8 +457,10 @@ class fleet_cache {
   std::shared_ptr<const wide_t> wide_;
   detail::invalidation_inbox inbox_;
   std::string bus_;
+  std::string expire_bus_;
   detail::fleet_subscriber::watch watch_;  // before local_: outlives its loads' flights
-  local_t local_;                          // destroyed first: joins its loads
+  detail::fleet_subscriber::watch expire_watch_;
+  local_t local_;  // destroyed first: joins its loads
   std::atomic<bool> closed_{false};
   std::atomic<std::uint64_t> broadcasts_{0};
 };

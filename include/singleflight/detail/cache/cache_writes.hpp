@@ -12,8 +12,8 @@
 //     make_room() / take_from_other() (a slot of the budget: free, or that of
 //     an evicted entry of this shard or of one over its share), leave() (an
 //     entry's count and slot) and set_windows() (the windows of a write);
-//   * put(), invalidate(), clear(): each gives the key a new version, so that
-//     a load that started before it cannot publish over it;
+//   * put(), invalidate(), expire(), clear(): each gives the key a new version,
+//     so that a load that started before it cannot publish over it;
 //   * size(), stats(): the counters, summed.
 //
 // Locking: one shard's mutex at a time (clear() and stats() take them in
@@ -241,6 +241,37 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
       drop(s, n);
       erase_if_unused(s, n, g);
     }
+    return v;
+  }
+
+  // expire(key, mixed, now): a fresh value of key becomes stale at `now`: its
+  // windows are measured from `now` (stale_while_revalidate, stale_if_error),
+  // under a new version (returned), so that a load or refresh already
+  // running cannot publish over it and the next read starts one refresh. A
+  // value already past its fresh window, or no entry: unchanged (the key's
+  // current version, or 0 without a record). A cached not-found or failure
+  // is dropped, as by invalidate.
+  template <class P>
+  std::uint64_t expire(const P& key, std::uint64_t mixed, time_point now) {
+    garbage_t g;
+    const std::size_t si = table.shard_index(mixed);
+    auto& s = table.at(si);
+    shard_lock lk(table, si);
+    node_t* n = s.find(key, mixed, eq);
+    if (n == nullptr) return 0;
+    if (n->kind == detail::held::value && !(now < n->fresh_until)) return n->version;
+    lk.write();
+    n->version = s.next_version();
+    n->refresh_id.store(0, std::memory_order_relaxed);
+    if (n->kind == detail::held::value) {
+      n->fresh_until = now;
+      n->stale_until = detail::sat_add(now, stale_while_revalidate);
+      n->error_until = detail::sat_add(now, stale_if_error);
+      return n->version;
+    }
+    const std::uint64_t v = n->version;
+    drop(s, n);
+    erase_if_unused(s, n, g);
     return v;
   }
 

@@ -562,6 +562,15 @@ inline std::string bus_channel(std::string_view prefix) {
   return b;
 }
 
+// The expire channel of the fleet_caches under prefix P: "{N:P}:x", the channel their expire
+// publishes "<writer id><key text>" on (every process, in both coherence modes, listens).
+inline std::string expire_channel(std::string_view prefix) {
+  std::string b = "{" + std::to_string(prefix.size()) + ':';
+  b += prefix;
+  b += "}:x";
+  return b;
+}
+
 // What every name of prefix P's keys starts with, "{N:P:": the prefix fleet_cache's client
 // tracking asks the server to report (BCAST PREFIX). Its leases, metadata and tombstones are
 // reported too; tracked_key_text tells the values apart.

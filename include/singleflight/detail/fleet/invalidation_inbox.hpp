@@ -14,6 +14,14 @@
 //     for a write by anyone, this process included: a value's name
 //     ("{N:P:K}:v") drops K, other names (leases, metadata) are ignored; a
 //     FLUSHALL (on_flushed) marks everything.
+//   * An expire (fleet_cache::expire, heard on the expire channel through
+//     expire_listener(), this process's own included) marks one key stale:
+//     apply calls stale(key) instead of drop(key). Under client tracking the
+//     server then reports the expire's deletion of the value, which would
+//     drop the key: an expire heard records the key as `expiring` (the
+//     expire's PUBLISH reaches the subscriber's connection before the
+//     server's report, sent after the script), and the next report of that
+//     key is taken as the expire's own, not dropped.
 //   * A confirmation (the first, and each after a reconnect: pub/sub loses
 //     what was published while the connection was down) marks everything:
 //     apply clears the local cache, so every entry stored before the gap is
@@ -22,7 +30,7 @@
 //     recorded (out of memory): everything is marked, as for a confirmation.
 //
 // Locking: `mu_` (a leaf: nothing is called while it is held) guards keys_,
-// clear_all_, draining_ and the writes of posted_ and applied_; posted_ and
+// expiring_, clear_all_, draining_ and the writes of posted_ and applied_; posted_ and
 // applied_ are also read without it (the fast path: nothing to apply). One
 // caller at a time applies (draining_), without the lock; callers that need
 // what it applies wait on `cv_` until it is done, and apply what was posted
@@ -40,6 +48,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -64,6 +73,11 @@ class invalidation_inbox final : public fleet_subscriber::listener {
 
   const std::string& self() const noexcept { return self_; }
 
+  // expire_listener(): the listener of the expire channel (fleet_protocol.hpp,
+  // expire_channel): "<writer id><key text>", this process's messages
+  // included (under tracking, its own expire's report comes back too).
+  fleet_subscriber::listener* expire_listener() noexcept { return &expires_; }
+
   // on_message(payload): "<writer id><key text>" (the bus), or a key name
   // (client tracking), from the subscriber's thread.
   void on_message(std::string_view payload) noexcept override {
@@ -75,19 +89,44 @@ class invalidation_inbox final : public fleet_subscriber::listener {
       return;
     }
     const std::lock_guard<std::mutex> lk(mu_);
-    if (!clear_all_) {
-      if (keys_.size() >= max_pending_) {
+    bool stale = false;
+    if (!tracked_.empty() && !expiring_.empty()) {
+      const auto it = expiring_.find(std::string(text));  // NOLINT: bad_alloc is terminate
+      if (it != expiring_.end()) {
+        expiring_.erase(it);
+        stale = true;  // the expire's own deletion: its stale mark is posted already
+      }
+    }
+    if (!stale) post(text, false);
+    received_.fetch_add(1, std::memory_order_relaxed);  // a counter
+  }
+
+  // on_expire(payload): "<writer id><key text>" from the expire channel, on
+  // the subscriber's thread.
+  void on_expire(std::string_view payload) noexcept {
+    if (payload.size() < id_size) return;
+    const std::string_view text = payload.substr(id_size);
+    // Its own expire this process applied already (a late repeat would make
+    // a value refreshed since stale again); under tracking, the report of its
+    // deletion still comes back: marked, not posted.
+    const bool own = payload.substr(0, id_size) == self_;
+    if (own && tracked_.empty()) return;
+    const std::lock_guard<std::mutex> lk(mu_);
+    if (!tracked_.empty()) {
+      if (expiring_.size() >= max_pending_) {
         mark_all();
       } else {
         try {
-          keys_.emplace_back(text);
+          expiring_.emplace(text);
         } catch (...) {  // bad_alloc: a clear loses nothing
           mark_all();
         }
       }
     }
-    received_.fetch_add(1, std::memory_order_relaxed);  // a counter
-    posted_.store(posted_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+    if (!own) {
+      post(text, true);
+      expires_received_.fetch_add(1, std::memory_order_relaxed);  // a counter
+    }
   }
 
   // on_confirmed(): the bus subscription is (again) in place; what was
@@ -97,6 +136,7 @@ class invalidation_inbox final : public fleet_subscriber::listener {
     resyncs_.fetch_add(1, std::memory_order_relaxed);  // a counter
     clear_all_ = true;
     keys_.clear();
+    expiring_.clear();  // reports sent during the gap are lost with their expires
     posted_.store(posted_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
   }
 
@@ -109,12 +149,17 @@ class invalidation_inbox final : public fleet_subscriber::listener {
     posted_.store(posted_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
   }
 
-  // apply(drop, clear): once it returns, everything posted before it began
-  // is applied: drop(key text) for each key, or clear() for everything.
-  // Throws what they throw (then what was taken is marked as "everything",
-  // for the next caller).
+  // apply(drop, clear[, stale]): once it returns, everything posted before
+  // it began is applied, in the order heard: drop(key text) for each key
+  // dropped, stale(key text) for each key expired (drop without `stale`), or
+  // clear() for everything. Throws what they throw (then what was taken is
+  // marked as "everything", for the next caller).
   template <class Drop, class Clear>
   void apply(Drop&& drop, Clear&& clear) {
+    apply(drop, clear, drop);
+  }
+  template <class Drop, class Clear, class Stale>
+  void apply(Drop&& drop, Clear&& clear, Stale&& stale) {
     // Acquire: pairs with the release of posted_ (a post before this load is
     // seen as posted) and of applied_ (what was applied is visible).
     const std::uint64_t want = posted_.load(std::memory_order_acquire);
@@ -128,7 +173,7 @@ class invalidation_inbox final : public fleet_subscriber::listener {
         cv_.wait(lk);  // another caller applies; bounded by its cache writes
         continue;
       }
-      std::vector<std::string> keys;
+      std::vector<std::pair<std::string, bool>> keys;
       keys.swap(keys_);
       const bool all = std::exchange(clear_all_, false);
       const std::uint64_t upto = posted_.load(std::memory_order_relaxed);
@@ -139,7 +184,13 @@ class invalidation_inbox final : public fleet_subscriber::listener {
         if (all) {
           clear();
         } else {
-          for (const std::string& k : keys) drop(k);
+          for (const auto& [k, expired] : keys) {
+            if (expired) {
+              stale(k);
+            } else {
+              drop(k);
+            }
+          }
         }
       } catch (...) {
         lk.lock();
@@ -160,8 +211,37 @@ class invalidation_inbox final : public fleet_subscriber::listener {
   std::uint64_t received() const noexcept { return received_.load(std::memory_order_relaxed); }
   std::uint64_t resyncs() const noexcept { return resyncs_.load(std::memory_order_relaxed); }
   std::uint64_t overflows() const noexcept { return overflows_.load(std::memory_order_relaxed); }
+  std::uint64_t expires_received() const noexcept {
+    return expires_received_.load(std::memory_order_relaxed);
+  }
 
  private:
+  // The expire channel's listener: forwards to on_expire; its confirmation is
+  // one too (an expire published before it was lost: everything is marked).
+  struct expire_relay final : fleet_subscriber::listener {
+    explicit expire_relay(invalidation_inbox* in) noexcept : inbox(in) {}
+    void on_message(std::string_view payload) noexcept override { inbox->on_expire(payload); }
+    void on_confirmed() noexcept override { inbox->on_confirmed(); }
+    void on_flushed() noexcept override {}
+    invalidation_inbox* inbox;
+  };
+
+  // post(text, stale): one key to apply. mu_ held.
+  void post(std::string_view text, bool stale) noexcept {
+    if (!clear_all_) {
+      if (keys_.size() >= max_pending_) {
+        mark_all();
+      } else {
+        try {
+          keys_.emplace_back(std::string(text), stale);
+        } catch (...) {  // bad_alloc: a clear loses nothing
+          mark_all();
+        }
+      }
+    }
+    posted_.store(posted_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+  }
+
   void mark_all() noexcept {  // mu_ held
     overflows_.fetch_add(1, std::memory_order_relaxed);
     clear_all_ = true;
@@ -174,15 +254,18 @@ class invalidation_inbox final : public fleet_subscriber::listener {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<std::string> keys_;          // guarded by mu_
-  bool clear_all_ = false;                 // guarded by mu_
-  bool draining_ = false;                  // guarded by mu_
-  std::thread::id drainer_;                // guarded by mu_: who applies while draining_
-  std::atomic<std::uint64_t> posted_{0};   // written under mu_
-  std::atomic<std::uint64_t> applied_{0};  // written under mu_
+  std::vector<std::pair<std::string, bool>> keys_;  // guarded by mu_; true: expired
+  std::unordered_set<std::string> expiring_;        // guarded by mu_; tracking only
+  bool clear_all_ = false;                          // guarded by mu_
+  bool draining_ = false;                           // guarded by mu_
+  std::thread::id drainer_;                         // guarded by mu_: who applies while draining_
+  std::atomic<std::uint64_t> posted_{0};            // written under mu_
+  std::atomic<std::uint64_t> applied_{0};           // written under mu_
   std::atomic<std::uint64_t> received_{0};
   std::atomic<std::uint64_t> resyncs_{0};
   std::atomic<std::uint64_t> overflows_{0};
+  std::atomic<std::uint64_t> expires_received_{0};
+  expire_relay expires_{this};
 };
 
 }  // namespace singleflight::detail
