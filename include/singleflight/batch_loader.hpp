@@ -90,9 +90,11 @@
 //    fails that batch with its own exception, delivered on one of the
 //    loader's workers, never on the window thread.
 //
-// Cache: a cache<Key, T> in front of the loader keeps the results; pass
-// loader_for(key) as the cache's loader, and misses and refreshes of many
-// keys due together become few bulk calls.
+// Cache: a cache<Key, T> in front of the loader keeps the results; give it
+// cache_loader() as its cache-wide loader (or pass loader_for(key) per call),
+// and misses, get_many and refreshes of many keys due together become few
+// bulk calls, with no thread waiting per key. The batch_loader must outlive
+// the cache.
 //
 // Thread safety: every member may be called concurrently from any number of
 // threads, except the destructor, which must not run concurrently with any
@@ -344,32 +346,12 @@ class batch_loader {
     // key's value, load_result<T>::not_found() for not_found_error (so the
     // cache's not_found_ttl applies), or the key's exception.
     void operator()(stop_token st, completion<load_result<T>> done) const {
-      l_->async_load(
-          key_,
-          [d = std::move(done)](outcome<T> o) mutable {
-            if (o.has_value()) {
-              d.set_value(load_result<T>::value(std::move(o).value()));
-            } else if (is_not_found(o.error())) {
-              d.set_value(load_result<T>::not_found());
-            } else {
-              d.set_exception(o.error());
-            }
-          },
-          std::move(st));
+      start_for_cache(l_, key_, std::move(st), std::move(done));
     }
 
    private:
     friend class batch_loader;
     key_loader(batch_loader* l, Key key) : l_(l), key_(std::move(key)) {}
-    static bool is_not_found(const std::exception_ptr& e) noexcept {
-      try {
-        std::rethrow_exception(e);
-      } catch (const not_found_error&) {
-        return true;
-      } catch (...) {
-        return false;
-      }
-    }
     batch_loader* l_;
     Key key_;
   };
@@ -383,6 +365,38 @@ class batch_loader {
   // cache's load token is this key's caller token. The returned loader
   // refers to this batch_loader, which must outlive every use of it.
   key_loader loader_for(const Key& key) { return key_loader(this, key); }
+
+  // wide_loader: what cache_loader returns.
+  class wide_loader {
+   public:
+    // The asynchronous cache-wide loader shape of singleflight::cache; as
+    // key_loader's, for any key.
+    void operator()(const Key& key, stop_token st, completion<load_result<T>> done) const {
+      start_for_cache(l_, key, std::move(st), std::move(done));
+    }
+
+   private:
+    friend class batch_loader;
+    explicit wide_loader(batch_loader* l) noexcept : l_(l) {}
+    batch_loader* l_;
+  };
+
+  // cache_loader(): this loader as a cache-wide loader of singleflight::cache
+  // (`void(const Key&, stop_token, completion<load_result<T>>)`):
+  //
+  //   singleflight::batch_loader<std::string, user> users(bulk, {.max_batch = 64});
+  //   singleflight::cache<std::string, user> cache(options, users.cache_loader());
+  //
+  // Every load of the cache — get, async_get, co_get, get_many, and every
+  // background refresh — is then an async_load of this loader: misses and
+  // refreshes of many keys due together become few bulk calls, and no thread
+  // waits per key. A key not found (not_found_error) is answered as
+  // load_result<T>::not_found(), so the cache's not_found_ttl applies. The
+  // cache's load token is the key's caller token. The loader refers to this
+  // batch_loader, which must outlive the cache: declare the batch_loader
+  // first, so that the cache is closed and destroyed before it. Closed
+  // before the cache, every load of the cache fails with closed_error.
+  wide_loader cache_loader() noexcept { return wide_loader(this); }
 
   // flush(): dispatches the open batch now, without waiting for its window
   // (as soon as max_in_flight_batches allows). Returns at once; nothing to do
@@ -474,6 +488,33 @@ class batch_loader {
   std::size_t in_flight() const { return group_.in_flight(); }
 
  private:
+  // start_for_cache(l, key, st, done): an async_load of `key` that resolves a cache's load
+  // completion: the value, load_result<T>::not_found() for not_found_error, or the error.
+  static void start_for_cache(batch_loader* l, const Key& key, stop_token st,
+                              completion<load_result<T>> done) {
+    l->async_load(
+        key,
+        [d = std::move(done)](outcome<T> o) mutable {
+          if (o.has_value()) {
+            d.set_value(load_result<T>::value(std::move(o).value()));
+          } else if (is_not_found(o.error())) {
+            d.set_value(load_result<T>::not_found());
+          } else {
+            d.set_exception(o.error());
+          }
+        },
+        std::move(st));
+  }
+  static bool is_not_found(const std::exception_ptr& e) noexcept {
+    try {
+      std::rethrow_exception(e);
+    } catch (const not_found_error&) {
+      return true;
+    } catch (...) {
+      return false;
+    }
+  }
+
   template <class Bulk>
   static std::unique_ptr<detail::bulk_call<Key, T>> make_bulk(Bulk&& bulk) {
     using F = std::decay_t<Bulk>;

@@ -79,8 +79,10 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "cache_options.hpp"  // IWYU pragma: export
 #include "completion.hpp"
@@ -150,16 +152,22 @@ class cache {
   // cache(options, loader)
   //
   // A cache with a cache-wide loader: get(key), get_entry(key),
-  // get_fresh(key), async_get(key, on_done) and co_get(key) load through it,
-  // and every background refresh (stale_while_revalidate, XFetch) runs it,
-  // whichever call triggered it — also a call that passed a loader of its
-  // own. `loader` is a synchronous loader of any shape get accepts (taking
-  // the key: T(const Key&), T(const Key&, stop_token), or returning
-  // load_result<T>); the cache keeps one copy, shared with the flights and
-  // refreshes running it, so nothing it is given can dangle; what it
-  // captures by reference must outlive the cache. It is called concurrently
-  // for different keys. Throws as cache(options), and what copying the
-  // loader throws.
+  // get_fresh(key), async_get(key, on_done), co_get(key) and get_many(keys)
+  // load through it, and every background refresh (stale_while_revalidate,
+  // XFetch) runs it, whichever call triggered it — also a call that passed a
+  // loader of its own. `loader` takes the key, in any shape get accepts:
+  // synchronous (T(const Key&), T(const Key&, stop_token), or returning
+  // load_result<T>) or asynchronous (void(const Key&, stop_token,
+  // completion<T>), or with completion<load_result<T>>). An asynchronous
+  // one holds no thread while its load is pending: every load and refresh
+  // through it is started on the thread that asks for it and finishes
+  // through its completion — batch_loader::cache_loader() is one, so misses,
+  // get_many and refreshes of many keys become few bulk calls. The cache
+  // keeps one copy, shared with the flights and refreshes running it, so
+  // nothing it is given can dangle; what it captures by reference must
+  // outlive the cache (a batch_loader: declare it before the cache). It is
+  // called concurrently for different keys. Throws as cache(options), and
+  // what copying the loader throws.
   template <class L>
   requires(!std::same_as<std::remove_cvref_t<L>, cache_options>)
       cache(const cache_options& opts, L&& loader)
@@ -436,12 +444,47 @@ class cache {
     return awaitable(this, key, loader, std::move(caller), bound);
   }
 
+  // get_many(keys, loader, caller)
+  //
+  // One outcome per key, in the keys' order (outcome<T>: the value, or the
+  // exception get would have thrown for that key — not_found_error, the
+  // load's failure, cancelled_error, ...); never throws for a key. Every
+  // key's lookup and load are started before this call waits on any: a hit
+  // or stale value is answered at once, each miss starts (or joins) its
+  // load, and the loads run together — through an asynchronous loader
+  // (batch_loader::cache_loader()) without a thread each, so the misses of
+  // one get_many share bulk calls. A key given twice is one load, each slot
+  // its own copy. `loader` must take the key; with load_owner::caller and no
+  // flight.executor a synchronous one runs here, one key after another.
+  // Each key is an async_get caller: `caller` firing leaves every key still
+  // waiting (cancelled_error in its slot), and its load goes on (see get).
+  // Throws only what allocation throws. Thread-safe.
+  template <class L>
+  requires(!std::same_as<std::remove_cvref_t<L>, stop_token>) std::vector<outcome<T>> get_many(
+      std::span<const Key> keys, L&& loader, stop_token caller = {}) {
+    check_many<L>();
+    return calls_.get_many(keys, loader, std::move(caller), std::nullopt);
+  }
+
+  // get_many(keys, loader, caller, bound)
+  //
+  // get_many with a wait_bound: returns by `bound`; a key whose load has not
+  // settled by then gets timeout_error in its slot, while its load goes on
+  // and fills the cache (under load_owner::cache). Answers from the cache
+  // are returned whatever the bound. Thread-safe.
+  template <class L>
+  requires(!std::same_as<std::remove_cvref_t<L>, stop_token>) std::vector<outcome<T>> get_many(
+      std::span<const Key> keys, L&& loader, stop_token caller, wait_bound bound) {
+    check_many<L>();
+    return calls_.get_many(keys, loader, std::move(caller), bound);
+  }
+
   // ---- with the cache-wide loader ------------------------------------------------------
   //
   // get(key, caller), get_entry(key, caller), get_fresh(key, caller),
-  // async_get(key, on_done, caller), co_get(key, caller), and each with a
-  // wait_bound after `caller`: as the forms above, loading through the
-  // loader given at construction. Throw
+  // async_get(key, on_done, caller), co_get(key, caller), get_many(keys,
+  // caller), and each with a wait_bound after `caller`: as the forms above,
+  // loading through the loader given at construction. Throw
   // std::logic_error (async_get: before calling on_done) when the cache was
   // built without one.
   template <class K>
@@ -488,6 +531,13 @@ class cache {
     return co_get(key, calls_.wide_loader(), std::move(caller), bound);
   }
 
+  std::vector<outcome<T>> get_many(std::span<const Key> keys, stop_token caller = {}) {
+    return get_many(keys, calls_.wide_loader(), std::move(caller));
+  }
+  std::vector<outcome<T>> get_many(std::span<const Key> keys, stop_token caller, wait_bound bound) {
+    return get_many(keys, calls_.wide_loader(), std::move(caller), bound);
+  }
+
  private:
   template <class K, class L, class Callback>
   void async_impl(const K& key, L&& loader, Callback&& on_done, stop_token caller,
@@ -507,11 +557,16 @@ class cache {
   template <class L>
   static L&& checked_wide(L&& loader) noexcept {
     check_loader<L>();
-    static_assert(!detail::loader_traits<std::decay_t<L>, Key, T>::is_async,
-                  "singleflight::cache: a cache-wide loader is synchronous: T(const Key&), "
-                  "T(const Key&, stop_token) or load_result<T>(...) (pass an asynchronous "
-                  "loader to async_get or co_get per call)");
     return std::forward<L>(loader);
+  }
+
+  template <class L>
+  static constexpr void check_many() {
+    check_loader<L>();
+    static_assert(detail::loader_traits<std::decay_t<L>, Key, T>::takes_key,
+                  "singleflight::cache::get_many: the loader loads every key, so it takes the "
+                  "key: T(const Key&), T(const Key&, stop_token) or void(const Key&, "
+                  "stop_token, completion<T>) (or with load_result<T> instead of T)");
   }
 
   template <class L>

@@ -9,7 +9,11 @@
 //     load as a flight of the cache's group (load_blocking), with stale-if-error; the
 //     caller's wait_bound, when given, bounds its wait on the group;
 //   * the callback path: the same lookup and answer, then the load through group::async_do
-//     (get_async); co_get's awaiter on top of it;
+//     (get_async); co_get's awaiter on top of it; get_many: one async caller per key, all
+//     started before one wait for their outcomes;
+//   * the cache-wide loader (shared_loader) is synchronous or asynchronous; each entry point
+//     dispatches on its form once, so an asynchronous one takes the asynchronous path
+//     everywhere (loads, refreshes) and holds no thread while pending;
 //   * who runs a load (load_owner): under load_owner::cache the group owns every flight
 //     (ownership::group) and a synchronous loader is handed to flight.executor or to the
 //     cache's own bounded threads (hand_off, load_job), so every caller is a waiter that
@@ -32,15 +36,19 @@
 #include <atomic>
 #include <chrono>
 #include <concepts>
+#include <condition_variable>
 #include <coroutine>
 #include <cstdint>
 #include <exception>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "../../cache_options.hpp"
 #include "../../completion.hpp"
@@ -128,6 +136,9 @@ class cache_calls {
   // hit). A hit answers whatever the bound; only a wait on a load is bounded.
   template <class P, class L>
   T get(const P& key, L&& loader, stop_token caller, const bound_t& bound) {
+    if constexpr (is_shared_loader<L, Key, T>) {
+      if (loader.is_async()) return get(key, loader.async(), std::move(caller), bound);
+    }
     if (closed_.load(std::memory_order_relaxed)) throw closed_error();
     const std::uint64_t mixed = hash_of(key);
     const time_point now = Clock::now();
@@ -145,6 +156,9 @@ class cache_calls {
   template <class P, class L>
   cached<T> get_entry(const P& key, L&& loader, stop_token caller, const bound_t& bound,
                       bool fresh) {
+    if constexpr (is_shared_loader<L, Key, T>) {
+      if (loader.is_async()) return get_entry(key, loader.async(), std::move(caller), bound, fresh);
+    }
     if (closed_.load(std::memory_order_relaxed)) throw closed_error();
     const std::uint64_t mixed = hash_of(key);
     core* c = core_.get();
@@ -168,6 +182,12 @@ class cache_calls {
   // / joins a load whose outcome reaches cb (timeout_error once `bound` passes).
   template <class P, class L, class Cb>
   void get_async(const P& key, L&& loader, Cb cb, stop_token caller, const bound_t& bound) {
+    if constexpr (is_shared_loader<L, Key, T>) {
+      if (loader.is_async()) {
+        get_async(key, loader.async(), std::move(cb), std::move(caller), bound);
+        return;
+      }
+    }
     if (closed_.load(std::memory_order_relaxed)) {
       deliver(cb, outcome<T>(std::make_exception_ptr(closed_error())));
       return;
@@ -236,6 +256,54 @@ class cache_calls {
       if (pinned != nullptr) c->unpin(pinned);
       throw;
     }
+  }
+
+  // get_many(keys, loader, caller, bound): every key's lookup, and its load when it needs one,
+  // through the callback path, all started before this thread waits on any; then one wait
+  // for every outcome, in the keys' order. Each key is one async caller (its own copy of the
+  // value; the same key twice joins one load). `caller` and `bound` apply to each key; a key
+  // still loading when they fire gets cancelled_error / timeout_error from the group while
+  // its load goes on and publishes. The wait itself ends when the last outcome arrives,
+  // which the group delivers by the bound. Throws only what allocation throws.
+  template <class L>
+  std::vector<outcome<T>> get_many(std::span<const Key> keys, L&& loader, stop_token caller,
+                                   const bound_t& bound) {
+    if constexpr (is_shared_loader<L, Key, T>) {
+      if (loader.is_async()) {
+        auto a = loader.async();
+        return get_many(keys, a, std::move(caller), bound);
+      }
+    }
+    // The outcomes: slot i for keys[i], filled by its callback on any thread.
+    struct many {
+      std::mutex m;
+      std::condition_variable cv;
+      std::size_t left = 0;                        // m
+      std::vector<std::optional<outcome<T>>> out;  // m
+      void set(std::size_t i, outcome<T>&& o) {
+        std::unique_lock<std::mutex> lk(m);
+        out[i].emplace(std::move(o));
+        if (--left == 0) cv.notify_all();  // under m: the waiter may free `many` after
+      }
+    };
+    auto st = std::make_shared<many>();
+    st->out.resize(keys.size());
+    st->left = keys.size();
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      try {
+        get_async(
+            keys[i], loader, [st, i](outcome<T> o) noexcept { st->set(i, std::move(o)); }, caller,
+            bound);
+      } catch (...) {  // Hash, KeyEqual, a copy or allocation threw: on_done never runs
+        st->set(i, outcome<T>(std::current_exception()));
+      }
+    }
+    std::vector<outcome<T>> res;
+    res.reserve(keys.size());
+    std::unique_lock<std::mutex> lk(st->m);
+    st->cv.wait(lk, [&] { return st->left == 0; });
+    for (auto& o : st->out) res.push_back(std::move(*o));
+    return res;
   }
 
   // The awaitable co_get returns: async_get on await_suspend, resumed through a resume_gate.
@@ -368,7 +436,10 @@ class cache_calls {
     if (d.refresh != nullptr) {
       // A cache-wide loader runs every refresh: a refresh then never holds a copy of a
       // per-call loader, which may refer to its caller's frame.
-      if (wide_) {
+      if (wide_ && wide_.is_async()) {
+        auto started = wide_.async();
+        start_refresh(key, mixed, started, d.refresh, d.refresh_id);
+      } else if (wide_) {
         start_refresh(key, mixed, wide_, d.refresh, d.refresh_id);
       } else {
         start_refresh(key, mixed, loader, d.refresh, d.refresh_id);
@@ -591,15 +662,16 @@ class cache_calls {
                  : group_.do_(key, std::forward<F>(body), caller, info);
   }
 
-  // A background refresh: a flight the cache owns (no caller token), run on flight.executor
-  // or on the cache's threads, never on this thread.
+  // A background refresh: a flight the cache owns (no caller token). A synchronous loader
+  // runs on flight.executor or on the cache's threads, never on this thread; an asynchronous
+  // one is started here (it returns at once) and holds no thread while it is pending.
   template <class P, class L>
   void start_refresh(const P& key, std::uint64_t mixed, L& loader, node_t* n,
                      std::uint64_t id) noexcept {
     std::shared_ptr<core> owner = core_;
     try {
       auto done = [owner, n, id](outcome<loaded_t>&&) noexcept { owner->refresh_done(n, id); };
-      if (group_has_executor_) {
+      if (group_has_executor_ || detail::loader_traits<std::decay_t<L>, Key, T>::is_async) {
         group_.async_do(key, owned_fn(key_of(key), mixed, loader, false), std::move(done));
       } else {
         group_.async_do(key, hand_off(key_of(key), mixed, loader, false), std::move(done));
