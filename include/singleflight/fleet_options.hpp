@@ -68,7 +68,14 @@ struct fleet_options {
   std::chrono::milliseconds max_wait{0};
 
   // Bound on every wait for Redis: the connect, the handshake, and each
-  // command's whole round trip (its writes and reads together).
+  // command's round trip (its writes and reads together) as long as it moves
+  // less than about a MiB. A larger round trip fails once no byte has moved
+  // for redis_timeout (plus 10 ms per MiB sent, for the server's work on the
+  // request, until the reply's first byte), and at the latest redis_timeout
+  // plus 10 ms per MiB it moves (2 x sent + received) after it began: a
+  // large value is not a timeout by its size alone, a stalled server is
+  // found out in about redis_timeout all the same (docs/fleet.md, "Large
+  // values").
   std::chrono::milliseconds redis_timeout{50};
 
   // How long a stored value lives in Redis (the fleet-wide freshness).
@@ -100,13 +107,21 @@ struct fleet_options {
   // 0: no bound.
   std::size_t max_async_threads = 64;
 
-  // The largest record (the codec's bytes plus about 60 bytes of header) a
-  // leader stores. A larger value is returned to its callers but not stored
-  // (counted: oversized_values); the lease is released at once and the
-  // followers load for themselves. 0 (the default): no limit but the
-  // server's (proto-max-bulk-len, 512 MB by default; a store the server
-  // refuses ends the same way).
-  std::size_t max_value_bytes = 0;
+  // The largest value (the codec's bytes) a leader stores, and, with the
+  // record's header (about 60 bytes more), the largest record a get reads.
+  // A larger value is returned to its callers but not stored (counted:
+  // oversized_values); the lease is released at once and the followers load
+  // for themselves. A larger record found in Redis (another program's value
+  // under a fleet's name, or one stored by a fleet with a larger limit) is
+  // not transferred: the get counts it (oversized_skipped) and takes it for a
+  // miss, and its leader's store replaces it. 32 MiB (the default): a 32 MiB
+  // value takes ~100 ms per store on loopback, most of it the server's, which
+  // serves no other client meanwhile, and each reader holds it several times
+  // over in memory while it decodes. 0: no limit but the server's
+  // (proto-max-bulk-len, 512 MB by default; a store the server refuses ends
+  // as an oversized one), and a get is one plain GET instead of a script.
+  // Give every fleet of one key_prefix the same limit.
+  std::size_t max_value_bytes = std::size_t{32} << 20;
 
   // Replication: with replicas > 0, invalidate() returns only once that many
   // replicas acknowledged it (WAIT, at most replica_timeout; its round trip
@@ -150,6 +165,8 @@ struct fleet_stats {
   std::uint64_t origin_calls = 0;        // loader calls here (leader + local_fallback)
   std::uint64_t breaker_opens = 0;       // times the circuit breaker opened
   std::uint64_t oversized_values = 0;    // values over max_value_bytes: returned, not stored
+  std::uint64_t oversized_skipped = 0;   // records over max_value_bytes found in Redis
+                                         // (foreign, or a larger limit's): not read, a miss
   std::uint64_t publish_failures = 0;    // scripts that wrote but could not PUBLISH (ACL
                                          // without channel rights): followers wait wait_slice
   std::uint64_t replica_timeouts = 0;    // invalidations and stores fewer than `replicas`
@@ -220,6 +237,9 @@ inline constexpr std::array fleet_metrics{
     counter<&fleet_stats::oversized_values>(
         "singleflight_fleet_oversized_values_total",
         "Values over max_value_bytes: returned to their callers, not stored"),
+    counter<&fleet_stats::oversized_skipped>(
+        "singleflight_fleet_oversized_skipped_total",
+        "Records over max_value_bytes found in Redis: not read, taken for a miss"),
     counter<&fleet_stats::publish_failures>(
         "singleflight_fleet_publish_failures_total",
         "Scripts that wrote but could not publish (no channel rights)"),

@@ -129,6 +129,7 @@ struct fleet_counters {
   std::atomic<std::uint64_t> remote_failures{0};
   std::atomic<std::uint64_t> origin_calls{0};
   std::atomic<std::uint64_t> oversized_values{0};
+  std::atomic<std::uint64_t> oversized_skipped{0};
   std::atomic<std::uint64_t> publish_failures{0};
   std::atomic<std::uint64_t> replica_timeouts{0};
 
@@ -274,6 +275,7 @@ class fleet_engine {
     s.origin_calls = get(counters.origin_calls);
     s.breaker_opens = breaker.opens();
     s.oversized_values = get(counters.oversized_values);
+    s.oversized_skipped = get(counters.oversized_skipped);
     s.publish_failures = get(counters.publish_failures);
     s.replica_timeouts = get(counters.replica_timeouts);
     return s;

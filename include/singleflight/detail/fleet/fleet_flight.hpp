@@ -71,6 +71,7 @@ class fleet_flight {
         tag_(tag),
         text_(text),
         names_(fleet_names::of(e.cfg.key_prefix, text)),
+        limit_(record_limit(e.cfg.max_value_bytes, tag)),
         v_(v),
         st_(st) {}
   fleet_flight(const fleet_flight&) = delete;
@@ -89,7 +90,9 @@ class fleet_flight {
 
     // 1. GET: a hit costs this one round trip.
     get_result first;
-    if (!round_trip([&](redis_conn& c) { first = get_value(c, names_); })) return load_locally();
+    if (!round_trip([&](redis_conn& c) { first = get_value(c, names_, limit_); })) {
+      return load_locally();
+    }
     bool read_value = true;  // may the race script return the value it finds?
     if (first.kind == get_result::found) {
       e_.breaker.success();
@@ -100,6 +103,12 @@ class fleet_flight {
       read_value = false;
     } else if (first.kind == get_result::foreign) {
       fleet_counters::bump(n.decode_failures);
+      read_value = false;
+    } else if (first.kind == get_result::oversized) {
+      // Not read: a miss, which the leader's store replaces. The rest of the
+      // reply is in flight on the connection: drop it (the server stops).
+      conn_.reset();
+      fleet_counters::bump(n.oversized_skipped);
       read_value = false;
     }
 
@@ -113,7 +122,7 @@ class fleet_flight {
       std::string token = e_.new_token();
       acquire_result a;
       if (!round_trip([&](redis_conn& c) {
-            a = acquire(c, names_, token, e_.cfg.lease_ttl, e_.cfg.meta_ttl, read_value);
+            a = acquire(c, names_, token, e_.cfg.lease_ttl, e_.cfg.meta_ttl, read_value, limit_);
           })) {
         // The race may still run on the server (a reply lost, a server that
         // stalled): it must then take no lease that nobody holds.
@@ -129,6 +138,13 @@ class fleet_flight {
         read_value = false;
         continue;  // not ours to read: race without reading
       }
+      if (a.kind == acquire_result::oversized) {
+        if ((*conn_)->broken()) conn_.reset();
+        fleet_counters::bump(n.oversized_skipped);
+        read_value = false;
+        continue;  // not to be read: race without reading
+      }
+      if (a.kind == acquire_result::gone) continue;  // a long value went: race again
       if (a.kind == acquire_result::won) {
         conn_.reset();  // no connection is held while the loader runs
         return lead(token, a.fence, a.gen);
@@ -231,15 +247,18 @@ class fleet_flight {
     renewal.release();
     e_.at(fleet_point::loaded, text_);
     std::string rec;
+    bool oversized = false;
     try {
-      rec = make_record('v', tag_, fence, gen, v_.encode());
+      const std::string payload = v_.encode();
+      oversized = e_.cfg.max_value_bytes > 0 && payload.size() > e_.cfg.max_value_bytes;
+      if (!oversized) rec = make_record('v', tag_, fence, gen, payload);
     } catch (...) {
       SINGLEFLIGHT_RETHROW_FOREIGN();
       // Cannot share it: release the lease; the followers load for themselves.
       publish(token, fence, gen, "", e_.cfg.value_ttl, "n");
       return;
     }
-    if (e_.cfg.max_value_bytes > 0 && rec.size() > e_.cfg.max_value_bytes) {
+    if (oversized) {
       fleet_counters::bump(e_.counters.oversized_values);
       publish(token, fence, gen, "", e_.cfg.value_ttl, "n");
       return;
@@ -403,6 +422,7 @@ class fleet_flight {
   const std::string_view tag_;
   const std::string& text_;
   const fleet_names names_;
+  const std::size_t limit_;  // the longest record read (record_limit); 0: no limit
   fleet_value& v_;
   const stop_token& st_;
   std::optional<pooled> conn_;  // the flight's command connection, between round trips

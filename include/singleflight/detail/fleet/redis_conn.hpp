@@ -9,14 +9,28 @@
 // (redis_pool.hpp) hands each one out exclusively, and the subscriber and the
 // renewer own theirs.
 //
-// Bounded waits: the connect, the handshake, and each command's whole round
-// trip (every write and every read of it together, however the reply is cut
-// into packets) each wait at most the `timeout` given to open(): one deadline
-// per round trip, and poll() with the time left to it before each read or
-// write of the non-blocking socket. A command that times out leaves its reply
-// in flight, so the connection is then `broken()` and must be dropped, never
-// reused. Name resolution (getaddrinfo) is not bounded by the timeout: use an
-// address or a local resolver you trust.
+// Bounded waits: the connect and the handshake each wait at most the
+// `timeout` given to open(). A command's round trip (every write and every
+// read of it together, however the reply is cut into packets) is bounded by
+// progress, not by one fixed deadline, so that a large value is not a timeout
+// by its size alone (a 32 MiB record takes ~100 ms on loopback, most of it the
+// server's own work on it) while a server that stops answering is still found
+// out in about `timeout`:
+//   * idle: it fails when no byte moved (sent or received) for `timeout`;
+//     once its whole request is written and until the first byte of the
+//     reply, the server works on the request, which takes time in proportion
+//     to its size: that wait gets `timeout` + per_mib for each MiB sent;
+//   * total: it fails `timeout` + per_mib x (2 x bytes sent + bytes received)
+//     after it began (sending, the server's work, receiving), however the
+//     bytes trickle in, so that a server or link slower than 1 MiB per
+//     per_mib cannot hold a caller for long.
+// A command of a few KiB is bounded by `timeout` as a whole, as before: the
+// allowance is 10 ms per MiB (per_mib), about 10 us for a 1 KiB command.
+// poll() waits with the time left to the earlier of the two before each read
+// or write of the non-blocking socket. A command that times out leaves its
+// reply in flight, so the connection is then `broken()` and must be dropped,
+// never reused. Name resolution (getaddrinfo) is not bounded by the timeout:
+// use an address or a local resolver you trust.
 //
 // Descriptors: the socket is created close-on-exec (SOCK_CLOEXEC), so a
 // fork+exec on another thread, even while it connects, does not inherit it (a
@@ -238,9 +252,10 @@ class redis_conn {
   redis_conn& operator=(const redis_conn&) = delete;
   ~redis_conn() = default;
 
-  // command(args): sends one command and waits for its reply; the whole round
-  // trip (writes and reads) is bounded by the timeout given to open(). An
-  // error reply (-ERR ...) is returned, not thrown: the caller decides.
+  // command(args): sends one command and waits for its reply; the round trip
+  // (writes and reads) is bounded by the timeout given to open(), by progress
+  // and size (see the file comment). An error reply (-ERR ...) is returned,
+  // not thrown: the caller decides.
   redis_reply command(std::initializer_list<std::string_view> args) {
     return command_argv(args.begin(), args.size());
   }
@@ -256,53 +271,68 @@ class redis_conn {
     return command_argv(args.data(), args.size());
   }
 
+  // command_capped(cap, args, length): command(args) (a GET), except that a
+  // bulk string reply longer than `cap` bytes is not read: `length` is set to
+  // its length, the reply is null, and the connection is broken (the rest of
+  // the reply is in flight: drop the connection, which makes the server stop
+  // sending it; only what the socket buffers held by then was transferred).
+  // The check reads the reply's header in its first packet (a header cut
+  // short there is read whole, as by command()).
+  redis_reply command_capped(std::size_t cap, std::initializer_list<std::string_view> args,
+                             long long& length) {
+    cap_ = cap;
+    over_ = 0;
+    redis_reply r;
+    try {
+      r = command_argv(args.begin(), args.size());
+    } catch (...) {
+      cap_ = 0;
+      throw;
+    }
+    cap_ = 0;
+    length = static_cast<long long>(over_);
+    return r;
+  }
+
   // pipeline(commands): sends every command in one write and reads their
-  // replies, in order; the whole exchange is bounded by one timeout.
+  // replies, in order; the whole exchange is one round trip, bounded as one.
   std::vector<redis_reply> pipeline(const std::vector<std::vector<std::string_view>>& commands) {
     if (broken()) throw redis_failure("connection already broken");
-    bound_ = timeout_;
-    const clock::time_point deadline = clock::now() + timeout_;
     for (const auto& args : commands) append(args.data(), args.size());
-    flush(deadline);
+    begin(timeout_);
+    flush();
     std::vector<redis_reply> out;
     out.reserve(commands.size());
-    bool received = false;
-    for (std::size_t i = 0; i < commands.size(); ++i) out.push_back(read_reply(deadline, received));
+    for (std::size_t i = 0; i < commands.size(); ++i) out.push_back(read_reply());
     last_used_ = clock::now();
     return out;
+  }
+
+  // per_mib: the time a round trip is allowed for each MiB it moves, on top
+  // of its timeout (see the file comment): 1 MiB per 10 ms is 100 MiB/s
+  // (0.84 Gb/s), well below loopback and a 10 Gb/s link, and above a loaded
+  // server's copy of a value into a script and out of it (~3 ms per MiB for
+  // redis-server 7.0 on loopback).
+  static constexpr std::chrono::microseconds per_mib{10'000};
+
+  // allowance(bytes): per_mib for each MiB of `bytes`, pro rata.
+  static constexpr std::chrono::microseconds allowance(std::uint64_t bytes) noexcept {
+    return std::chrono::microseconds(
+        static_cast<std::int64_t>(bytes * static_cast<std::uint64_t>(per_mib.count()) >> 20));
   }
 
   // append(args): adds one command to the output buffer (nothing is sent
   // until flush()). Throws std::bad_alloc (the connection is then broken).
   void append(std::span<const std::string_view> args) { append(args.data(), args.size()); }
 
-  // flush(deadline): sends the output buffer, waiting for the socket at most
-  // until `deadline`; throws redis_failure (the connection is then broken) on
-  // an error or at the deadline. Sent with MSG_NOSIGNAL: a peer that closed
-  // gives an error here, never a SIGPIPE that would kill the host process.
+  // flush(deadline): sends the output buffer, as a round trip of its own
+  // with no reply (the subscriber's SUBSCRIBE): bounded as one whose timeout
+  // ends at `deadline` (while bytes move, longer: see the file comment).
+  // Throws redis_failure (the connection is then broken) on an error or when
+  // a bound passes.
   void flush(clock::time_point deadline) {
-    std::size_t off = 0;
-    while (off < out_.size()) {
-#ifdef MSG_NOSIGNAL
-      constexpr int flags = MSG_NOSIGNAL;
-#else
-      constexpr int flags = 0;  // SO_NOSIGPIPE is set on the socket instead (macOS)
-#endif
-      const ssize_t n = ::send(ctx_->fd, out_.data() + off, out_.size() - off, flags);
-      if (n > 0) {
-        off += static_cast<std::size_t>(n);
-        continue;
-      }
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-        wait_for(POLLOUT, deadline, "write");
-        continue;
-      }
-      // Nothing of a reply was read: the command did not reach the server whole.
-      const int e = n < 0 ? errno : EPIPE;
-      out_.clear();
-      fail("write: " + error_text(e), redis_failure::cause::unanswered);
-    }
-    out_.clear();
+    begin(std::chrono::ceil<std::chrono::milliseconds>(deadline - clock::now()));
+    flush();
   }
 
   // broken(): an I/O error or a timeout happened; drop this connection.
@@ -330,6 +360,37 @@ class redis_conn {
   void mark_broken() noexcept { broken_ = true; }
 
  private:
+  // flush(): sends the output buffer, waiting for the socket within the
+  // bounds of the round trip under way (begin()). Sent with MSG_NOSIGNAL: a
+  // peer that closed gives an error here, never a SIGPIPE that would kill the
+  // host process.
+  void flush() {
+    std::size_t off = 0;
+    while (off < out_.size()) {
+#ifdef MSG_NOSIGNAL
+      constexpr int flags = MSG_NOSIGNAL;
+#else
+      constexpr int flags = 0;  // SO_NOSIGPIPE is set on the socket instead (macOS)
+#endif
+      const ssize_t n = ::send(ctx_->fd, out_.data() + off, out_.size() - off, flags);
+      if (n > 0) {
+        off += static_cast<std::size_t>(n);
+        moved(static_cast<std::size_t>(n), sent_);
+        continue;
+      }
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+        wait_for(POLLOUT, "write");
+        continue;
+      }
+      // Nothing of a reply was read: the command did not reach the server whole.
+      const int e = n < 0 ? errno : EPIPE;
+      out_.clear();
+      fail("write: " + error_text(e), redis_failure::cause::unanswered);
+    }
+    out_.clear();
+    written_ = true;
+  }
+
   redis_conn(std::unique_ptr<redisContext, context_deleter> ctx,
              std::chrono::milliseconds timeout) noexcept
       : ctx_(std::move(ctx)), timeout_(timeout), last_used_(clock::now()) {}
@@ -462,12 +523,52 @@ class redis_conn {
     throw redis_failure(what, c);
   }
 
-  // Waits until the socket is ready for `events`, or fails at `deadline`.
-  void wait_for(short events, clock::time_point deadline, const char* what) {
+  // begin(bound): a round trip starts, bounded by `bound` (and its size).
+  void begin(std::chrono::milliseconds bound) noexcept {
+    bound_ = bound;
+    start_ = last_progress_ = clock::now();
+    sent_ = 0;
+    received_ = 0;
+    written_ = false;
+  }
+
+  // moved(n, counter): n bytes went out or came in: progress.
+  void moved(std::size_t n, std::uint64_t& counter) noexcept {
+    counter += n;
+    last_progress_ = clock::now();
+  }
+
+  // The idle bound of the round trip under way at this point: `bound_`, plus
+  // the server's time for a request it has whole and has not answered yet.
+  clock::duration idle_bound() const noexcept {
+    const bool server_working = written_ && received_ == 0;
+    return bound_ + (server_working ? allowance(sent_) : std::chrono::microseconds(0));
+  }
+
+  // The total bound of the round trip under way, as far as its bytes so far.
+  clock::duration total_bound() const noexcept { return bound_ + allowance(2 * sent_ + received_); }
+
+  // Waits until the socket is ready for `events`, or fails when a bound of
+  // the round trip under way passes (the message names the one that did).
+  void wait_for(short events, const char* what) {
     for (;;) {
+      const clock::time_point idle_end = last_progress_ + idle_bound();
+      const clock::time_point total_end = start_ + total_bound();
+      const clock::time_point deadline = std::min(idle_end, total_end);
       const int ms = wait_ms(deadline);
       if (ms <= 0) {
-        fail(std::string(what) + ": timed out after " + std::to_string(bound_.count()) + " ms");
+        const auto in_ms = [](clock::duration d) {
+          return std::to_string(std::chrono::ceil<std::chrono::milliseconds>(d).count());
+        };
+        // A small command: one bound, `bound_` (as the settings say).
+        if (sent_ + received_ < (std::uint64_t{1} << 20)) {
+          fail(std::string(what) + ": timed out after " + std::to_string(bound_.count()) + " ms");
+        }
+        fail(std::string(what) + ": timed out after " + in_ms(clock::now() - start_) + " ms (" +
+             std::to_string(sent_) + " bytes sent, " + std::to_string(received_) + " received; " +
+             (idle_end <= total_end ? "nothing moved for " + in_ms(idle_bound())
+                                    : "bound for the size: " + in_ms(total_bound())) +
+             " ms)");
       }
       pollfd p{ctx_->fd, events, 0};
       const int r = ::poll(&p, 1, ms);
@@ -509,30 +610,87 @@ class redis_conn {
     }
   }
 
-  // The next reply, reading until `deadline`. `received` turns true with the
-  // first byte read: a failure before it is `unanswered`.
-  redis_reply read_reply(clock::time_point deadline, bool& received) {
+  // The next reply, read within the bounds of the round trip under way. A
+  // failure before its first byte is `unanswered`.
+  //
+  // A long bulk string (a large value's GET) is gathered here and fed to
+  // hiredis whole: fed chunk by chunk, its reader grows its buffer by 1 MiB
+  // at a time, copying all it holds each time (a 32 MiB value would be copied
+  // ~16 times over, too slow for its bound under a sanitizer).
+  redis_reply read_reply() {
+    std::string bulk;       // a long bulk string being gathered (its first bytes on)
+    std::size_t whole = 0;  // its length on the wire, header and CRLF included
     for (;;) {
       void* raw = nullptr;
       if (redisGetReplyFromReader(ctx_.get(), &raw) != REDIS_OK) {
         fail(std::string("protocol error: ") + ctx_->errstr);
       }
       if (raw != nullptr) return redis_reply(static_cast<redisReply*>(raw));
-      wait_for(POLLIN, deadline, "read");
-      char buf[16 * 1024];
+      wait_for(POLLIN, "read");
+      char buf[64 * 1024];
       const ssize_t n = ::recv(ctx_->fd, buf, sizeof buf, 0);
       if (n > 0) {
-        received = true;
-        if (redisReaderFeed(ctx_->reader, buf, static_cast<std::size_t>(n)) != REDIS_OK) {
+        moved(static_cast<std::size_t>(n), received_);
+        const std::string_view chunk(buf, static_cast<std::size_t>(n));
+        if (whole == 0 && cap_ > 0) {
+          const std::size_t length = bulk_length(chunk);
+          if (length != npos && length > cap_) {
+            over_ = length;
+            broken_ = true;  // the rest of the reply is in flight
+            return nullptr;
+          }
+        }
+        if (whole == 0) whole = long_bulk(chunk);
+        if (whole > 0) {
+          if (bulk.empty()) bulk.reserve(whole);
+          bulk.append(chunk);
+          if (bulk.size() < whole) continue;
+        }
+        const std::string_view in = whole > 0 ? std::string_view(bulk) : chunk;
+        if (redisReaderFeed(ctx_->reader, in.data(), in.size()) != REDIS_OK) {
           fail("protocol error");
+        }
+        if (whole > 0) {
+          whole = 0;
+          std::string().swap(bulk);
         }
         continue;
       }
-      const auto c = received ? redis_failure::cause::failed : redis_failure::cause::unanswered;
+      const auto c =
+          received_ > 0 ? redis_failure::cause::failed : redis_failure::cause::unanswered;
       if (n == 0) fail("Server closed the connection", c);
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
       fail("read: " + error_text(errno), c);
     }
+  }
+
+  static constexpr std::size_t npos = std::string_view::npos;
+
+  // bulk_length(chunk): when `chunk` begins a bulk string ("$<length>\r\n"
+  // whole in it) with hiredis' reader at the start of an item (every byte it
+  // holds consumed, none of an item pending), that bulk's length; else npos.
+  std::size_t bulk_length(std::string_view chunk) const noexcept {
+    const redisReader* r = ctx_->reader;
+    if (r->pos != r->len || chunk.empty() || chunk.front() != '$') return npos;
+    const std::size_t eol = chunk.find("\r\n");
+    if (eol == npos || eol < 2 || eol > 20) return npos;
+    std::size_t length = 0;
+    for (std::size_t i = 1; i < eol; ++i) {
+      const char c = chunk[i];
+      if (c < '0' || c > '9') return npos;  // "$-1": nil
+      length = length * 10 + static_cast<std::size_t>(c - '0');
+    }
+    return length;
+  }
+
+  // long_bulk(chunk): when `chunk` begins a bulk string of at least 64 KiB
+  // (bulk_length), that bulk's length on the wire (header and CRLF
+  // included); else 0.
+  std::size_t long_bulk(std::string_view chunk) const noexcept {
+    constexpr std::size_t at_least = 64 * 1024;
+    const std::size_t length = bulk_length(chunk);
+    if (length == npos || length < at_least || length > (std::size_t{1} << 40)) return 0;
+    return chunk.find("\r\n") + 2 + length + 2;
   }
 
   redis_reply command_argv(const std::string_view* args, std::size_t n) {
@@ -542,12 +700,10 @@ class redis_conn {
   redis_reply command_argv(const std::string_view* args, std::size_t n,
                            std::chrono::milliseconds bound) {
     if (broken()) throw redis_failure("connection already broken");
-    bound_ = bound;
-    const clock::time_point deadline = clock::now() + bound;
     append(args, n);
-    flush(deadline);
-    bool received = false;
-    redis_reply r = read_reply(deadline, received);
+    begin(bound);
+    flush();
+    redis_reply r = read_reply();
     last_used_ = clock::now();
     return r;
   }
@@ -555,8 +711,17 @@ class redis_conn {
   std::unique_ptr<redisContext, context_deleter> ctx_;
   std::string out_;  // commands appended, not yet flushed
   const std::chrono::milliseconds timeout_;
-  std::chrono::milliseconds bound_{
-      timeout_};  // the bound of the exchange under way (its errors name it)
+  // The round trip under way (begin()): its bound (its errors name it), when
+  // it began, when a byte last moved, the bytes sent and received, and
+  // whether its whole request is written.
+  std::chrono::milliseconds bound_{timeout_};
+  clock::time_point start_;
+  clock::time_point last_progress_;
+  std::uint64_t sent_ = 0;
+  std::uint64_t received_ = 0;
+  bool written_ = false;
+  std::size_t cap_ = 0;   // command_capped: the longest bulk reply read (0: any)
+  std::size_t over_ = 0;  // command_capped: the length of a bulk reply over cap_
   clock::time_point last_used_;
   bool broken_ = false;
 };
