@@ -22,6 +22,9 @@
 // loads through the fleet (one origin call per key across the fleet, the
 // value shared in Redis; Redis down: a local load, no error). The local
 // cache's guarantees hold (coalescing, windows, wait_bound, close).
+// async_get / co_get: the same without blocking, through the local cache's
+// async_get; the fleet part of a miss is synchronous and runs as the local
+// cache's load, on its own bounded threads.
 //
 // invalidate / put: the fleet's write (the Redis value deleted or replaced,
 // the key's generation bumped, so no load that started before stores) and,
@@ -56,6 +59,7 @@
 
 #include <atomic>
 #include <concepts>
+#include <coroutine>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -71,9 +75,12 @@
 #include "codec.hpp"
 #include "detail/fleet/fleet_protocol.hpp"
 #include "detail/fleet/invalidation_inbox.hpp"
+#include "detail/get_awaitable.hpp"
+#include "detail/resume_gate.hpp"
 #include "errors.hpp"
 #include "fleet.hpp"
 #include "fleet_options.hpp"
+#include "outcome.hpp"
 #include "stop_token.hpp"
 #include "wait_bound.hpp"
 
@@ -256,6 +263,96 @@ class fleet_cache {
     return local_.get_entry(prepare(key), through(bound_wide(key)), std::move(caller), bound);
   }
 
+  // async_get(key, loader, on_done, caller)
+  //
+  // get without blocking, as cache::async_get: on_done(singleflight::
+  // outcome<T>) receives this call's own copy of the value, or the exception
+  // get would have thrown. Exactly once, never under a lock of the library,
+  // and it may re-enter the fleet_cache. Invalidations heard on the bus are
+  // applied first. Where:
+  //   * before async_get returns, on this thread, when the local cache
+  //     answers (hit, stale, cached failure) or the outcome is immediate
+  //     (closed, `caller` already stopped, overloaded);
+  //   * otherwise on the thread that settles the local load: the fleet part
+  //     (Redis round trips, the wait for another process's value, `loader`)
+  //     is synchronous, so the miss runs as the local cache's load on its
+  //     own bounded threads (or local.flight.executor; under
+  //     load_owner::caller, as cache::async_get, on this thread), and
+  //     on_done runs there.
+  // `loader` is T(stop_token) or T() (as get's; no completion form). Throws
+  // (and never calls on_done) only what the key's codec, copies of the
+  // loader and allocation throw. If on_done throws, std::terminate.
+  // Thread-safe.
+  template <class K, class L, class Callback>
+  requires(!std::is_invocable_v<std::decay_t<L>&, outcome<T>&&>) void async_get(
+      const K& key, L&& loader, Callback&& on_done, stop_token caller = {}) {
+    check_on_done<Callback>();
+    local_.async_get(prepare(key), through(std::forward<L>(loader)),
+                     std::forward<Callback>(on_done), std::move(caller));
+  }
+
+  // async_get(key, loader, on_done, caller, bound)
+  //
+  // async_get with a wait_bound: once `bound` passes before the load
+  // settles, on_done receives timeout_error and this call has left the
+  // load, which goes on (it belongs to the local cache) and fills the local
+  // cache and Redis. Thread-safe.
+  template <class K, class L, class Callback>
+  requires(!std::is_invocable_v<std::decay_t<L>&, outcome<T>&&>) void async_get(
+      const K& key, L&& loader, Callback&& on_done, stop_token caller, wait_bound bound) {
+    check_on_done<Callback>();
+    local_.async_get(prepare(key), through(std::forward<L>(loader)),
+                     std::forward<Callback>(on_done), std::move(caller), bound);
+  }
+
+  // co_get(key, loader, caller[, bound])
+  //
+  //   T v = co_await profiles.co_get(key, loader, token);
+  //
+  // The coroutine form of async_get: yields this caller's copy of the value
+  // or throws what get would throw. Does not suspend when the local cache
+  // answers; otherwise resumes on the thread that settles the load (see
+  // async_get). Unlike cache::co_get, the awaitable owns what it needs (the
+  // key's text and a copy of `loader`), so it may be stored and awaited
+  // later, once, as an rvalue (co_await std::move(a)); the bus is caught up
+  // with when it is awaited. With GCC 12, name a capturing lambda loader
+  // before the co_await (see group::co_do). Destroying the coroutine while
+  // it is suspended here is undefined (leave through `caller` or `bound`).
+  // Thread-safe.
+  template <class K, class L>
+  requires(!std::same_as<std::remove_cvref_t<L>, stop_token>)
+      [[nodiscard]] auto co_get(const K& key, L&& loader, stop_token caller = {}) {
+    return make_awaitable(key_text(key), through(std::forward<L>(loader)), std::move(caller),
+                          std::nullopt);
+  }
+  template <class K, class L>
+  requires(!std::same_as<std::remove_cvref_t<L>, stop_token>)
+      [[nodiscard]] auto co_get(const K& key, L&& loader, stop_token caller, wait_bound bound) {
+    return make_awaitable(key_text(key), through(std::forward<L>(loader)), std::move(caller),
+                          bound);
+  }
+
+  // async_get(key, on_done, caller[, bound]), co_get(key, caller[, bound]):
+  // through the cache-wide loader. std::logic_error without one (async_get:
+  // thrown, on_done never called). Thread-safe.
+  template <class Callback>
+  requires std::is_invocable_v < std::decay_t<Callback>
+  &, outcome<T>&& > void async_get(const Key& key, Callback&& on_done, stop_token caller = {}) {
+    async_get(key, bound_wide(key), std::forward<Callback>(on_done), std::move(caller));
+  }
+  template <class Callback>
+  requires std::is_invocable_v < std::decay_t<Callback>
+  &, outcome<T>&& >
+         void async_get(const Key& key, Callback&& on_done, stop_token caller, wait_bound bound) {
+    async_get(key, bound_wide(key), std::forward<Callback>(on_done), std::move(caller), bound);
+  }
+  [[nodiscard]] auto co_get(const Key& key, stop_token caller = {}) {
+    return co_get(key, bound_wide(key), std::move(caller));
+  }
+  [[nodiscard]] auto co_get(const Key& key, stop_token caller, wait_bound bound) {
+    return co_get(key, bound_wide(key), std::move(caller), bound);
+  }
+
   // invalidate(key)
   //
   // Fleet-wide: the fleet's invalidate (the Redis value deleted, no load
@@ -413,6 +510,80 @@ class fleet_cache {
                                                                    stop_token st) -> T {
       return fleet_.get(text, load, std::move(st));
     };
+  }
+
+  template <class Callback>
+  static constexpr void check_on_done() {
+    static_assert(std::is_invocable_v<std::decay_t<Callback>&, outcome<T>&&>,
+                  "singleflight::fleet_cache::async_get: on_done must be invocable with "
+                  "singleflight::outcome<T>");
+  }
+
+  // What co_get returns: the key's text and the local cache's loader (through(...)), owned;
+  // awaiting it catches up with the bus and runs local_.async_get, resumed through a
+  // resume_gate (detail/resume_gate.hpp: who resumes).
+  template <class Load>
+  class get_awaitable {
+   public:
+    get_awaitable(fleet_cache* c, std::string text, Load load, stop_token caller,
+                  std::optional<wait_bound> bound)
+        : c_(c),
+          text_(std::move(text)),
+          load_(std::move(load)),
+          caller_(std::move(caller)),
+          bound_(bound) {}
+
+    class awaiter {
+     public:
+      explicit awaiter(get_awaitable&& a) : a_(std::move(a)) {}
+      awaiter(const awaiter&) = delete;
+      awaiter& operator=(const awaiter&) = delete;
+      ~awaiter() = default;
+
+      bool await_ready() const noexcept { return false; }
+      bool await_suspend(std::coroutine_handle<> h) {
+        gate_.arm(h);
+        auto on_done = [this](outcome<T> o) noexcept {
+          result_.emplace(std::move(o));
+          gate_.complete();
+        };
+        a_.c_->catch_up();
+        if (a_.bound_) {
+          a_.c_->local_.async_get(a_.text_, std::move(a_.load_), on_done, std::move(a_.caller_),
+                                  *a_.bound_);
+        } else {
+          a_.c_->local_.async_get(a_.text_, std::move(a_.load_), on_done, std::move(a_.caller_));
+        }
+        return gate_.suspend();
+      }
+      T await_resume() { return std::move(*result_).value(); }
+
+     private:
+      get_awaitable a_;
+      std::optional<outcome<T>> result_;
+      detail::resume_gate gate_;
+    };
+
+    awaiter operator co_await() && { return awaiter(std::move(*this)); }
+    template <class Self = get_awaitable>
+    void operator co_await() & {
+      static_assert(detail::dependent_false_awaitable<Self>,
+                    "singleflight::fleet_cache::co_get: await it as an rvalue: co_await "
+                    "c.co_get(key, loader), or co_await std::move(stored) (once)");
+    }
+
+   private:
+    fleet_cache* c_;
+    std::string text_;
+    Load load_;
+    stop_token caller_;
+    std::optional<wait_bound> bound_;
+  };
+
+  template <class Load>
+  get_awaitable<Load> make_awaitable(std::string text, Load load, stop_token caller,
+                                     std::optional<wait_bound> bound) {
+    return get_awaitable<Load>(this, std::move(text), std::move(load), std::move(caller), bound);
   }
 
   // The cache-wide loader for one key, as a per-call loader.

@@ -1,0 +1,269 @@
+// singleflight::fleet_cache::async_get and co_get (fleet_cache.hpp): the callback and coroutine
+// forms of get. A local hit answers on the caller's thread before async_get returns; a miss goes
+// through the fleet as get's does (one origin call, the value stored in Redis, where a second
+// fleet_cache object, standing for another process, reads it without calling its origin) and is
+// delivered on the thread that settles the local load, never the caller's. The tests use the bus
+// (fleet_coherence::publish): a process's own store is not reported back to it, so an entry it
+// loaded stays in its local cache for the whole test (local ttl 60 s). Waits are bounded polls on
+// callbacks and counters; an origin is held open with a gate where a test needs a load under way.
+#include <singleflight/fleet_cache.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "support/catch.hpp"
+#include "support/coro.hpp"
+#include "support/fleet.hpp"
+#include "support/redis.hpp"
+#include "support/sync.hpp"
+
+namespace {
+
+namespace sf = singleflight;
+using namespace std::chrono_literals;
+using fc_t = sf::fleet_cache<std::string, std::string>;
+using sftest::callback_log;
+using sftest::fire_task;
+using sftest::must_not_load;
+using sftest::versioned_origin;
+
+sf::fleet_cache_options opts(const std::string& uri, const std::string& prefix) {
+  sf::fleet_cache_options o;
+  o.fleet = sftest::message_only(uri, prefix);
+  o.local.ttl = 60s;
+  o.local.jitter = 0;
+  o.coherence = sf::fleet_coherence::publish;
+  return o;
+}
+
+// Bounded wait until both of `c`'s channels (bus, expire) are confirmed: each confirmation
+// clears the local cache (a resync), which would turn a later hit into a miss.
+void until_listening(fc_t& c, const char* name) {
+  sftest::must(
+      [&] {
+        return singleflight::detail::fleet_cache_test_access::engine(c)
+                   .subscriber.confirmed_channels() == 2;
+      },
+      name);
+  sftest::must([&] { return c.stats().resyncs >= 2; }, name);
+}
+
+template <class L>
+fire_task<std::string> co_read(fc_t& c, std::string key, L load) {
+  co_return co_await c.co_get(key, load);
+}
+
+fire_task<std::string> co_read_wide(fc_t& c, std::string key) { co_return co_await c.co_get(key); }
+
+}  // namespace
+
+TEST_CASE("fleet_cache::async_get of a local hit calls on_done before it returns, on this thread",
+          "[fleet][fleet_cache][async]") {
+  const std::string uri = sftest::need_redis();
+  fc_t a(opts(uri, sftest::unique_prefix("fc-async-hit")));
+  until_listening(a, "a listens");
+  versioned_origin origin;
+  std::atomic<int> ran{0};
+  CHECK(a.get("k", origin.loader()) == "v1");
+  const std::uint64_t redis_hits = a.stats().fleet.gets;
+
+  callback_log<std::string> log;
+  a.async_get("k", must_not_load(ran), log.on_done());
+  REQUIRE(log.calls.load() == 1);  // before async_get returned
+  CHECK(log.thread == std::this_thread::get_id());
+  REQUIRE(log.value);
+  CHECK(*log.value == "v1");
+  CHECK(ran.load() == 0);
+  CHECK(a.stats().fleet.gets == redis_hits);  // no Redis round trip
+  CHECK(a.stats().local.hits >= 1);
+}
+
+TEST_CASE(
+    "fleet_cache::async_get of a miss loads through the fleet on a thread of the local cache: "
+    "the local cache and Redis are filled, another process reads it with no origin call",
+    "[fleet][fleet_cache][async]") {
+  const std::string uri = sftest::need_redis();
+  const std::string prefix = sftest::unique_prefix("fc-async-miss");
+  sftest::redis_client redis(uri);
+  fc_t a(opts(uri, prefix));
+  until_listening(a, "a listens");
+  fc_t b(opts(uri, prefix));
+  until_listening(b, "b listens");
+  versioned_origin origin;
+  std::atomic<int> ran{0};
+
+  sftest::held_origin held("v1");
+  callback_log<std::string> log;
+  a.async_get("k", held.loader(), log.on_done());
+  held.started.wait("a's load reaches the origin");
+  CHECK(log.calls.load() == 0);  // async_get returned while the load runs
+  held.release.open();
+  log.wait("a's on_done");
+  CHECK(log.calls.load() == 1);
+  CHECK(log.thread != std::this_thread::get_id());
+  REQUIRE(log.value);
+  CHECK(*log.value == "v1");
+  CHECK(held.calls.load() == 1);
+
+  CHECK(sftest::stored(redis, prefix, "k") == "v1");
+  const std::uint64_t a_gets = a.stats().fleet.gets;
+  CHECK(a.get("k", must_not_load(ran)) == "v1");  // local
+  CHECK(a.stats().fleet.gets == a_gets);
+  callback_log<std::string> other;
+  b.async_get("k", must_not_load(ran), other.on_done());
+  other.wait("b's on_done");
+  REQUIRE(other.value);
+  CHECK(*other.value == "v1");  // from Redis
+  CHECK(ran.load() == 0);
+  CHECK(b.stats().fleet.origin_calls == 0);
+  CHECK(a.stats().fleet.origin_calls == 1);
+}
+
+TEST_CASE(
+    "fleet_cache::async_get with a wait_bound leaves with timeout_error while the load goes on "
+    "and fills the local cache and Redis",
+    "[fleet][fleet_cache][async]") {
+  const std::string uri = sftest::need_redis();
+  const std::string prefix = sftest::unique_prefix("fc-async-bound");
+  sftest::redis_client redis(uri);
+  fc_t a(opts(uri, prefix));
+  until_listening(a, "a listens");
+  std::atomic<int> ran{0};
+
+  sftest::held_origin held("v1");
+  callback_log<std::string> log;
+  a.async_get("k", held.loader(), log.on_done(), {}, 1ms);
+  held.started.wait("the load reaches the origin");
+  log.wait("the caller leaves at its bound");  // the origin is still held
+  CHECK(log.threw<sf::timeout_error>());
+  CHECK(held.calls.load() == 1);
+  held.release.open();
+  sftest::must([&] { return a.stats().local.loads_running == 0 && a.stats().local.size == 1; },
+               "the load publishes");
+  CHECK(a.get("k", must_not_load(ran)) == "v1");
+  CHECK(ran.load() == 0);
+  CHECK(sftest::stored(redis, prefix, "k") == "v1");
+  CHECK(held.calls.load() == 1);
+}
+
+TEST_CASE(
+    "fleet_cache::co_get yields the value: a miss through the fleet, then a local hit "
+    "without suspending",
+    "[fleet][fleet_cache][async][coro]") {
+  const std::string uri = sftest::need_redis();
+  const std::string prefix = sftest::unique_prefix("fc-async-co");
+  sftest::redis_client redis(uri);
+  fc_t a(opts(uri, prefix));
+  until_listening(a, "a listens");
+  fc_t b(opts(uri, prefix));
+  until_listening(b, "b listens");
+  versioned_origin origin;
+  std::atomic<int> ran{0};
+
+  fire_task<std::string> miss = co_read(a, "k", origin.loader());
+  miss.wait("the miss's coroutine ends");
+  REQUIRE(miss.get().value);
+  CHECK(*miss.get().value == "v1");
+  CHECK(origin.calls.load() == 1);
+  CHECK(sftest::stored(redis, prefix, "k") == "v1");
+
+  fire_task<std::string> hit = co_read(a, "k", must_not_load(ran));
+  REQUIRE(hit.done());  // never suspended
+  CHECK(hit.get().suspensions == 0);
+  CHECK(hit.get().finished_on == std::this_thread::get_id());
+  REQUIRE(hit.get().value);
+  CHECK(*hit.get().value == "v1");
+
+  fire_task<std::string> remote = co_read(b, "k", must_not_load(ran));
+  remote.wait("b's coroutine ends");
+  REQUIRE(remote.get().value);
+  CHECK(*remote.get().value == "v1");
+  CHECK(ran.load() == 0);
+  CHECK(origin.calls.load() == 1);
+}
+
+TEST_CASE("fleet_cache::co_get rethrows the loader's error in the coroutine",
+          "[fleet][fleet_cache][async][coro]") {
+  const std::string uri = sftest::need_redis();
+  fc_t a(opts(uri, sftest::unique_prefix("fc-async-co-err")));
+  until_listening(a, "a listens");
+  const auto failing = []() -> std::string { throw std::runtime_error("origin down"); };
+  fire_task<std::string> task = co_read(a, "k", failing);
+  task.wait("the coroutine ends");
+  CHECK(!task.get().value);
+  CHECK(task.get().threw<std::runtime_error>());
+}
+
+TEST_CASE(
+    "fleet_cache::co_get with a wait_bound resumes with timeout_error; a stored awaitable "
+    "owns its key and loader",
+    "[fleet][fleet_cache][async][coro]") {
+  const std::string uri = sftest::need_redis();
+  fc_t a(opts(uri, sftest::unique_prefix("fc-async-co-bound")));
+  until_listening(a, "a listens");
+  sftest::held_origin held("v1");
+  auto bounded = [&a, &held]() -> fire_task<std::string> {
+    const std::string key = "k";
+    auto load = held.loader();
+    co_return co_await a.co_get(key, load, {}, 1ms);
+  };
+  fire_task<std::string> task = bounded();
+  held.started.wait("the load reaches the origin");
+  task.wait("the coroutine leaves at its bound");
+  CHECK(task.get().threw<sf::timeout_error>());
+  held.release.open();
+  std::atomic<int> ran{0};
+  sftest::must([&] { return a.stats().local.loads_running == 0 && a.stats().local.size == 1; },
+               "the load publishes");
+
+  // The awaitable outlives the key and the loader it was made from.
+  auto stored = [&a, &ran]() -> fire_task<std::string> {
+    auto awaitable = [&] {
+      std::string key = "k";
+      return a.co_get(key, must_not_load(ran));
+    }();
+    co_return co_await std::move(awaitable);
+  };
+  fire_task<std::string> later = stored();
+  REQUIRE(later.done());
+  REQUIRE(later.get().value);
+  CHECK(*later.get().value == "v1");
+  CHECK(ran.load() == 0);
+}
+
+TEST_CASE(
+    "fleet_cache::async_get and co_get through the cache-wide loader; without one "
+    "async_get throws logic_error and never calls on_done",
+    "[fleet][fleet_cache][async]") {
+  const std::string uri = sftest::need_redis();
+  std::atomic<int> calls{0};
+  fc_t a(opts(uri, sftest::unique_prefix("fc-async-wide")), [&calls](const std::string& key) {
+    calls.fetch_add(1);
+    return "v:" + key;
+  });
+  until_listening(a, "a listens");
+  callback_log<std::string> log;
+  a.async_get("k", log.on_done());
+  log.wait("on_done");
+  REQUIRE(log.value);
+  CHECK(*log.value == "v:k");
+  callback_log<std::string> bounded;
+  a.async_get("k", bounded.on_done(), {}, 10s);
+  REQUIRE(bounded.calls.load() == 1);  // a local hit
+  CHECK(*bounded.value == "v:k");
+  fire_task<std::string> task = co_read_wide(a, "j");
+  task.wait("the coroutine ends");
+  REQUIRE(task.get().value);
+  CHECK(*task.get().value == "v:j");
+  CHECK(calls.load() == 2);
+
+  fc_t none(opts(uri, sftest::unique_prefix("fc-async-nowide")));
+  until_listening(none, "none listens");
+  callback_log<std::string> never;
+  CHECK_THROWS_AS(none.async_get("k", never.on_done()), std::logic_error);
+  CHECK(never.calls.load() == 0);
+}
