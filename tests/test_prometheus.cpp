@@ -3,6 +3,7 @@
 // per name across sources; the registration's lifetime rules; the generic table for other
 // layers; misuse rejected by add(). Built only where prometheus-cpp is found.
 #include <singleflight/cache.hpp>
+#include <singleflight/fleet_cache_options.hpp>
 #include <singleflight/metrics.hpp>
 #include <singleflight/prometheus.hpp>
 #include <singleflight/singleflight.hpp>
@@ -13,11 +14,13 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "support/catch.hpp"
@@ -323,6 +326,54 @@ TEST_CASE("another layer exports its own stats type through the same collector",
   REQUIRE(e != nullptr);
   REQUIRE(e->type == prometheus::MetricType::Gauge);
   REQUIRE(e->metric[0].gauge.value == 9);
+}
+
+TEST_CASE(
+    "a fleet_cache's own counters are exported under fleet_cache_metrics, its local cache's and "
+    "fleet's under their tables, from one stats type",
+    "[prometheus][fleet_cache]") {
+  // A distinct value in every field, so that a metric reading the wrong field shows.
+  sf::fleet_cache_stats s;
+  s.broadcasts = 2;
+  s.invalidations_heard = 3;
+  s.expires_heard = 5;
+  s.resyncs = 7;
+  s.overflows = 11;
+  s.local.hits = 13;
+  s.fleet.gets = 17;
+  sm::prometheus_collector c;
+  const auto rfc =
+      c.add_source({{"fleet_cache", "profiles"}}, sm::fleet_cache_metrics, [&] { return s; });
+  const auto rc = c.add_source({{"cache", "profiles"}}, sm::cache_metrics, [&] { return s.local; });
+  const auto rf = c.add_source({{"fleet", "profiles"}}, sm::fleet_metrics, [&] { return s.fleet; });
+  const auto fams = c.Collect();
+  REQUIRE(fams.size() ==
+          sm::fleet_cache_metrics.size() + sm::cache_metrics.size() + sm::fleet_metrics.size());
+  const std::pair<const char*, double> expected[] = {
+      {"singleflight_fleet_cache_broadcasts_total", 2},
+      {"singleflight_fleet_cache_invalidations_heard_total", 3},
+      {"singleflight_fleet_cache_expires_heard_total", 5},
+      {"singleflight_fleet_cache_resyncs_total", 7},
+      {"singleflight_fleet_cache_overflows_total", 11},
+  };
+  REQUIRE(sm::fleet_cache_metrics.size() == std::size(expected));
+  for (const auto& [name, v] : expected) {
+    INFO(name);
+    const auto* f = family(fams, name);
+    REQUIRE(f != nullptr);
+    CHECK(f->type == prometheus::MetricType::Counter);
+    REQUIRE(f->metric.size() == 1);
+    CHECK(label(f->metric[0], "fleet_cache") == "profiles");
+    CHECK(f->metric[0].counter.value == v);
+  }
+  const auto* hits = family(fams, "singleflight_cache_hits_total");
+  REQUIRE(hits != nullptr);
+  CHECK(label(hits->metric[0], "cache") == "profiles");
+  CHECK(hits->metric[0].counter.value == 13);
+  const auto* gets = family(fams, "singleflight_fleet_gets_total");
+  REQUIRE(gets != nullptr);
+  CHECK(label(gets->metric[0], "fleet") == "profiles");
+  CHECK(gets->metric[0].counter.value == 17);
 }
 
 TEST_CASE("a cache's running loads are gauges, its soft-timeout answers a counter",

@@ -79,52 +79,13 @@
 #include "detail/resume_gate.hpp"
 #include "errors.hpp"
 #include "fleet.hpp"
+#include "fleet_cache_options.hpp"  // IWYU pragma: export
 #include "fleet_options.hpp"
 #include "outcome.hpp"
 #include "stop_token.hpp"
 #include "wait_bound.hpp"
 
 namespace singleflight {
-
-// fleet_coherence: how a fleet_cache hears of writes it did not make.
-enum class fleet_coherence {
-  // Redis's client tracking (CLIENT TRACKING on REDIRECT BCAST PREFIX, Redis
-  // 6+): every change of a value under the fleet's prefix, by anyone (another
-  // fleet_cache, a DEL or SET from redis-cli, expiry, FLUSHALL, this process's
-  // own stores too).
-  tracking,
-  // The bus: only other fleet_caches' put and invalidate (for servers that
-  // refuse CLIENT TRACKING REDIRECT).
-  publish,
-};
-
-// fleet_cache_options
-struct fleet_cache_options {
-  // The local cache in front (ttl, jitter, stale_while_revalidate,
-  // max_entries, threads...). Its ttl bounds how long a process may serve a
-  // value while it hears nothing from the bus (a gap).
-  cache_options local;
-  // The fleet behind it (redis_uri, key_prefix, value_ttl, lease_ttl...).
-  fleet_options fleet;
-  // Keys heard on the bus and not yet dropped from the local cache (they
-  // are dropped by the next call); beyond this, the local cache is cleared
-  // instead. At least 1.
-  std::size_t max_pending_invalidations = 4096;
-  // What the local cache hears (see fleet_coherence and docs/fleet_cache.md).
-  fleet_coherence coherence = fleet_coherence::tracking;
-};
-
-// fleet_cache_stats: counters since construction (each exact; a snapshot is
-// not one instant).
-struct fleet_cache_stats {
-  cache_stats local;                      // the local cache's
-  fleet_stats fleet;                      // the fleet's (Redis, leases, origin calls)
-  std::uint64_t broadcasts = 0;           // put / invalidate calls that reached the bus
-  std::uint64_t invalidations_heard = 0;  // bus messages from other processes
-  std::uint64_t resyncs = 0;              // bus subscriptions (re)confirmed: local cache cleared
-  std::uint64_t overflows = 0;            // max_pending_invalidations passed: local cache cleared
-  std::uint64_t expires_heard = 0;        // expire messages from other processes
-};
 
 template <class Key, class T, class Codec = codec<T>, class KeyCodec = key_codec<Key>>
 class fleet_cache;
