@@ -2,7 +2,7 @@
 // (the figures are hit ratios): a plain program, built with the other benchmarks, run by
 // bench/traces.sh (docs/cache.md, "Eviction, measured", holds one run's table).
 //
-//   bench_traces [--traces DIR] [--shards N] [--only NAME] [--no-r06]
+//   bench_traces [--traces DIR] [--shards N] [--only NAME] [--no-r06] [--windows]
 //
 // For each trace of ../shared/traces (formats and licences in its README; read from DIR,
 // $SINGLEFLIGHT_TRACES, or ../shared/traces next to the repository, decompressed at run time) at
@@ -19,6 +19,9 @@
 // unsharded policy. Then (unless --no-r06) the S3-FIFO choices the library made, measured with
 // the reference model of reference.hpp: promotion after 1 or 2 hits in small, ghost of 1.0x or
 // 0.9x the capacity, on the same cells and on a scan case.
+// --windows prints instead how W-TinyLFU's window size decides its hit ratio on the same cells:
+// fixed windows, Caffeine's hill climber and a ghost-feedback rule (reference.hpp,
+// w_tinylfu_sized_hits), each with the window's final share of the capacity.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -118,11 +121,53 @@ std::vector<std::uint32_t> scan_case() {
 
 }  // namespace
 
+// --windows: W-TinyLFU's hit ratio by the rule that sizes its window (reference model,
+// unsharded), next to LRU and the S3-FIFO model; "w" is the window's final share.
+template <class Cells>
+int window_study(const Cells& cells) {
+  using rule = sftrace::window_rule;
+  struct column {
+    const char* name;
+    rule r;
+  };
+  const column cols[] = {
+      {"fixed 1 %", {rule::fixed, 0.01}},
+      {"fixed 20 %", {rule::fixed, 0.20}},
+      {"fixed 60 %", {rule::fixed, 0.60}},
+      {"hill climber", {rule::climb, 0.01}},
+      {"ghosts 0.25 / 0.25", {rule::ghosts, 0.01, 0.25, 0.25}},
+      {"ghosts 0.10 / 0.25", {rule::ghosts, 0.01, 0.10, 0.25}},
+      {"ghosts 0.02 / 0.25", {rule::ghosts, 0.01, 0.02, 0.25}},
+  };
+  std::printf(
+      "W-TinyLFU by window rule (reference model, unsharded): hit ratio %% (final window "
+      "share)\n\n| trace | capacity | LRU | S3-FIFO |");
+  for (const column& c : cols) std::printf(" %s |", c.name);
+  std::printf("\n|---|---:|---:|---:|");
+  for (std::size_t i = 0; i < std::size(cols); ++i) std::printf("---:|");
+  std::printf("\n");
+  for (const auto& c : cells) {
+    const auto& t = *c.keys;
+    std::printf("| %s | %zu | %.2f | %.2f |", c.trace.c_str(), c.capacity,
+                pct(sftrace::lru_hits(t, c.capacity), t),
+                pct(sftrace::s3fifo_hits(t, c.capacity, 2, 0.9), t));
+    for (const column& col : cols) {
+      double w = 0;
+      const double r = pct(sftrace::w_tinylfu_sized_hits(t, c.capacity, col.r, &w), t);
+      std::printf(" %.2f (%.0f) |", r, 100 * w);
+    }
+    std::printf("\n");
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   const char* dir_arg = nullptr;
   const char* only = nullptr;
   std::size_t shards = 0;
   bool r06 = true;
+  bool windows = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--traces" && i + 1 < argc) {
@@ -133,8 +178,11 @@ int main(int argc, char** argv) {
       only = argv[++i];
     } else if (a == "--no-r06") {
       r06 = false;
+    } else if (a == "--windows") {
+      windows = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--traces DIR] [--shards N] [--only NAME] [--no-r06]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--traces DIR] [--shards N] [--only NAME] [--no-r06] [--windows]\n",
                    argv[0]);
       return 2;
     }
@@ -167,6 +215,7 @@ int main(int argc, char** argv) {
     cells.push_back({"round-robin 1.05x", 1024, &traces.back()});
   }
 
+  if (windows) return window_study(cells);
   std::printf("shards: %s\n\n", shards == 0 ? "the default for this machine" : "--shards");
   std::printf(
       "| trace | capacity | shards | cache | 1 shard | LRU | W-TinyLFU | OPT | cache - OPT |\n");

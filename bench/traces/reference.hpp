@@ -286,3 +286,156 @@ inline std::uint64_t s3fifo_hits(const std::vector<std::uint32_t>& t, std::size_
 }
 
 }  // namespace sftrace
+
+namespace sftrace {
+
+// w_tinylfu_sized_hits: W-TinyLFU (as w_tinylfu_hits: an LRU window, a 20 / 80 % probation /
+// protected main, TinyLFU admission against probation's victim, Caffeine's rule that a
+// candidate seen at least 6 times wins 1 time in 128 against a more frequent victim) whose
+// window is sized by a rule, for bench_traces --windows (docs/performance.md, "Eviction,
+// measured"):
+//   fixed   the window stays at `window` x the capacity;
+//   climb   Caffeine's hill climber: starts at `window`; every 10 x capacity accesses it
+//           compares the sample's hit ratio with the last one's and moves the window by a step
+//           (6.25 % of the capacity, in the direction that helped, reversed when the ratio fell;
+//           the step decays by 0.98, and restarts at 6.25 % after a change of 5 points or more);
+//   ghosts  a feedback rule in ARC's manner: the keys the window's candidates lost with (the
+//           last `ghost_window` x capacity of them) and the keys main evicted (the last
+//           `ghost_main` x capacity) are remembered; a miss on a key the window lost grows the
+//           window by one entry, a miss on one main evicted shrinks it by one.
+// *final_window: the window's share of the capacity at the end.
+struct window_rule {
+  enum kind_t { fixed, climb, ghosts } kind = fixed;
+  double window = 0.01;
+  double ghost_window = 0.25;
+  double ghost_main = 0.25;
+};
+
+inline std::uint64_t w_tinylfu_sized_hits(const std::vector<std::uint32_t>& t, std::size_t capacity,
+                                          window_rule rule, double* final_window = nullptr) {
+  using list = std::list<std::uint32_t>;
+  struct where {
+    int region;  // 0 window, 1 probation, 2 protected
+    list::iterator it;
+  };
+  // An exact FIFO of the last `cap` keys added, with a count per key.
+  struct ghost {
+    std::size_t cap;
+    std::vector<std::uint32_t> ring;
+    std::size_t next = 0;
+    std::unordered_map<std::uint32_t, int> in;
+    void add(std::uint32_t k) {
+      if (ring.size() < cap) {
+        ring.push_back(k);
+      } else {
+        const std::uint32_t old = ring[next];
+        if (--in[old] == 0) in.erase(old);
+        ring[next] = k;
+        next = (next + 1) % cap;
+      }
+      ++in[k];
+    }
+    bool has(std::uint32_t k) const { return in.count(k) != 0; }
+  };
+  const auto sized = [&](double r) {
+    return std::max<std::size_t>(1, static_cast<std::size_t>(r * static_cast<double>(capacity)));
+  };
+  ghost lost{sized(rule.ghost_window), {}, 0, {}};
+  ghost evicted{sized(rule.ghost_main), {}, 0, {}};
+  count_min4 sketch(capacity);
+  list window, probation, prot;  // front = most recent
+  std::unordered_map<std::uint32_t, where> at;
+  at.reserve(capacity * 2);
+  const double cap = static_cast<double>(capacity);
+  const double wmin = 1;
+  const double wmax = std::max(1.0, cap * 0.99);
+  double wcap = std::clamp(rule.window * cap, wmin, wmax);
+  const auto main_cap = [&] { return capacity - static_cast<std::size_t>(wcap); };
+  std::uint64_t hits = 0;
+  std::uint64_t sample_hits = 0;
+  std::uint64_t sample_misses = 0;
+  const std::uint64_t sample = std::max<std::uint64_t>(1, 10 * capacity);
+  double previous = 0;
+  double step = -0.0625 * cap;
+  std::uint64_t random = 0x9e3779b97f4a7c15ULL;
+  const auto demote = [&] {
+    while (prot.size() > main_cap() * 8 / 10) {
+      probation.splice(probation.begin(), prot, std::prev(prot.end()));
+      at[probation.front()].region = 1;
+    }
+  };
+  for (const std::uint32_t k : t) {
+    sketch.increment(k);
+    if (auto f = at.find(k); f != at.end()) {
+      ++hits;
+      ++sample_hits;
+      where& w = f->second;
+      if (w.region == 0) {
+        window.splice(window.begin(), window, w.it);
+      } else if (w.region == 2) {
+        prot.splice(prot.begin(), prot, w.it);
+      } else {
+        prot.splice(prot.begin(), probation, w.it);
+        w.region = 2;
+        demote();
+      }
+    } else {
+      ++sample_misses;
+      if (rule.kind == window_rule::ghosts) {
+        if (lost.has(k)) {
+          wcap = std::min(wmax, wcap + 1);
+        } else if (evicted.has(k)) {
+          wcap = std::max(wmin, wcap - 1);
+        }
+      }
+      window.push_front(k);
+      at[k] = where{0, window.begin()};
+    }
+    if (rule.kind == window_rule::climb && sample_hits + sample_misses >= sample) {
+      const double ratio =
+          static_cast<double>(sample_hits) / static_cast<double>(sample_hits + sample_misses);
+      const double change = ratio - previous;
+      const double amount = change >= 0 ? step : -step;
+      step = std::abs(change) >= 0.05 ? 0.0625 * cap * (amount >= 0 ? 1 : -1) : 0.98 * amount;
+      previous = ratio;
+      sample_hits = sample_misses = 0;
+      wcap = std::clamp(wcap + amount, wmin, wmax);
+    }
+    while (window.size() > static_cast<std::size_t>(wcap)) {
+      const std::uint32_t cand = window.back();
+      if (probation.size() + prot.size() < main_cap()) {
+        probation.splice(probation.begin(), window, std::prev(window.end()));
+        at[cand].region = 1;
+        continue;
+      }
+      list& victims = probation.empty() ? prot : probation;
+      const std::uint32_t victim = victims.back();
+      const int cf = sketch.estimate(cand);
+      const int vf = sketch.estimate(victim);
+      random = random * 6364136223846793005ULL + 1442695040888963407ULL;
+      if (cf > vf || (cf >= 6 && ((random >> 33U) & 127U) == 0)) {
+        victims.pop_back();
+        at.erase(victim);
+        evicted.add(victim);
+        probation.splice(probation.begin(), window, std::prev(window.end()));
+        at[cand].region = 1;
+      } else {
+        window.pop_back();
+        at.erase(cand);
+        lost.add(cand);
+      }
+    }
+    while (at.size() > capacity) {  // main over its share after the window grew
+      list& victims = probation.empty() ? prot : probation;
+      const std::uint32_t victim = victims.back();
+      victims.pop_back();
+      at.erase(victim);
+      evicted.add(victim);
+    }
+    demote();
+  }
+  if (final_window != nullptr) *final_window = wcap / cap;
+  return hits;
+}
+
+}  // namespace sftrace
