@@ -30,6 +30,25 @@
 //   cache_hit_ratio  Zipf 0.9 over 100,000 keys plus one-hit scans, capacity
 //                    1,000 (1%): hit ratio of the cache (S3-FIFO) vs LRU.
 //
+// Callers' bounds (issue 32), each with impl:lib (the default, load_owner::cache)
+// and impl:caller (load_owner::caller: the first caller runs the loader on its
+// own thread), in real time; counters: calls, late (answered > 105 ms after
+// the call), p50_ms / p99_ms / max_ms, how calls ended (values, stale,
+// timeouts, cancelled, errors), origin_calls, and per scenario:
+//   cache_bound_cold     50 keys, each requested once with a 100 ms wait_bound,
+//                        a 150 ms origin: keys_cached once the loads are over.
+//   cache_leader_token   10 leaders on distinct keys whose stop tokens fire at
+//                        100 ms, a 300 ms origin: keys_cached afterwards.
+//   cache_soft_timeout   20 keys with an old value (dead, within
+//                        stale_if_error), the origin slowed to 2 s,
+//                        soft_timeout 100 ms, 16 readers for 2 s:
+//                        origin_calls_per_key_max, and fresh_after (keys whose
+//                        first read after their slow load is a fresh hit).
+//   cache_service        the new user's service: 16 threads, 200 keys, 100 ms
+//                        per-request wait_bound, an origin of 20-150 ms
+//                        failing 5% of calls and down for 3 s of a 12 s run.
+// The get_many / batch_loader goal is a test (tests/test_cache_many.cpp).
+//
 // Names are "<scenario>[/<param>:<value>...]/impl:<impl>", as bench_group.
 #include <benchmark/benchmark.h>
 
@@ -565,6 +584,310 @@ void bm_hit_ratio(benchmark::State& state, bool lib) {
 }
 
 // ---------------------------------------------------------------------------
+// 6. Callers' bounds (issue 32): load_owner::cache (the default) against
+//    load_owner::caller (the group's rules: the first caller runs the loader)
+// ---------------------------------------------------------------------------
+
+using ms_double = std::chrono::duration<double, std::milli>;
+
+// What a scenario's callers saw: each call's latency (ms) and how it ended.
+struct call_log {
+  std::mutex mu;
+  std::vector<double> ms;
+  std::atomic<long> values{0};    // a value (any freshness)
+  std::atomic<long> stale{0};     // of those, not fresh (stale, stale_on_error, stale_on_timeout)
+  std::atomic<long> timeouts{0};  // timeout_error
+  std::atomic<long> cancelled{0};
+  std::atomic<long> errors{0};  // anything else (the origin's failure, a cached failure)
+  void add(std::vector<double>& mine) {
+    std::lock_guard<std::mutex> lk(mu);
+    ms.insert(ms.end(), mine.begin(), mine.end());
+  }
+  // Latency counters: p50 / p99 / max (ms) and calls answered later than `late_after`.
+  void report(benchmark::State& state, std::chrono::nanoseconds late_after) {
+    std::sort(ms.begin(), ms.end());
+    const auto at = [&](double q) {
+      if (ms.empty()) return 0.0;
+      const auto i = static_cast<std::size_t>(std::ceil(q * static_cast<double>(ms.size())));
+      return ms[std::min(ms.size() - 1, i == 0 ? 0 : i - 1)];
+    };
+    const double limit = ms_double(late_after).count();
+    state.counters["calls"] = static_cast<double>(ms.size());
+    state.counters["late"] =
+        static_cast<double>(ms.end() - std::upper_bound(ms.begin(), ms.end(), limit));
+    state.counters["p50_ms"] = at(0.50);
+    state.counters["p99_ms"] = at(0.99);
+    state.counters["max_ms"] = ms.empty() ? 0.0 : ms.back();
+    state.counters["values"] = static_cast<double>(values);
+    state.counters["stale"] = static_cast<double>(stale);
+    state.counters["timeouts"] = static_cast<double>(timeouts);
+    state.counters["cancelled"] = static_cast<double>(cancelled);
+    state.counters["errors"] = static_cast<double>(errors);
+  }
+};
+
+// Runs one call, timing it and filing how it ended.
+template <class F>
+void timed_call(call_log& log, std::vector<double>& mine, F&& call) {
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    const sf::freshness f = call();
+    log.values.fetch_add(1);
+    if (f != sf::freshness::fresh) log.stale.fetch_add(1);
+  } catch (const sf::timeout_error&) {
+    log.timeouts.fetch_add(1);
+  } catch (const sf::cancelled_error&) {
+    log.cancelled.fetch_add(1);
+  } catch (...) {
+    log.errors.fetch_add(1);
+  }
+  mine.push_back(ms_double(std::chrono::steady_clock::now() - t0).count());
+}
+
+// The origin of these scenarios: int keys, counted calls per key.
+struct bound_origin {
+  explicit bound_origin(int keys) : per_key(static_cast<std::size_t>(keys)) {}
+  std::vector<std::atomic<int>> per_key;
+  std::atomic<long> calls{0};
+  std::atomic<long> finished{0};  // calls that returned or threw
+  void enter(int key) {
+    calls.fetch_add(1);
+    per_key[static_cast<std::size_t>(key)].fetch_add(1);
+  }
+  int max_per_key() const {
+    int m = 0;
+    for (const auto& n : per_key) m = std::max(m, n.load());
+    return m;
+  }
+};
+
+// Waits (at most `limit`) until every origin call has finished and no load runs, so that
+// what the loads publish is in the cache.
+template <class C>
+bool settle(const C& c, const bound_origin& o, std::chrono::nanoseconds limit) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < end) {
+    if (o.finished.load() == o.calls.load() && c.stats().loads_running == 0) return true;
+    std::this_thread::sleep_for(1ms);
+  }
+  return false;
+}
+
+template <class C>
+int keys_cached(const C& c, int keys) {
+  int n = 0;
+  for (int k = 0; k < keys; ++k) n += c.peek(k) && c.peek(k)->found() ? 1 : 0;
+  return n;
+}
+
+// Starts `n` threads running fn(i) together (all created before any starts) and joins them.
+template <class F>
+void run_together(int n, F fn) {
+  std::atomic<int> ready{0};
+  std::atomic<bool> go{false};
+  std::vector<std::jthread> ts;
+  for (int i = 0; i < n; ++i) {
+    ts.emplace_back([&, i] {
+      ready.fetch_add(1);
+      while (!go.load()) std::this_thread::yield();
+      fn(i);
+    });
+  }
+  while (ready.load() != n) std::this_thread::yield();
+  go = true;
+}
+
+sf::cache_options bound_options(sf::load_owner owner) {
+  sf::cache_options o;
+  o.ttl = 1min;
+  o.jitter = 0;
+  o.loads = owner;
+  return o;
+}
+
+using bcache = sf::cache<int, std::uint64_t>;
+
+// 6a. 50 keys, each requested once with a 100 ms bound, a 150 ms origin.
+void bm_bound_cold(benchmark::State& state, sf::load_owner owner) {
+  constexpr int keys = 50;
+  for (auto _ : state) {
+    bound_origin origin(keys);
+    bcache c(bound_options(owner), [&origin](const int& k, sf::stop_token) {
+      origin.enter(k);
+      std::this_thread::sleep_for(150ms);
+      origin.finished.fetch_add(1);
+      return static_cast<std::uint64_t>(k);
+    });
+    call_log log;
+    run_together(keys, [&](int k) {
+      std::vector<double> mine;
+      timed_call(log, mine, [&] { return c.get_entry(k, {}, 100ms).state; });
+      log.add(mine);
+    });
+    if (!settle(c, origin, 5s)) state.SkipWithError("loads did not finish in 5 s");
+    log.report(state, 105ms);
+    state.counters["origin_calls"] = static_cast<double>(origin.calls);
+    state.counters["keys_cached"] = keys_cached(c, keys);
+    c.close();
+  }
+}
+
+// 6b. Leaders whose stop token fires at 100 ms, a 300 ms origin (10 keys at once).
+void bm_leader_token(benchmark::State& state, sf::load_owner owner) {
+  constexpr int keys = 10;
+  for (auto _ : state) {
+    bound_origin origin(keys);
+    bcache c(bound_options(owner), [&origin](const int& k, sf::stop_token) {
+      origin.enter(k);
+      std::this_thread::sleep_for(300ms);
+      origin.finished.fetch_add(1);
+      return static_cast<std::uint64_t>(k);
+    });
+    std::vector<sf::stop_source> tokens(keys);
+    std::atomic<int> calling{0};
+    call_log log;
+    std::jthread timer([&] {
+      while (calling.load() != keys) std::this_thread::yield();
+      std::this_thread::sleep_for(100ms);  // the leaders' deadline
+      for (auto& t : tokens) t.request_stop();
+    });
+    run_together(keys, [&](int k) {
+      std::vector<double> mine;
+      calling.fetch_add(1);
+      timed_call(log, mine, [&] {
+        return c.get_entry(k, tokens[static_cast<std::size_t>(k)].get_token()).state;
+      });
+      log.add(mine);
+    });
+    timer.join();
+    if (!settle(c, origin, 5s)) state.SkipWithError("loads did not finish in 5 s");
+    log.report(state, 105ms);
+    state.counters["origin_calls"] = static_cast<double>(origin.calls);
+    state.counters["keys_cached"] = keys_cached(c, keys);
+    c.close();
+  }
+}
+
+// 6c. Soft timeout: 20 keys with an old value (past ttl, within stale_if_error), the origin
+// slowed to 2 s, soft_timeout 100 ms, 16 readers for one slow episode (until the slow loads
+// have published). The cache's windows are on manual_clock; soft_timeout is on steady_clock.
+void bm_soft_timeout(benchmark::State& state, sf::load_owner owner) {
+  using scache = sf::cache<int, std::uint64_t, sf::default_hash, std::equal_to<>, manual_clock>;
+  constexpr int keys = 20;
+  constexpr int readers = 16;
+  for (auto _ : state) {
+    bound_origin origin(keys);
+    std::atomic<bool> slow{false};
+    sf::cache_options o = bound_options(owner);
+    o.stale_if_error = 1h;
+    o.soft_timeout = 100ms;
+    scache c(o, [&origin, &slow](const int& k, sf::stop_token) {
+      const bool episode = slow.load();
+      if (episode) origin.enter(k);
+      if (episode) std::this_thread::sleep_for(2s);
+      if (episode) origin.finished.fetch_add(1);
+      return static_cast<std::uint64_t>(k + (episode ? 1000 : 0));
+    });
+    for (int k = 0; k < keys; ++k) (void)c.get(k);  // the old values
+    slow = true;
+    manual_clock::ticks.fetch_add(std::chrono::nanoseconds(2min).count());  // dead, within SIE
+    call_log log;
+    const auto episode_end = std::chrono::steady_clock::now() + 2s;
+    run_together(readers, [&](int t) {
+      std::minstd_rand rng(static_cast<unsigned>(t + 1));
+      std::vector<double> mine;
+      while (std::chrono::steady_clock::now() < episode_end) {
+        const int k = static_cast<int>(rng() % keys);
+        timed_call(log, mine, [&] { return c.get_entry(k).state; });
+        std::this_thread::sleep_for(1ms);
+      }
+      log.add(mine);
+    });
+    if (!settle(c, origin, 10s)) state.SkipWithError("loads did not finish in 10 s");
+    const long calls = origin.calls.load();
+    // The first read of each key after its slow load: fresh, the new value, no load.
+    int fresh_after = 0;
+    int slow_loaded = 0;  // keys read in the episode (a slow load started)
+    for (int k = 0; k < keys; ++k) {
+      if (origin.per_key[static_cast<std::size_t>(k)].load() == 0) continue;
+      ++slow_loaded;
+      const sf::cached<std::uint64_t> e = c.get_entry(k);
+      fresh_after += e.state == sf::freshness::fresh && e.taken_as == sf::role::none &&
+                             *e.value == static_cast<std::uint64_t>(k + 1000)
+                         ? 1
+                         : 0;
+    }
+    log.report(state, 105ms);
+    state.counters["origin_calls"] = static_cast<double>(calls);
+    state.counters["origin_calls_per_key_max"] = origin.max_per_key();
+    state.counters["keys_loaded"] = slow_loaded;
+    state.counters["fresh_after"] = fresh_after;
+    state.counters["stale_on_timeout"] = static_cast<double>(c.stats().stale_on_timeout);
+    c.close();
+  }
+}
+
+// 6d. The new user's service: 16 request threads over 200 keys, each request a get with a
+// 100 ms wait_bound (its deadline), then 2 ms of other work; the origin answers in 20-150 ms
+// (uniform), fails 5% of calls, and is down (every call fails, after the same latency) from
+// 4 s to 7 s of a 12 s run. The options the docs recommend, their windows scaled to the run:
+// ttl 2 s (jitter 0.1), stale_while_revalidate 1 s, stale_if_error 5 min, error_ttl 1 s,
+// early_refresh_beta 1. "late": answered (value or exception) more than 105 ms after the call.
+constexpr int service_keys = 200;
+constexpr int service_threads = 16;
+constexpr auto service_run = 12s;
+constexpr auto service_down_from = 4s;
+constexpr auto service_down_until = 7s;
+
+void bm_service(benchmark::State& state, sf::load_owner owner) {
+  for (auto _ : state) {
+    bound_origin origin(service_keys);
+    const auto start = std::chrono::steady_clock::now();
+    std::atomic<std::uint64_t> seeds{1};
+    sf::cache_options o;
+    o.ttl = 2s;
+    o.jitter = 0.1;
+    o.stale_while_revalidate = 1s;
+    o.stale_if_error = 5min;
+    o.error_ttl = 1s;
+    o.early_refresh_beta = 1.0;
+    o.max_entries = 100'000;
+    o.loads = owner;
+    bcache c(o, [&origin, &seeds, start](const int& k, sf::stop_token) -> std::uint64_t {
+      origin.enter(k);
+      // splitmix64 of a call counter: each call's own draw, whatever thread runs it.
+      std::uint64_t z = seeds.fetch_add(1) * 0x9E3779B97F4A7C15ull;
+      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+      z ^= z >> 31;
+      const auto latency = std::chrono::milliseconds(20 + z % 131);
+      const bool fails = (z >> 32) % 100 < 5;
+      std::this_thread::sleep_for(latency);
+      origin.finished.fetch_add(1);
+      const auto now = std::chrono::steady_clock::now() - start;
+      if (fails || (now >= service_down_from && now < service_down_until)) {
+        throw std::runtime_error("origin failed");
+      }
+      return static_cast<std::uint64_t>(k);
+    });
+    call_log log;
+    run_together(service_threads, [&](int t) {
+      std::minstd_rand rng(static_cast<unsigned>(100 + t));
+      std::vector<double> mine;
+      while (std::chrono::steady_clock::now() - start < service_run) {
+        const int k = static_cast<int>(rng() % service_keys);
+        timed_call(log, mine, [&] { return c.get_entry(k, {}, 100ms).state; });
+        std::this_thread::sleep_for(2ms);
+      }
+      log.add(mine);
+    });
+    log.report(state, 105ms);
+    state.counters["origin_calls"] = static_cast<double>(origin.calls);
+    c.close();
+  }
+}
+
+// ---------------------------------------------------------------------------
 // Registration
 // ---------------------------------------------------------------------------
 
@@ -651,6 +974,21 @@ const char* name_of(hit_impl i) {
         ->Iterations(1)
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
+  }
+  for (const auto owner : {sf::load_owner::cache, sf::load_owner::caller}) {
+    const std::string impl = owner == sf::load_owner::cache ? "lib" : "caller";
+    const auto add = [&](const std::string& scenario,
+                         void (*fn)(benchmark::State&, sf::load_owner)) {
+      const std::string n = scenario + "/impl:" + impl;
+      benchmark::RegisterBenchmark(n.c_str(), [fn, owner](benchmark::State& s) { fn(s, owner); })
+          ->Iterations(1)
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
+    };
+    add("cache_bound_cold", bm_bound_cold);
+    add("cache_leader_token", bm_leader_token);
+    add("cache_soft_timeout", bm_soft_timeout);
+    add("cache_service", bm_service);
   }
   return true;
 }();
