@@ -883,6 +883,10 @@ void bm_service(benchmark::State& state, sf::load_owner owner) {
     });
     log.report(state, 105ms);
     state.counters["origin_calls"] = static_cast<double>(origin.calls);
+    const sf::cache_stats st = c.stats();
+    state.counters["load_failures"] = static_cast<double>(st.load_failures);
+    state.counters["negative_hits"] = static_cast<double>(st.negative_hits);  // cached failures
+    state.counters["stale_on_error"] = static_cast<double>(st.stale_on_error);
     c.close();
   }
 }
