@@ -138,6 +138,7 @@ int window_study(const Cells& cells) {
       {"ghosts 0.25 / 0.25", {rule::ghosts, 0.01, 0.25, 0.25}},
       {"ghosts 0.10 / 0.25", {rule::ghosts, 0.01, 0.10, 0.25}},
       {"ghosts 0.02 / 0.25", {rule::ghosts, 0.01, 0.02, 0.25}},
+      {"ghosts 0.25 / 0.25, age < 1x", {rule::ghosts, 0.01, 0.25, 0.25, 1.0}},
   };
   std::printf(
       "W-TinyLFU by window rule (reference model, unsharded): hit ratio %% (final window "

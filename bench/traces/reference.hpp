@@ -302,13 +302,16 @@ namespace sftrace {
 //   ghosts  a feedback rule in ARC's manner: the keys the window's candidates lost with (the
 //           last `ghost_window` x capacity of them) and the keys main evicted (the last
 //           `ghost_main` x capacity) are remembered; a miss on a key the window lost grows the
-//           window by one entry, a miss on one main evicted shrinks it by one.
+//           window by one entry, a miss on one main evicted shrinks it by one; with `age`
+//           > 0, a key the window lost grows it only if it returns fewer than age x capacity
+//           accesses after it was lost (a loop longer than the cache returns later).
 // *final_window: the window's share of the capacity at the end.
 struct window_rule {
   enum kind_t { fixed, climb, ghosts } kind = fixed;
   double window = 0.01;
   double ghost_window = 0.25;
   double ghost_main = 0.25;
+  double age = 0;
 };
 
 inline std::uint64_t w_tinylfu_sized_hits(const std::vector<std::uint32_t>& t, std::size_t capacity,
@@ -351,6 +354,8 @@ inline std::uint64_t w_tinylfu_sized_hits(const std::vector<std::uint32_t>& t, s
   const double wmax = std::max(1.0, cap * 0.99);
   double wcap = std::clamp(rule.window * cap, wmin, wmax);
   const auto main_cap = [&] { return capacity - static_cast<std::size_t>(wcap); };
+  std::unordered_map<std::uint32_t, std::uint64_t> lost_at;  // access number of the loss
+  std::uint64_t now = 0;
   std::uint64_t hits = 0;
   std::uint64_t sample_hits = 0;
   std::uint64_t sample_misses = 0;
@@ -365,6 +370,7 @@ inline std::uint64_t w_tinylfu_sized_hits(const std::vector<std::uint32_t>& t, s
     }
   };
   for (const std::uint32_t k : t) {
+    ++now;
     sketch.increment(k);
     if (auto f = at.find(k); f != at.end()) {
       ++hits;
@@ -383,7 +389,9 @@ inline std::uint64_t w_tinylfu_sized_hits(const std::vector<std::uint32_t>& t, s
       ++sample_misses;
       if (rule.kind == window_rule::ghosts) {
         if (lost.has(k)) {
-          wcap = std::min(wmax, wcap + 1);
+          if (rule.age <= 0 || static_cast<double>(now - lost_at[k]) < rule.age * cap) {
+            wcap = std::min(wmax, wcap + 1);
+          }
         } else if (evicted.has(k)) {
           wcap = std::max(wmin, wcap - 1);
         }
@@ -423,6 +431,7 @@ inline std::uint64_t w_tinylfu_sized_hits(const std::vector<std::uint32_t>& t, s
         window.pop_back();
         at.erase(cand);
         lost.add(cand);
+        if (rule.age > 0) lost_at[cand] = now;
       }
     }
     while (at.size() > capacity) {  // main over its share after the window grew
