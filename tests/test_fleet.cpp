@@ -50,25 +50,39 @@ std::string numbered(const char* stem, int i) {
 
 // ---- the hit path ---------------------------------------------------------------------------
 
-TEST_CASE("a hit is exactly one round trip (one GET, counted by the server)", "[fleet]") {
+TEST_CASE(
+    "a hit is exactly one round trip (one GETRANGE, counted by the server); a record over "
+    "64 KiB costs a second one",
+    "[fleet]") {
   sftest::private_redis server;
   auto client = server.client();
   fleet_t f(opts(server.uri(), "hit"));
   CHECK(f.get("k", [] { return std::string("v"); }) == "v");  // the miss stores it
 
-  const long long gets_before = client->command_calls("get");
+  const long long gets_before = client->command_calls("getrange");
   const long long total_before =
       std::stoll(client->info_field("stats", "total_commands_processed"));
   for (int i = 0; i < 100; ++i) {
     CHECK(f.get("k", [] { return std::string("loaded again"); }) == "v");
   }
-  const long long gets_after = client->command_calls("get");
+  const long long gets_after = client->command_calls("getrange");
   const long long total_after = std::stoll(client->info_field("stats", "total_commands_processed"));
   CHECK(gets_after - gets_before == 100);
-  // 100 GETs and the two INFO commands of this test in between, nothing else.
+  // 100 GETRANGEs and the two INFO commands of this test in between, nothing else.
   CHECK(total_after - total_before == 100 + 2);
   CHECK(f.stats().hits == 100);
   CHECK(f.stats().origin_calls == 1);
+
+  // A record longer than 64 KiB: its first 64 KiB, then the rest.
+  const std::string big(100 * 1024, 'b');
+  CHECK(f.get("big", [&] { return big; }) == big);
+  const long long big_before = std::stoll(client->info_field("stats", "total_commands_processed"));
+  CHECK(f.get("big", [] { return std::string("loaded again"); }) == big);
+  const long long big_after = std::stoll(client->info_field("stats", "total_commands_processed"));
+  CHECK(big_after - big_before == 2 + 1);  // two GETRANGEs and one INFO
+  CHECK(f.stats().hits == 101);
+  CHECK(f.stats().origin_calls == 2);
+  CHECK(f.stats().decode_failures == 0);
 }
 
 // ---- coalescing across processes --------------------------------------------------------------

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstddef>
 #include <string>
+#include <string_view>
 
 #include "support/catch.hpp"
 #include "support/fault_proxy.hpp"
@@ -115,6 +116,120 @@ TEST_CASE(
   CHECK(sftest::stored(client, prefix, "k") == value);  // the fleet's record replaced it
   CHECK(client.command({"PTTL", name}).integer > 0);    // with the fleet's TTL
   client.command({"DEL", name});
+}
+
+TEST_CASE(
+    "no get asks the server for a value whole: with replies over 4 MiB refused "
+    "(client-output-buffer-limit), a foreign 64 MiB value and a foreign 8 MiB one are misses "
+    "replaced by the leader's store, without a Redis error",
+    "[fleet][large]") {
+  // redis-server builds a whole reply before it sends a byte, and closes a connection whose
+  // reply would pass the limit without sending any of it: a GET of either value is a Redis
+  // error (the connection closed), as a GET that outlasts redis_timeout is on a loaded machine.
+  // The fleet reads 64 KiB of the first bytes and the value's length (STRLEN): no reply passes
+  // 64 KiB here.
+  sftest::private_redis server;
+  auto client = server.client();
+  REQUIRE(
+      client->command({"CONFIG", "SET", "client-output-buffer-limit", "normal 4mb 4mb 0"}).str ==
+      "OK");
+  const std::string prefix = "bounded";
+  const std::string huge_name = d::fleet_names::of(prefix, "huge").value;
+  const std::string over_name = d::fleet_names::of(prefix, "over64k").value;
+  REQUIRE(client->command({"SET", huge_name, std::string(64 * mib, 'f')}).str == "OK");
+  REQUIRE(client->command({"SET", over_name, std::string(8 * mib, 'g')}).str == "OK");
+
+  fleet_t f(defaults(server.uri(), prefix));
+  const std::string value = "the origin's value";
+  counting_origin origin(value);
+  for (int i = 0; i < 5; ++i) CHECK(f.get("huge", origin.loader()) == value);
+  for (int i = 0; i < 5; ++i) CHECK(f.get("over64k", origin.loader()) == value);
+  const sf::fleet_stats s = f.stats();
+  CHECK(origin.calls.load() == 2);  // one per key, then hits
+  CHECK(s.oversized_skipped == 1);  // 64 MiB: over max_value_bytes
+  CHECK(s.decode_failures == 1);    // 8 MiB: under it, but no record of this fleet
+  CHECK(s.hits == 8);
+  CHECK(s.redis_errors == 0);
+  CHECK(s.breaker_opens == 0);
+  CHECK(sftest::stored(*client, prefix, "huge") == value);
+  CHECK(sftest::stored(*client, prefix, "over64k") == value);
+}
+
+TEST_CASE(
+    "get_value: bounded reads of any record length around 64 KiB and the limit; a miss, an "
+    "empty string, another type, a foreign value under and over the limit",
+    "[fleet][large]") {
+  const std::string uri = sftest::need_redis();
+  const std::string prefix = sftest::unique_prefix("getrange");
+  sftest::redis_client client(uri);
+  const auto ep = d::redis_endpoint::parse(uri);
+  auto conn = d::redis_conn::open(ep, 2000ms, "", "");
+  const auto n = d::fleet_names::of(prefix, "k");
+  constexpr std::string_view tag = "t";
+  constexpr std::size_t limit = 256 * 1024;
+  // A record of exactly `length` bytes.
+  const auto record_of = [&](std::size_t length) {
+    const std::size_t header = d::make_record('v', tag, "1", "1", "").size();
+    return d::make_record('v', tag, "1", "1", std::string(length - header, 'r'));
+  };
+  const auto get = [&](std::size_t lim) { return d::get_value(*conn, n, tag, lim); };
+
+  SECTION("a missing name and an empty string are misses; another Redis type is foreign") {
+    CHECK(get(limit).kind == d::get_result::miss);
+    client.command({"SET", n.value, ""});
+    CHECK(get(limit).kind == d::get_result::miss);
+    client.command({"DEL", n.value});
+    client.command({"HSET", n.value, "a", "b"});
+    CHECK(get(limit).kind == d::get_result::foreign);
+  }
+  SECTION("records up to the limit are read whole, in one or two reads") {
+    for (const std::size_t length : {std::size_t{100}, d::script_read_max - 1, d::script_read_max,
+                                     d::script_read_max + 1, std::size_t{200 * 1024}, limit}) {
+      INFO("record of " << length << " bytes");
+      const std::string rec = record_of(length);
+      REQUIRE(rec.size() == length);
+      client.command({"SET", n.value, rec});
+      const d::get_result g = get(limit);
+      CHECK(g.kind == d::get_result::found);
+      CHECK(g.bytes == rec);
+      CHECK(d::parse_record(g.bytes, tag).has_value());
+      CHECK_FALSE(conn->broken());
+    }
+  }
+  SECTION("a record one byte over the limit is oversized, its rest not read") {
+    client.command({"SET", n.value, record_of(limit + 1)});
+    const d::get_result g = get(limit);
+    CHECK(g.kind == d::get_result::oversized);
+    CHECK(g.length > static_cast<long long>(limit));
+    CHECK(g.bytes.empty());
+  }
+  SECTION("a limit under 64 KiB: a longer record is oversized after the first read") {
+    client.command({"SET", n.value, record_of(10 * 1024)});
+    CHECK(get(5 * 1024).kind == d::get_result::oversized);
+    CHECK(get(10 * 1024).kind == d::get_result::found);
+    CHECK_FALSE(conn->broken());
+  }
+  SECTION("a foreign value over 64 KiB: foreign under the limit, oversized over it, not read") {
+    client.command({"SET", n.value, std::string(limit, 'f')});
+    CHECK(get(limit).kind == d::get_result::foreign);
+    client.command({"SET", n.value, std::string(limit + 1, 'f')});
+    const d::get_result g = get(limit);
+    CHECK(g.kind == d::get_result::oversized);
+    CHECK(g.length == static_cast<long long>(limit + 1));  // STRLEN: the exact length
+    CHECK_FALSE(conn->broken());
+  }
+  SECTION("the race reads a record over 64 KiB the same way; a foreign one takes no lease") {
+    const std::string rec = record_of(100 * 1024);
+    client.command({"SET", n.value, rec});
+    d::acquire_result a = d::acquire(*conn, n, tag, "tok", 2000ms, 2000ms, true, limit);
+    CHECK(a.kind == d::acquire_result::found);
+    CHECK(a.bytes == rec);
+    client.command({"SET", n.value, std::string(100 * 1024, 'f')});
+    a = d::acquire(*conn, n, tag, "tok", 2000ms, 2000ms, true, limit);
+    CHECK(a.kind == d::acquire_result::foreign);
+    CHECK(client.command({"EXISTS", n.lease}).integer == 0);  // nothing written
+  }
+  client.command({"DEL", n.value, n.lease, n.meta});
 }
 
 TEST_CASE(

@@ -88,9 +88,10 @@ class fleet_flight {
     auto& n = e_.counters;
     if (!e_.breaker.allow()) return load_locally();
 
-    // 1. GET: a hit costs this one round trip.
+    // 1. Read the record (get_value): a hit on a record of up to 64 KiB costs this one round
+    // trip, a longer one two.
     get_result first;
-    if (!round_trip([&](redis_conn& c) { first = get_value(c, names_, limit_); })) {
+    if (!round_trip([&](redis_conn& c) { first = get_value(c, names_, tag_, limit_); })) {
       return load_locally();
     }
     bool read_value = true;  // may the race script return the value it finds?
@@ -105,9 +106,10 @@ class fleet_flight {
       fleet_counters::bump(n.decode_failures);
       read_value = false;
     } else if (first.kind == get_result::oversized) {
-      // Not read: a miss, which the leader's store replaces. The rest of the
-      // reply is in flight on the connection: drop it (the server stops).
-      conn_.reset();
+      // Not read: a miss, which the leader's store replaces. When the rest of
+      // the reply is in flight on the connection, it is broken: drop it (the
+      // server stops).
+      if ((*conn_)->broken()) conn_.reset();
       fleet_counters::bump(n.oversized_skipped);
       read_value = false;
     }
@@ -122,7 +124,8 @@ class fleet_flight {
       std::string token = e_.new_token();
       acquire_result a;
       if (!round_trip([&](redis_conn& c) {
-            a = acquire(c, names_, token, e_.cfg.lease_ttl, e_.cfg.meta_ttl, read_value, limit_);
+            a = acquire(c, names_, tag_, token, e_.cfg.lease_ttl, e_.cfg.meta_ttl, read_value,
+                        limit_);
           })) {
         // The race may still run on the server (a reply lost, a server that
         // stalled): it must then take no lease that nobody holds.
@@ -143,6 +146,11 @@ class fleet_flight {
         fleet_counters::bump(n.oversized_skipped);
         read_value = false;
         continue;  // not to be read: race without reading
+      }
+      if (a.kind == acquire_result::foreign) {
+        fleet_counters::bump(n.decode_failures);
+        read_value = false;
+        continue;  // not a record: race without reading
       }
       if (a.kind == acquire_result::gone) continue;  // a long value went: race again
       if (a.kind == acquire_result::won) {

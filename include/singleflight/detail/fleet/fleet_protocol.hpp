@@ -154,29 +154,42 @@ inline std::string make_record(char kind, std::string_view tag, std::string_view
   return out;
 }
 
-// parse_record(bytes, tag): the record, or nullopt for anything that is not a
-// well-formed record with this codec tag and a matching checksum.
-inline std::optional<record> parse_record(std::string_view bytes, std::string_view tag) {
-  if (!bytes.starts_with("SF1|")) return std::nullopt;
+// record_header(bytes, tag, r, checksum): whether `bytes` starts with a record header of this
+// codec tag, "SF1|<kind>|<tag>|<fence>|<gen>|<16 characters>|"; fills r's kind, tag, fence and
+// gen, r.payload with what follows the header (the payload or, of a record's first bytes, its
+// start) and `checksum` with the checksum field. Checks no checksum: the payload may be cut
+// short (get_value's first read).
+inline bool record_header(std::string_view bytes, std::string_view tag, record& r,
+                          std::string_view& checksum) {
+  if (!bytes.starts_with("SF1|")) return false;
   std::string_view rest = bytes.substr(4);
   std::string_view field[5];
   for (auto& f : field) {
     const auto bar = rest.find('|');
-    if (bar == std::string_view::npos) return std::nullopt;
+    if (bar == std::string_view::npos) return false;
     f = rest.substr(0, bar);
     rest = rest.substr(bar + 1);
   }
-  record r;
-  if (field[0].size() != 1 || (field[0][0] != 'v' && field[0][0] != 'e')) return std::nullopt;
+  if (field[0].size() != 1 || (field[0][0] != 'v' && field[0][0] != 'e')) return false;
+  if (field[1] != tag || field[4].size() != 16) return false;
   r.kind = field[0][0];
   r.tag = field[1];
   r.fence = field[2];
   r.gen = field[3];
   r.payload = rest;
-  if (r.tag != tag || field[4].size() != 16) return std::nullopt;
-  const std::size_t head_len = static_cast<std::size_t>(field[4].data() - bytes.data()) - 4;
+  checksum = field[4];
+  return true;
+}
+
+// parse_record(bytes, tag): the record, or nullopt for anything that is not a
+// well-formed record with this codec tag and a matching checksum.
+inline std::optional<record> parse_record(std::string_view bytes, std::string_view tag) {
+  record r;
+  std::string_view checksum;
+  if (!record_header(bytes, tag, r, checksum)) return std::nullopt;
+  const std::size_t head_len = static_cast<std::size_t>(checksum.data() - bytes.data()) - 4;
   const std::string_view head = bytes.substr(4, head_len);
-  if (hex16(fnv1a64(r.payload, fnv1a64(head))) != field[4]) return std::nullopt;
+  if (hex16(fnv1a64(r.payload, fnv1a64(head))) != checksum) return std::nullopt;
   return r;
 }
 
@@ -222,7 +235,7 @@ struct lua_script {
 // script_read_max. Returns {0, record} (a value is there), {1, pttl} (lost: someone holds the
 // lease), {2, fence, gen} (won), {3} (this race's client gave up on it before it ran: nothing
 // written), {4, length} (a value over the limit is there: not sent, nothing written), or
-// {5, length} (a value longer than script_read_max is there: read it with GET; nothing
+// {5, length} (a value longer than script_read_max is there: read it with get_value; nothing
 // written).
 inline const lua_script& acquire_script() {
   static const lua_script s(SINGLEFLIGHT_FLEET_LUA_PRELUDE R"lua(
@@ -385,10 +398,11 @@ inline std::string ms_text(std::chrono::milliseconds d) { return std::to_string(
 // Steps
 
 // script_read_max: the longest record the race script returns itself (ACQUIRE); a longer one
-// is read with GET, one more round trip. A script copies what it returns into Lua and out
+// is read with get_value, more round trips. A script copies what it returns into Lua and out
 // again, ~3 ms per MiB on redis-server 7.0, while it serves nobody else and the round trip sees
-// no byte move; GET copies it once. At 64 KiB the extra round trip costs less than the
-// record's own transfer.
+// no byte move; GETRANGE copies it once. At 64 KiB the extra round trip costs less than the
+// record's own transfer. It is also what get_value's first read asks for: a hit on a record up
+// to this long is one round trip, a longer one two.
 inline constexpr std::size_t script_read_max = 64 * 1024;
 
 // record_limit(max_value_bytes, tag): the longest record of a value of at most max_value_bytes
@@ -403,42 +417,117 @@ inline std::size_t record_limit(std::size_t max_value_bytes, std::string_view ta
 
 struct get_result {
   enum kind_t { miss, found, foreign, oversized } kind = miss;
-  std::string bytes;     // found: the record
-  long long length = 0;  // oversized: the record's length (not read)
+  std::string bytes;     // found: the record (a torn one fails parse_record: see get_value)
+  long long length = 0;  // oversized: the record's length, at least (it was not read whole)
 };
 
-// get_value(c, n, limit): GET the record, one round trip (a hit is one GET). A value of
-// another Redis type (WRONGTYPE) is `foreign`; a record longer than `limit` (0: none) is
-// `oversized` and not read: the connection is then broken (drop it), as the rest of the reply
-// is in flight (redis_conn::command_capped).
-inline get_result get_value(redis_conn& c, const fleet_names& n, std::size_t limit) {
-  long long over = 0;
-  const redis_reply r = c.command_capped(limit, {"GET", n.value}, over);
+// get_value(c, n, tag, limit): reads the record with GETRANGE, never GET, so that what the
+// server copies for one get is bounded: at most script_read_max + `limit` bytes (0: no limit),
+// whatever is under the name. redis-server builds a whole reply before it sends its first byte
+// (a GET of a 64 MiB string answers after 30-60 ms, past the default redis_timeout, before its
+// length could be seen).
+//  - GETRANGE value 0 script_read_max-1, one round trip: a shorter reply is the whole record
+//    (a hit of an ordinary record is this one command). "" is a miss: GETRANGE answers "" for
+//    a missing name, not nil, and an empty string is no record either.
+//  - A reply of exactly script_read_max bytes may be the start of a longer value. If it does
+//    not start with a record header of this codec (record_header) it is another program's:
+//    not read further; its length (STRLEN, a second round trip) tells `oversized` (over
+//    `limit`) from `foreign`. Else the rest is read with GETRANGE value script_read_max
+//    `limit` (a second round trip): a reply of its full length means a record over `limit`,
+//    `oversized`, and is not read (redis_conn::command_capped: the connection is then broken,
+//    drop it). The two parts are concatenated: a record overwritten between the two reads
+//    comes out torn, and its checksum fails (parse_record), as a corrupt record's does.
+// A value of another Redis type (WRONGTYPE) is `foreign`. A record read whole that is longer
+// than `limit` (a limit under script_read_max) is `oversized`.
+inline get_result get_value(redis_conn& c, const fleet_names& n, std::string_view tag,
+                            std::size_t limit) {
+  static const std::string first_end = std::to_string(script_read_max - 1);
+  static const std::string rest_start = std::to_string(script_read_max);
   get_result out;
-  if (!r) {
-    out.kind = get_result::oversized;
-    out.length = over;
+  // A reply of GETRANGE: false for WRONGTYPE (foreign), throws for any other error.
+  const auto string_reply = [&](const redis_reply& r) {
+    if (is_error(r.get())) {
+      if (text_of(r.get()).starts_with("WRONGTYPE")) return false;
+      throw redis_failure("GETRANGE: " + std::string(text_of(r.get())));
+    }
+    if (r->type != REDIS_REPLY_STRING) throw redis_failure("GETRANGE: unexpected reply");
+    return true;
+  };
+  const redis_reply head = c.command({"GETRANGE", n.value, "0", first_end});
+  if (!string_reply(head)) {
+    out.kind = get_result::foreign;
     return out;
   }
-  if (is_nil(r.get())) return out;
-  if (is_error(r.get())) {
-    if (text_of(r.get()).starts_with("WRONGTYPE")) {
-      out.kind = get_result::foreign;
-      return out;
-    }
-    throw redis_failure("GET: " + std::string(text_of(r.get())));
+  if (head->len == 0) return out;  // a missing name, or an empty string: no record either
+  if (limit > 0 && head->len > limit) {
+    out.kind = get_result::oversized;
+    out.length = static_cast<long long>(head->len);
+    return out;
   }
-  if (r->type != REDIS_REPLY_STRING) throw redis_failure("GET: unexpected reply");
+  out.bytes.assign(head->str, head->len);
+  if (head->len < script_read_max) {
+    out.kind = get_result::found;
+    return out;
+  }
+
+  record r;
+  std::string_view checksum;
+  if (!record_header(out.bytes, tag, r, checksum)) {
+    out.bytes.clear();
+    const redis_reply len = c.command({"STRLEN", n.value});
+    if (is_error(len.get()) && !text_of(len.get()).starts_with("WRONGTYPE")) {
+      throw redis_failure("STRLEN: " + std::string(text_of(len.get())));
+    }
+    if (!is_error(len.get()) && len->type != REDIS_REPLY_INTEGER) {
+      throw redis_failure("STRLEN: unexpected reply");
+    }
+    const long long length = is_error(len.get()) ? 0 : len->integer;
+    if (limit > 0 && length > static_cast<long long>(limit)) {
+      out.kind = get_result::oversized;
+      out.length = length;
+    } else {
+      out.kind = get_result::foreign;
+    }
+    return out;
+  }
+
+  // The rest: bytes script_read_max..limit (inclusive), at most limit - script_read_max + 1;
+  // a reply that long is a record over the limit, and is not read.
+  const std::size_t cap = limit > 0 ? limit - script_read_max : 0;
+  const std::string rest_end = limit > 0 ? std::to_string(limit) : std::string("-1");
+  long long over = 0;
+  const redis_reply rest =
+      cap > 0 ? c.command_capped(cap, {"GETRANGE", n.value, rest_start, rest_end}, over)
+              : c.command({"GETRANGE", n.value, rest_start, rest_end});
+  if (!rest) {
+    out.bytes.clear();
+    out.kind = get_result::oversized;
+    out.length = static_cast<long long>(script_read_max) + over;
+    return out;
+  }
+  if (!string_reply(rest)) {
+    out.bytes.clear();
+    out.kind = get_result::foreign;  // replaced by another type since the first read
+    return out;
+  }
+  if (limit > 0 && rest->len > cap) {
+    out.bytes.clear();
+    out.kind = get_result::oversized;
+    out.length = static_cast<long long>(script_read_max + rest->len);
+    return out;
+  }
+  out.bytes.append(rest->str, rest->len);
   out.kind = get_result::found;
-  out.bytes.assign(r->str, r->len);
   return out;
 }
 
 struct acquire_result {
   // found: a value is there (bytes); lost: another holds the lease; won: ours; oversized: a
   // value over the limit is there (not read, nothing written); gone: a long value was there
-  // and was not by the time it was read (nothing written: race again).
-  enum kind_t { found, lost, won, oversized, gone } kind = lost;
+  // and was not by the time it was read (nothing written: race again); foreign: a long value
+  // is there that is not a record of this codec (not read whole, nothing written: race
+  // without reading, as after a record that does not parse).
+  enum kind_t { found, lost, won, oversized, gone, foreign } kind = lost;
   std::string bytes;     // found: the record
   std::string fence;     // won
   std::string gen;       // won
@@ -447,10 +536,10 @@ struct acquire_result {
 };
 
 // acquire(...): the race; with read_value, a value found first is the answer (a record longer
-// than script_read_max is read with get_value: one more round trip), a value over `limit`
-// (0: none) is not read.
-inline acquire_result acquire(redis_conn& c, const fleet_names& n, std::string_view token,
-                              std::chrono::milliseconds lease_ttl,
+// than script_read_max is read with get_value under codec tag `tag`: the same bounded reads as
+// a get, two more round trips), a value over `limit` (0: none) is not read.
+inline acquire_result acquire(redis_conn& c, const fleet_names& n, std::string_view tag,
+                              std::string_view token, std::chrono::milliseconds lease_ttl,
                               std::chrono::milliseconds meta_ttl, bool read_value,
                               std::size_t limit) {
   const std::string lease_ms = ms_text(lease_ttl);
@@ -483,13 +572,15 @@ inline acquire_result acquire(redis_conn& c, const fleet_names& n, std::string_v
     out.kind = acquire_result::oversized;
     out.length = e1->integer;
   } else if (k == 5 && e1->type == REDIS_REPLY_INTEGER) {
-    get_result g = get_value(c, n, limit);
+    get_result g = get_value(c, n, tag, limit);
     if (g.kind == get_result::found) {
       out.kind = acquire_result::found;
       out.bytes = std::move(g.bytes);
     } else if (g.kind == get_result::oversized) {
-      out.kind = acquire_result::oversized;  // replaced by a longer one since: c is broken
+      out.kind = acquire_result::oversized;  // replaced by a longer one since: c may be broken
       out.length = g.length;
+    } else if (g.kind == get_result::foreign) {
+      out.kind = acquire_result::foreign;
     } else {
       out.kind = acquire_result::gone;
     }
