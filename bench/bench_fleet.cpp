@@ -6,9 +6,9 @@
 // misses the server also counts the commands inside the scripts, so their round trips are
 // counted by fleet_driver, through MONITOR, instead.
 //
-//   hit/impl:fleet          fleet.get of a stored 100-byte value (local group + GET + decode)
+//   hit/impl:fleet          fleet.get of a stored 100-byte value (local group + GETRANGE + decode)
 //   hit/impl:hiredis        one bare GET of the same name (the floor)
-//   miss_leader/impl:fleet  fleet.get of a new key, origin returning at once: GET, the race
+//   miss_leader/impl:fleet  fleet.get of a new key, origin returning at once: GETRANGE, the race
 //                           script, the store script
 //   miss_leader/impl:hiredis  three bare round trips (GET, GET, GET): the floor for three
 #include <singleflight/fleet.hpp>

@@ -114,13 +114,14 @@ struct fleet_options {
   // for themselves. A larger record found in Redis (another program's value
   // under a fleet's name, or one stored by a fleet with a larger limit) is
   // not transferred: the get counts it (oversized_skipped) and takes it for a
-  // miss, and its leader's store replaces it. 32 MiB (the default): a 32 MiB
-  // value takes ~100 ms per store on loopback, most of it the server's, which
-  // serves no other client meanwhile, and each reader holds it several times
-  // over in memory while it decodes. 0: no limit but the server's
-  // (proto-max-bulk-len, 512 MB by default; a store the server refuses ends
-  // as an oversized one), and a get is one plain GET instead of a script.
-  // Give every fleet of one key_prefix the same limit.
+  // miss, and its leader's store replaces it (a get reads at most 64 KiB of
+  // a value that is not a record of this fleet, and at most this limit of
+  // one that is). 32 MiB (the default): a 32 MiB value takes ~100 ms per
+  // store on loopback, most of it the server's, which serves no other client
+  // meanwhile, and each reader holds it several times over in memory while
+  // it decodes. 0: no limit but the server's (proto-max-bulk-len, 512 MB by
+  // default; a store the server refuses ends as an oversized one). Give
+  // every fleet of one key_prefix the same limit.
   std::size_t max_value_bytes = std::size_t{32} << 20;
 
   // Replication: with replicas > 0, invalidate() returns only once that many
