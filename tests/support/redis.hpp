@@ -5,6 +5,8 @@
 //    why and exits with 77, which ctest reports as *skipped*
 //    (SKIP_RETURN_CODE, tests/CMakeLists.txt). Set but unreachable: the test
 //    fails.
+//  * cluster_node(): a node of the test Redis Cluster (SINGLEFLIGHT_TEST_REDIS_CLUSTER, or
+//    the ctest fixture fleet_redis_cluster's), "" when there is none.
 //  * unique_prefix(): a key prefix of this test case's own, so that test
 //    cases sharing the server never see each other's keys.
 //  * redis_client: a tiny synchronous client (the tests' own channel to the
@@ -78,6 +80,27 @@ inline std::string need_redis() {
     std::exit(skip_code);
   }
   return uri;
+}
+
+// A node of the Redis Cluster of the cluster tests (tcp://127.0.0.1:PORT), or "" when there is
+// none: SINGLEFLIGHT_TEST_REDIS_CLUSTER, else the URI the ctest fixture fleet_redis_cluster
+// wrote (tests/support/redis_cluster.sh). With "" a test WARNs loudly and passes without
+// running (need_cluster_or_warn in test_fleet_cluster.cpp).
+inline std::string cluster_node() {
+  const char* uri = std::getenv("SINGLEFLIGHT_TEST_REDIS_CLUSTER");
+  if (uri != nullptr && *uri != '\0') return uri;
+#ifdef SINGLEFLIGHT_TEST_REDIS_CLUSTER_FILE
+  std::string line;
+  if (std::FILE* f = std::fopen(SINGLEFLIGHT_TEST_REDIS_CLUSTER_FILE, "r")) {
+    char buf[256];
+    if (std::fgets(buf, sizeof buf, f) != nullptr) line = buf;
+    std::fclose(f);
+  }
+  while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.pop_back();
+  return line;
+#else
+  return {};
+#endif
 }
 
 inline std::string unique_prefix(std::string_view what = "t") {
