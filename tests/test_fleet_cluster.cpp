@@ -2,8 +2,6 @@
 // pointed at ONE node coalesce the keys of every slot, wherever the slot lives. Without a
 // cluster (no redis-server / redis-cli, no SINGLEFLIGHT_TEST_REDIS_CLUSTER) the cluster cases
 // WARN and pass without running.
-//
-// [!shouldfail]: the fleet does not route by slot yet (issue 20); the next commit removes it.
 #include <singleflight/fleet.hpp>
 
 #include <algorithm>
@@ -56,8 +54,7 @@ int port_of(const std::string& uri) { return std::stoi(uri.substr(uri.rfind(':')
 
 }  // namespace
 
-TEST_CASE("fleets pointed at one cluster node coalesce the keys of every slot",
-          "[cluster][!shouldfail]") {
+TEST_CASE("fleets pointed at one cluster node coalesce the keys of every slot", "[cluster]") {
   const std::string uri = need_cluster_or_warn();
   if (uri.empty()) return;
   const std::string prefix = sftest::unique_prefix("cluster");
@@ -124,4 +121,105 @@ TEST_CASE("fleets pointed at one cluster node coalesce the keys of every slot",
     CHECK(s.local_fallback == 0);
     CHECK(f->healthy());
   }
+}
+
+TEST_CASE("cluster_slot hashes the hash tag with CRC16-XMODEM as Redis does", "[cluster][slots]") {
+  // Vectors: the CRC16 check value, and slots Redis gives (CLUSTER KEYSLOT).
+  STATIC_REQUIRE(d::crc16("123456789") == 0x31C3);
+  STATIC_REQUIRE(d::cluster_slot("123456789") == 12739);
+  CHECK(d::cluster_slot("foo") == 12182);
+  CHECK(d::cluster_slot("") == 0);
+  // A hash tag: only what is between the first '{' and the first '}' after it.
+  CHECK(d::cluster_slot("{user1000}.following") == d::cluster_slot("user1000"));
+  CHECK(d::cluster_slot("{user1000}.followers") == d::cluster_slot("{user1000}.following"));
+  CHECK(d::cluster_slot("foo{}{bar}") == d::cluster_slot("foo{}{bar}"));  // "{}": whole name
+  CHECK(d::cluster_slot("foo{}{bar}") != d::cluster_slot("bar"));
+  CHECK(d::cluster_slot("foo{{bar}}zap") == d::cluster_slot("{bar"));
+  CHECK(d::cluster_slot("foo{bar}{zap}") == d::cluster_slot("bar"));
+  CHECK(d::cluster_slot("no tag}{") == d::cluster_slot("no tag}{"));
+  // Every name of one fleet key is in one slot, whatever the key holds.
+  for (const std::string key : {"plain", "with}brace", "{braced}", "a:b:c", ""}) {
+    const auto n = d::fleet_names::of("pre{fix", key);
+    const std::size_t slot = d::cluster_slot(n.value);
+    CHECK(d::cluster_slot(n.lease) == slot);
+    CHECK(d::cluster_slot(n.meta) == slot);
+    CHECK(d::cluster_slot(n.tomb("0123")) == slot);
+  }
+}
+
+TEST_CASE("cluster_redirect parses MOVED, ASK, TRYAGAIN and CLUSTERDOWN", "[cluster][slots]") {
+  using r = d::cluster_redirect;
+  const r moved = r::parse("MOVED 3999 127.0.0.1:6381");
+  CHECK(moved.kind == r::moved);
+  CHECK(moved.slot == 3999);
+  CHECK(moved.host == "127.0.0.1");
+  CHECK(moved.port == 6381);
+  const r ask = r::parse("ASK 16383 ::1:7000");
+  CHECK(ask.kind == r::ask);
+  CHECK(ask.slot == 16383);
+  CHECK(ask.host == "::1");
+  CHECK(ask.port == 7000);
+  CHECK(r::parse("MOVED 12 :6380").host.empty());  // a node without a known address
+  CHECK(r::parse("TRYAGAIN Multiple keys request during rehashing of slot").kind == r::tryagain);
+  CHECK(r::parse("CLUSTERDOWN The cluster is down").kind == r::clusterdown);
+  CHECK(r::parse("MOVED 16384 127.0.0.1:1").kind == r::none);  // no such slot
+  CHECK(r::parse("MOVED x 127.0.0.1:1").kind == r::none);
+  CHECK(r::parse("ERR unknown command").kind == r::none);
+}
+
+TEST_CASE("a single Redis server is never asked about a cluster", "[cluster]") {
+  sftest::private_redis server;
+  const std::string prefix = sftest::unique_prefix("single");
+  fleet_t f(sftest::fleet_opts(server.uri(), prefix));
+  for (int k = 0; k < 20; ++k) {
+    const std::string key = "k" + std::to_string(k);
+    CHECK(f.get(key, [&] { return "v" + key; }) == "v" + key);  // a miss: GET, race, store
+    CHECK(f.get(key, [] { return std::string("not loaded"); }) == "v" + key);  // a hit
+  }
+  const d::fleet_engine& e = sftest::fleet_engine(f);
+  CHECK_FALSE(e.router.cluster());
+  CHECK(e.router.nodes() == 1);
+  CHECK(server.client()->command_calls("cluster") == 0);
+  CHECK(f.stats().redis_errors == 0);
+}
+
+TEST_CASE("a fleet on a cluster learns the slot map and renews leases on their owners",
+          "[cluster]") {
+  const std::string uri = need_cluster_or_warn();
+  if (uri.empty()) return;
+  const std::string prefix = sftest::unique_prefix("renew");
+  sftest::redis_client seed(uri);
+  // A key whose slot is on another master.
+  std::string key;
+  for (int k = 0; key.empty(); ++k) {
+    const std::string candidate = "far-" + std::to_string(k);
+    if (owner_port(seed, d::fleet_names::of(prefix, candidate).value) != port_of(uri)) {
+      key = candidate;
+    }
+  }
+  const std::string lease = d::fleet_names::of(prefix, key).lease;
+  sftest::redis_client owner("tcp://127.0.0.1:" + std::to_string(owner_port(seed, lease)));
+
+  sf::fleet_options o = sftest::fleet_opts(uri, prefix);
+  o.lease_ttl = 600ms;  // renewed every 200 ms
+  fleet_t f(o);
+  sftest::held_origin origin("far value");
+  sftest::result<std::string> r;
+  auto t = sftest::spawn(r, [&] { return f.get(key, origin.loader()); });
+  origin.started.wait("leader loading");
+  CHECK(sftest::fleet_engine(f).router.cluster());
+  // The lease lives on the key's master; three lease_ttl later it is still there: renewed there.
+  REQUIRE(owner.get(lease).has_value());
+  const auto until = std::chrono::steady_clock::now() + 3 * o.lease_ttl;
+  sftest::must([&] { return std::chrono::steady_clock::now() >= until; }, "three lease_ttl");
+  CHECK(owner.get(lease).has_value());
+  origin.release.open();
+  sftest::finish(t, r, "leader");
+  REQUIRE(r.value.has_value());
+  CHECK(*r.value == "far value");
+  const sf::fleet_stats s = f.stats();
+  CHECK(s.lease_lost == 0);
+  CHECK(s.redis_errors == 0);
+  CHECK(s.origin_calls == 1);
+  CHECK(f.healthy());
 }

@@ -328,10 +328,11 @@ class fleet {
   // local_stats(): the local group's counters (calls, flights, joins...).
   singleflight::stats local_stats() const { return group_.stats(); }
 
-  // healthy(): false while the circuit breaker is open (Redis failing: the
-  // fleet loads locally) and after close(). Thread-safe.
+  // healthy(): false while a circuit breaker is open (Redis failing: the
+  // fleet loads locally; on a Redis Cluster, one breaker per node) and after
+  // close(). Thread-safe.
   bool healthy() const noexcept {
-    return !closed_.load(std::memory_order_relaxed) && engine_->breaker.closed();
+    return !closed_.load(std::memory_order_relaxed) && engine_->router.healthy();
   }
 
  private:

@@ -31,12 +31,12 @@ namespace singleflight {
 // lease_ttl, a malformed URI).
 struct fleet_options {
   // Where Redis is: "tcp://host:port[/db]" (or "redis://..."), or
-  // "unix:///path/to/redis.sock[?db=N]". One node: a fleet sends every
-  // command to this one server, and does not follow Redis Cluster's
-  // redirections (a fleet's keys spread over every node of a cluster, so a
-  // cluster node answers most of them with MOVED, which the fleet takes for
-  // Redis failing: it loads locally). Behind Sentinel, name the primary, or
-  // a proxy that follows it: the fleet does not ask Sentinel.
+  // "unix:///path/to/redis.sock[?db=N]". A single server, or any master of a
+  // Redis Cluster: the first MOVED reply makes the fleet read the cluster's
+  // slot map (CLUSTER SLOTS) and send each key to the master of its slot,
+  // following MOVED and ASK (docs/fleet.md, "Redis Cluster"; db must be 0
+  // there). Behind Sentinel, name the primary, or a proxy that follows it:
+  // the fleet does not ask Sentinel.
   std::string redis_uri = "tcp://127.0.0.1:6379";
 
   // AUTH: `AUTH password` when only the password is set, `AUTH username

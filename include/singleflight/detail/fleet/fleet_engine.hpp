@@ -2,10 +2,10 @@
 //
 // detail::fleet_engine: everything of a fleet that does not depend on its
 // Key and T: the settings (validated from fleet_options), the counters and
-// their snapshot, the command connection pool, the circuit breaker, the
-// subscriber, the lease renewer (which also retries failed releases), the
-// threads (two worker_threads, detail/worker_threads.hpp: `services` runs the
-// subscriber's and the renewer's loops, one long-running job each; `workers`
+// their snapshot, the router (redis_router.hpp: the Redis nodes, each with
+// its command connection pool and its circuit breaker), the subscriber, the lease renewer (which
+// also retries failed releases), the threads (two worker_threads, detail/worker_threads.hpp:
+// `services` runs the subscriber's and the renewer's loops, one long-running job each; `workers`
 // runs async flights, at most max_async_threads), the lease tokens, and
 // invalidate's round trip. fleet_flight.hpp
 // runs the protocol's flights with it; fleet.hpp owns one.
@@ -24,6 +24,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -39,6 +40,7 @@
 #include "fleet_subscriber.hpp"
 #include "redis_conn.hpp"
 #include "redis_pool.hpp"
+#include "redis_router.hpp"
 
 namespace singleflight::detail {
 
@@ -144,10 +146,10 @@ class fleet_engine {
  public:
   explicit fleet_engine(fleet_config c)
       : cfg(std::move(c)),
-        pool(cfg.endpoint, cfg.redis_timeout, cfg.username, cfg.password, cfg.max_idle_connections),
-        breaker(cfg.breaker_threshold, cfg.breaker_cooldown),
-        subscriber(pool, counters.redis_errors, hook),
-        renewer(pool, cfg.lease_ttl, cfg.renew_every, cfg.meta_ttl,
+        router(cfg.endpoint, cfg.redis_timeout, cfg.username, cfg.password,
+               cfg.max_idle_connections, cfg.breaker_threshold, cfg.breaker_cooldown),
+        subscriber(router.seed().pool, counters.redis_errors, hook),
+        renewer(router, cfg.lease_ttl, cfg.renew_every, cfg.meta_ttl,
                 std::min(cfg.renew_every, cfg.redis_timeout), counters.redis_errors,
                 counters.lease_lost, counters.publish_failures),
         workers(worker_threads::default_idle_for, cfg.max_async_threads),
@@ -188,7 +190,7 @@ class fleet_engine {
     workers.close();
     stop_services();
     services.close();
-    pool.close();
+    router.close();
   }
 
   void at(fleet_point p, std::string_view key) const {
@@ -205,7 +207,7 @@ class fleet_engine {
   // counted, not thrown: the invalidation applied.
   std::uint64_t invalidate(std::string_view text) {
     const fleet_names names = fleet_names::of(cfg.key_prefix, text);
-    return written("invalidate", [&](redis_conn& rc) {
+    return written("invalidate", names.value, [&](redis_conn& rc) {
       bool published = true;
       const std::uint64_t gen = detail::invalidate(rc, names, cfg.meta_ttl, published);
       if (!published) fleet_counters::bump(counters.publish_failures);
@@ -223,7 +225,7 @@ class fleet_engine {
                       std::string_view message) {
     const fleet_names names = fleet_names::of(cfg.key_prefix, text);
     bool broadcast = true;
-    const std::uint64_t gen = written("put/invalidate", [&](redis_conn& rc) {
+    const std::uint64_t gen = written("put/invalidate", names.value, [&](redis_conn& rc) {
       bool published = true;
       const std::uint64_t g = detail::write(rc, names, rec, cfg.value_ttl, cfg.meta_ttl, bus,
                                             message, published, broadcast);
@@ -273,7 +275,7 @@ class fleet_engine {
     s.redis_errors = get(counters.redis_errors);
     s.remote_failures = get(counters.remote_failures);
     s.origin_calls = get(counters.origin_calls);
-    s.breaker_opens = breaker.opens();
+    s.breaker_opens = router.breaker_opens();
     s.oversized_values = get(counters.oversized_values);
     s.oversized_skipped = get(counters.oversized_skipped);
     s.publish_failures = get(counters.publish_failures);
@@ -284,8 +286,9 @@ class fleet_engine {
   const fleet_config cfg;
   fleet_hook hook;  // set only by tests (fleet_test_access), before any call
   fleet_counters counters;
-  redis_pool pool;
-  circuit_breaker breaker;
+  // The Redis nodes, their pools and breakers. The subscriber listens on the seed: a
+  // cluster propagates PUBLISH to every node.
+  redis_router router;
   fleet_subscriber subscriber;
   lease_renewer renewer;
   // Declared after what their jobs use: destroyed (joined) first.
@@ -300,24 +303,31 @@ class fleet_engine {
   // replicas than cfg.replicas acknowledged in time, or WAIT got no answer (counted:
   // replica_timeouts; not a Redis failure: the primary applied it), std::bad_alloc.
   template <class Step>
-  std::uint64_t written(const char* what, Step step) {
+  std::uint64_t written(const char* what, std::string_view name, Step step) {
     std::uint64_t gen = 0;
     long long acked = 0;
     std::string wait_failure;
     const std::string who = std::string("singleflight::fleet::") + what;
+    redis_node* node = &router.route(name);
     try {
-      pooled c = pool.acquire();
-      // A second run (pooled::run) bumps the generation once more: harmless.
-      gen = c.run(step);
-      breaker.success();
+      std::optional<pooled> c;
+      // A second run (pooled::run) bumps the generation once more: harmless. A
+      // redirected one did not run where it was sent (redis_router::run).
+      gen = router.run(node, c, step);
+      node->breaker.success();
       if (cfg.replicas > 0) {
         try {
-          acked = wait_replicas(*c, cfg.replicas, cfg.replica_timeout, cfg.redis_timeout);
+          acked = wait_replicas(**c, cfg.replicas, cfg.replica_timeout, cfg.redis_timeout);
         } catch (const redis_failure& e) {
           wait_failure = e.what();  // the connection is broken: it is not pooled again
         }
       }
     } catch (const redis_failure& e) {
+      if (e.redirected()) {
+        // TRYAGAIN, CLUSTERDOWN, or a slot that moved twice: the cluster did not run it; no
+        // failure of the node.
+        throw fleet_error(who + ": the Redis Cluster did not run it (" + e.what() + "); try again");
+      }
       fleet_counters::bump(counters.redis_errors);
       if (e.refused()) {
         throw fleet_error(who +
@@ -325,7 +335,7 @@ class fleet_engine {
                           "(password, username and its ACL rights, db number): " +
                           e.what());
       }
-      (void)breaker.failure();
+      (void)node->breaker.failure();
       throw fleet_error(who + ": Redis unreachable: " + e.what());
     }
     if (cfg.replicas > 0 && acked < static_cast<long long>(cfg.replicas)) {

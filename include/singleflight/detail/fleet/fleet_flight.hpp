@@ -73,7 +73,8 @@ class fleet_flight {
         names_(fleet_names::of(e.cfg.key_prefix, text)),
         limit_(record_limit(e.cfg.max_value_bytes, tag)),
         v_(v),
-        st_(st) {}
+        st_(st),
+        node_(&e.router.route(names_.value)) {}
   fleet_flight(const fleet_flight&) = delete;
   fleet_flight& operator=(const fleet_flight&) = delete;
   ~fleet_flight() = default;
@@ -86,7 +87,7 @@ class fleet_flight {
   // Redis failing means a local load.
   void run() {
     auto& n = e_.counters;
-    if (!e_.breaker.allow()) return load_locally();
+    if (!node_->breaker.allow()) return load_locally();
 
     // 1. Read the record (get_value): a hit on a record of up to 64 KiB costs this one round
     // trip, a longer one two.
@@ -96,7 +97,7 @@ class fleet_flight {
     }
     bool read_value = true;  // may the race script return the value it finds?
     if (first.kind == get_result::found) {
-      e_.breaker.success();
+      node_->breaker.success();
       if (take(first.bytes)) {
         fleet_counters::bump(n.hits);
         return;
@@ -132,7 +133,7 @@ class fleet_flight {
         if (sent_) e_.give_up(names_, token);
         return load_locally();
       }
-      e_.breaker.success();
+      node_->breaker.success();
       if (a.kind == acquire_result::found) {
         if (take(a.bytes)) {
           fleet_counters::bump(woken ? n.follower_woken : n.late_hit);
@@ -209,30 +210,39 @@ class fleet_flight {
   }
 
  private:
-  // One round trip on the flight's connection (taken from the pool on first
-  // use); false, with the connection dropped, when Redis failed: a failure
-  // for the breaker (sent_ then says whether the command may have been sent:
-  // a connection was had). Successes are reported by run(), once the call's Redis
-  // part has worked (a hit, or a race that got an answer): a GET that works
-  // while writes stall (CLIENT PAUSE WRITE, a read-only replica) must not keep
-  // the breaker closed for calls that then time out.
+  // One round trip on the flight's connection (taken from its node's pool on
+  // first use), routed (redis_router::run: MOVED, ASK); false, with the
+  // connection dropped, when Redis failed: a failure for the node's breaker
+  // (sent_ then says whether the command may have been sent: a connection was
+  // had), or when the cluster did not run it (TRYAGAIN, CLUSTERDOWN, a slot
+  // that moved twice: no failure, nothing sent). Successes are reported by run(), once the call's
+  // Redis part has worked (a hit, or a race that got an answer): a GET that works while writes
+  // stall (CLIENT PAUSE WRITE, a read-only replica) must not keep the breaker closed for calls that
+  // then time out.
   template <class Step>
   bool round_trip(Step&& step) {
     sent_ = false;
     try {
-      if (!conn_) conn_.emplace(e_.pool.acquire());
+      if (!conn_) conn_.emplace(node_->pool.acquire());
       sent_ = true;  // from here the command may reach the server, whatever happens next
       // Once more on a fresh connection if a pooled one was closed under it
       // (pooled::run): a repeated GET or lease attempt costs at most a wait
       // for our own lease, never a wrong value.
-      conn_->run(step);
-      return true;
+      auto once = [&](redis_conn& c) {
+        step(c);
+        return true;
+      };
+      return e_.router.run(node_, conn_, once);
     } catch (const redis_failure& f) {
       conn_.reset();
+      if (f.redirected()) {
+        sent_ = false;  // a redirect: the command did not run
+        return false;
+      }
       fleet_counters::bump(e_.counters.redis_errors);
       // A refusal of the settings answers at once and is no outage: it does
       // not open the breaker (each call loads locally until it is fixed).
-      if (!f.refused()) (void)e_.breaker.failure();
+      if (!f.refused()) (void)node_->breaker.failure();
       return false;
     }
   }
@@ -286,13 +296,15 @@ class fleet_flight {
                const std::string& message) noexcept {
     bool stored = false;
     std::optional<pooled> c;
+    redis_node* node = &e_.router.route(names_.value);
     try {
-      c.emplace(e_.pool.acquire());
       bool published = true;
-      // A second run of the fenced store changes nothing (pooled::run).
-      const store_result sr = c->run([&](redis_conn& rc) {
+      // A second run of the fenced store changes nothing (pooled::run); a
+      // redirected one did not run (redis_router::run).
+      auto step = [&](redis_conn& rc) {
         return store(rc, names_, token, fence, gen, rec, ttl, message, e_.cfg.meta_ttl, published);
-      });
+      };
+      const store_result sr = e_.router.run(node, c, step);
       switch (sr) {
         case store_result::stored:
           stored = !rec.empty();
@@ -305,7 +317,7 @@ class fleet_flight {
           break;
       }
       if (!published) fleet_counters::bump(e_.counters.publish_failures);
-      e_.breaker.success();
+      node->breaker.success();
       if (stored && e_.cfg.replicas > 0) {
         // A shortfall, or no answer to WAIT, is the replicas' and is counted
         // as theirs: the primary stored the value, Redis did not fail.
@@ -319,14 +331,16 @@ class fleet_flight {
         }
         if (short_of_replicas) fleet_counters::bump(e_.counters.replica_timeouts);
       }
-    } catch (const redis_failure&) {
+    } catch (const redis_failure& f) {
       // Whatever the server made of it (a refused record closes the
       // connection), this connection is not given back.
       if (c) (*c)->mark_broken();
       c.reset();
-      fleet_counters::bump(e_.counters.redis_errors);
+      // A redirect (TRYAGAIN, CLUSTERDOWN, a slot that moved twice) ran
+      // nothing: no failure of the node; the lease is released as below.
+      if (!f.redirected()) fleet_counters::bump(e_.counters.redis_errors);
       if (!stored) {
-        (void)e_.breaker.failure();
+        if (!f.redirected()) (void)node->breaker.failure();
         release_after_failed_store(
             token, message == "v" ? std::string_view("n") : std::string_view(message));
       }
@@ -344,7 +358,7 @@ class fleet_flight {
   // (lease_renewer::release_later), off this caller's path.
   void release_after_failed_store(const std::string& token, std::string_view message) noexcept {
     try {
-      const std::unique_ptr<redis_conn> c = e_.pool.open();
+      const std::unique_ptr<redis_conn> c = e_.router.route(names_.value).pool.open();
       bool published = true;
       if (release(*c, names_, token, std::chrono::milliseconds(0), message, published) ==
               release_result::released &&
@@ -433,6 +447,7 @@ class fleet_flight {
   const std::size_t limit_;  // the longest record read (record_limit); 0: no limit
   fleet_value& v_;
   const stop_token& st_;
+  redis_node* node_;            // the node of the key's slot (moved by a MOVED reply)
   std::optional<pooled> conn_;  // the flight's command connection, between round trips
   bool sent_ = false;           // the last failed round trip had a connection to send on
 };

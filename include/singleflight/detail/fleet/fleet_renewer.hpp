@@ -3,7 +3,9 @@
 // detail::lease_renewer: keeps the leases of this process's leaders alive
 // while their loaders run. One long-running job (run(), started by start() on the
 // fleet's service threads, a worker_threads: detail/worker_threads.hpp) and one connection of
-// its own; every
+// its own to each Redis node it renews leases on (redis_router.hpp: one, unless the fleet talks
+// to a Redis Cluster, where each lease goes to the owner of its key's slot; a MOVED reply
+// moves the slot, and the lease is renewed there at the next turn); every
 // `renew_every` it runs the token-checked renew script for each registered
 // lease, all due leases pipelined in one round trip (batches of 128). A renewal that finds the
 // lease gone (it expired while the process was paused, or Redis lost it) marks the lease lost: the
@@ -33,6 +35,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -44,6 +47,7 @@
 #include "../worker_threads.hpp"
 #include "fleet_protocol.hpp"
 #include "redis_pool.hpp"
+#include "redis_router.hpp"
 
 namespace singleflight::detail {
 
@@ -103,11 +107,11 @@ class lease_renewer {
   // timeout; the queue only has to outlast one stall.
   static constexpr std::size_t max_pending_releases = 4096;
 
-  lease_renewer(const redis_pool& pool, std::chrono::milliseconds lease_ttl,
+  lease_renewer(redis_router& router, std::chrono::milliseconds lease_ttl,
                 std::chrono::milliseconds renew_every, std::chrono::milliseconds meta_ttl,
                 std::chrono::milliseconds retry_every, std::atomic<std::uint64_t>& errors,
                 std::atomic<std::uint64_t>& lost, std::atomic<std::uint64_t>& publish_failures)
-      : pool_(pool),
+      : router_(router),
         lease_ttl_(lease_ttl),
         renew_every_(renew_every),
         meta_ttl_(meta_ttl),
@@ -187,9 +191,33 @@ class lease_renewer {
     leases_.erase(it);
   }
 
+  // The job's connection to each node it has renewed or released on (one, off a cluster).
+  using connections = std::vector<std::pair<redis_node*, std::unique_ptr<redis_conn>>>;
+
+  static std::unique_ptr<redis_conn>& conn_to(connections& conns, redis_node* n) {
+    for (auto& [node, c] : conns) {
+      if (node == n) return c;
+    }
+    conns.emplace_back(n, nullptr);
+    return conns.back().second;
+  }
+
+  // A redirect of a step on node `n`: a MOVED teaches the router the slot's owner (the next
+  // attempt goes there); true when it was one (the failure is then not Redis failing).
+  bool redirected(const redis_failure& f, const redis_node& n) noexcept {
+    if (!f.redirected()) return false;
+    try {
+      const cluster_redirect r = cluster_redirect::parse(f.what());
+      if (r.kind == cluster_redirect::moved) (void)router_.moved(r, n);
+    } catch (...) {  // NOLINT(bugprone-empty-catch): out of memory: retried as it was
+    }
+    return true;
+  }
+
   void run() {
-    std::unique_ptr<redis_conn> conn;
+    connections conns;
     std::vector<std::shared_ptr<entry>> due;
+    std::vector<redis_node*> owner;  // owner[i]: the node of due[i]'s key
     std::vector<std::pair<const fleet_names*, std::string_view>> batch_args;
     // Leases per pipelined round trip: the whole batch shares one
     // redis_timeout, so it is kept to what a server answers well within one.
@@ -210,7 +238,7 @@ class lease_renewer {
       }
       if (std::any_of(releases_.begin(), releases_.end(),
                       [&](const pending_release& r) { return r.next <= now; })) {
-        retry_releases(lk, conn);
+        retry_releases(lk, conns);
         continue;
       }
       due.clear();
@@ -221,22 +249,45 @@ class lease_renewer {
         }
       }
       lk.unlock();
+      // By node (off a cluster: all on the seed, in the order they came).
+      owner.clear();
+      for (const auto& e : due) owner.push_back(&router_.route(e->names.value));
+      if (router_.cluster()) {
+        std::vector<std::size_t> order(due.size());
+        for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+        std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+          return std::less<redis_node*>()(owner[a], owner[b]);
+        });
+        std::vector<std::shared_ptr<entry>> sorted_due;
+        std::vector<redis_node*> sorted_owner;
+        for (const std::size_t i : order) {
+          sorted_due.push_back(due[i]);
+          sorted_owner.push_back(owner[i]);
+        }
+        due.swap(sorted_due);
+        owner.swap(sorted_owner);
+      }
       // Every due lease in pipelined batches: one round trip per batch, not
       // per lease (at 20 ms RTT, 64 leases renewed one by one took longer
-      // than a 1 s lease_ttl, and every lease was lost).
-      for (std::size_t from = 0; from < due.size(); from += batch) {
-        const std::size_t to = std::min(due.size(), from + batch);
+      // than a 1 s lease_ttl, and every lease was lost); a batch goes to one node.
+      for (std::size_t from = 0; from < due.size();) {
+        std::size_t to = from;
+        while (to < due.size() && to - from < batch && owner[to] == owner[from]) ++to;
         batch_args.clear();
         for (std::size_t i = from; i < to; ++i) {
           batch_args.emplace_back(&due[i]->names, due[i]->token);
         }
+        redis_node* node = owner[from];
+        std::unique_ptr<redis_conn>& conn = conn_to(conns, node);
         std::vector<bool> ours(to - from, true);  // unknown on failure: not lost
         try {
-          if (!conn) conn = pool_.open();
+          if (!conn) conn = node->pool.open();
           ours = renew_all(*conn, batch_args, lease_ttl_, meta_ttl_);
-        } catch (const redis_failure&) {
-          errors_.fetch_add(1, std::memory_order_relaxed);
-          conn.reset();
+        } catch (const redis_failure& f) {
+          if (!redirected(f, *node)) {
+            errors_.fetch_add(1, std::memory_order_relaxed);
+            conn.reset();
+          }
         }
         for (std::size_t i = from; i < to; ++i) {
           if (ours[i - from]) continue;
@@ -248,12 +299,13 @@ class lease_renewer {
             lost_.fetch_add(1, std::memory_order_relaxed);
           }
         }
+        from = to;
       }
       due.clear();
       lk.lock();
     }
     lk.unlock();
-    conn.reset();
+    conns.clear();
   }
 
   // retry_releases(lk, conn): with `lk` held on entry and on return, one
@@ -261,7 +313,7 @@ class lease_renewer {
   // would each wait a timeout too); then every release is due again
   // retry_every from now at the soonest. Releases past their `until` are
   // dropped.
-  void retry_releases(std::unique_lock<std::mutex>& lk, std::unique_ptr<redis_conn>& conn) {
+  void retry_releases(std::unique_lock<std::mutex>& lk, connections& conns) {
     for (;;) {
       const auto now = clock::now();
       releases_.erase(std::remove_if(releases_.begin(), releases_.end(),
@@ -274,8 +326,10 @@ class lease_renewer {
       releases_.erase(it);
       lk.unlock();
       bool done = false;
+      redis_node* node = &router_.route(r.names.value);
+      std::unique_ptr<redis_conn>& conn = conn_to(conns, node);
       try {
-        if (!conn) conn = pool_.open();
+        if (!conn) conn = node->pool.open();
         bool published = true;
         if (release(*conn, r.names, r.token, r.tomb_ttl, r.message, published) ==
                 release_result::released &&
@@ -283,9 +337,9 @@ class lease_renewer {
           publish_failures_.fetch_add(1, std::memory_order_relaxed);
         }
         done = true;
-      } catch (const redis_failure&) {
-        conn.reset();                    // the next attempt opens a new one
-      } catch (const std::bad_alloc&) {  // NOLINT(bugprone-empty-catch): retried
+      } catch (const redis_failure& f) {
+        if (!redirected(f, *node)) conn.reset();  // the next attempt opens a new one
+      } catch (const std::bad_alloc&) {           // NOLINT(bugprone-empty-catch): retried
       }
       lk.lock();
       if (done) continue;
@@ -300,7 +354,7 @@ class lease_renewer {
     }
   }
 
-  const redis_pool& pool_;
+  redis_router& router_;
   const std::chrono::milliseconds lease_ttl_;
   const std::chrono::milliseconds renew_every_;
   const std::chrono::milliseconds meta_ttl_;

@@ -94,14 +94,22 @@ namespace singleflight::detail {
 // without the rights the fleet needs, a db number the server does not have):
 // a configuration error, not an outage; the fleet names it as such and its
 // circuit breaker does not count it (see refused_reply()).
+//
+// `redirected` means a Redis Cluster node answered the command with MOVED,
+// ASK, TRYAGAIN or CLUSTERDOWN (what() is its error text, whole): the command
+// did not run there, the connection is fine. redis_router.hpp routes the
+// command again (MOVED, ASK) or the caller loads locally (TRYAGAIN,
+// CLUSTERDOWN), neither a failure of Redis for the breaker. A caller that does
+// not route takes it for a failure like any other.
 class redis_failure : public std::runtime_error {
  public:
-  enum class cause { failed, unanswered, refused };
+  enum class cause { failed, unanswered, refused, redirected };
   explicit redis_failure(const std::string& what, cause c = cause::failed)
       : std::runtime_error(what), cause_(c) {}
   cause why() const noexcept { return cause_; }
   bool unanswered() const noexcept { return cause_ == cause::unanswered; }
   bool refused() const noexcept { return cause_ == cause::refused; }
+  bool redirected() const noexcept { return cause_ == cause::redirected; }
 
  private:
   cause cause_;
@@ -305,6 +313,13 @@ class redis_conn {
     out.reserve(commands.size());
     for (std::size_t i = 0; i < commands.size(); ++i) out.push_back(read_reply());
     last_used_ = clock::now();
+    // Every reply was read (the connection stays in step): a cluster redirect
+    // of any of them is the caller's to route (redis_failure::redirected).
+    for (const redis_reply& r : out) {
+      if (is_cluster_redirect(r.get())) {
+        throw redis_failure(std::string(text_of(r.get())), redis_failure::cause::redirected);
+      }
+    }
     return out;
   }
 
@@ -358,6 +373,21 @@ class redis_conn {
 
   // Marks the connection unusable (the subscriber, after its own I/O error).
   void mark_broken() noexcept { broken_ = true; }
+
+  // asking(on): while on, every command() is preceded by ASKING in the same
+  // write (Redis Cluster: the one command after an ASK redirect may run on
+  // the node that imports the slot). redis_router turns it on for one routed
+  // step and off again before the connection goes back to the pool.
+  void asking(bool on) noexcept { asking_ = on; }
+
+  // is_cluster_redirect(r): r is MOVED, ASK, TRYAGAIN or CLUSTERDOWN (the
+  // command did not run on this node).
+  static bool is_cluster_redirect(const redisReply* r) noexcept {
+    if (!is_error(r)) return false;
+    const std::string_view t = text_of(r);
+    return t.starts_with("MOVED ") || t.starts_with("ASK ") || t.starts_with("TRYAGAIN") ||
+           t.starts_with("CLUSTERDOWN");
+  }
 
  private:
   // flush(): sends the output buffer, waiting for the socket within the
@@ -700,11 +730,23 @@ class redis_conn {
   redis_reply command_argv(const std::string_view* args, std::size_t n,
                            std::chrono::milliseconds bound) {
     if (broken()) throw redis_failure("connection already broken");
+    if (asking_) {
+      constexpr std::string_view asking_args[] = {"ASKING"};
+      append(asking_args, 1);
+    }
     append(args, n);
     begin(bound);
     flush();
+    if (asking_) {
+      const redis_reply ok = read_reply();
+      if (!ok || is_error(ok.get())) fail("ASKING: " + std::string(text_of(ok.get())));
+    }
     redis_reply r = read_reply();
     last_used_ = clock::now();
+    // Only an error reply is looked at: a hit pays nothing for the check.
+    if (r && r->type == REDIS_REPLY_ERROR && is_cluster_redirect(r.get())) {
+      throw redis_failure(std::string(text_of(r.get())), redis_failure::cause::redirected);
+    }
     return r;
   }
 
@@ -720,6 +762,7 @@ class redis_conn {
   std::uint64_t sent_ = 0;
   std::uint64_t received_ = 0;
   bool written_ = false;
+  bool asking_ = false;   // asking(): ASKING before each command
   std::size_t cap_ = 0;   // command_capped: the longest bulk reply read (0: any)
   std::size_t over_ = 0;  // command_capped: the length of a bulk reply over cap_
   clock::time_point last_used_;

@@ -38,7 +38,8 @@ class pooled {
  public:
   pooled(redis_pool* pool, std::unique_ptr<redis_conn> c, bool reused) noexcept
       : pool_(pool), conn_(std::move(c)), reused_(reused) {}
-  pooled(pooled&& o) noexcept : pool_(o.pool_), conn_(std::move(o.conn_)), reused_(o.reused_) {}
+  pooled(pooled&& o) noexcept
+      : pool_(o.pool_), conn_(std::move(o.conn_)), reused_(o.reused_), asking_(o.asking_) {}
   pooled& operator=(pooled&&) = delete;
   pooled(const pooled&) = delete;
   pooled& operator=(const pooled&) = delete;
@@ -62,10 +63,20 @@ class pooled {
   // this caller).
   bool reused() const noexcept { return reused_; }
 
+  // asking(on): every command on this connection (and on the fresh one
+  // run() may open instead) is preceded by ASKING while on (redis_conn::asking,
+  // redis_router.hpp: a Redis Cluster ASK redirect). Turned off before the
+  // connection goes back to the pool.
+  void asking(bool on) noexcept {
+    asking_ = on;
+    if (conn_) conn_->asking(on);
+  }
+
  private:
   redis_pool* pool_;
   std::unique_ptr<redis_conn> conn_;
   bool reused_;
+  bool asking_ = false;
 };
 
 class redis_pool {
@@ -166,6 +177,7 @@ class redis_pool {
 };
 
 inline pooled::~pooled() {
+  if (conn_ && asking_) conn_->asking(false);
   if (conn_ && pool_ != nullptr) pool_->give_back(std::move(conn_));
 }
 
@@ -181,6 +193,7 @@ decltype(auto) pooled::run(Step&& step) {
   conn_.reset();  // broken: not given back
   reused_ = false;
   conn_ = pool_->open();
+  conn_->asking(asking_);
   return step(*conn_);
 }
 

@@ -1,0 +1,425 @@
+// singleflight/detail/fleet/redis_router.hpp -- internal; do not include directly.
+//
+// detail::redis_router: which Redis node a fleet sends a key's commands to.
+// Each node it knows is a detail::redis_node: its endpoint, its command
+// connection pool and its circuit breaker. Also here: cluster_slot() (the
+// Redis Cluster hash slot of a name) and cluster_redirect (a parsed MOVED /
+// ASK / TRYAGAIN / CLUSTERDOWN reply).
+//
+// One node until told otherwise: the fleet starts with the node `redis_uri`
+// names (the seed) and sends everything there, as it always did: route() is
+// then one atomic load and a branch, and a single server is never asked
+// anything more. The first MOVED reply (redis_conn throws it as
+// redis_failure::redirected) shows the seed is a node of a Redis Cluster:
+// the router then reads the cluster's slot map (CLUSTER SLOTS, from the seed
+// or any node it knows) and from there on route() sends each name to the
+// owner of its slot (CRC16 of its hash tag, 16384 slots). Every name of one
+// key shares a hash tag (fleet_protocol.hpp), so a key's scripts never cross
+// slots. A later MOVED moves its slot at once and reads the map again (at most
+// every refresh_every).
+//
+// run(): one routed step: the step on a pooled connection of the name's
+// owner; on MOVED, once more on the new owner; on ASK, once more on the node
+// named, after ASKING (the slot is being migrated: the key may already be
+// there; the connection stays with the caller, ASKING before each of its
+// commands, until it goes back to the pool); TRYAGAIN, CLUSTERDOWN, or a second redirect are thrown
+// back to the caller (redis_failure::redirected: a local load, not a breaker failure).
+//
+// Locking: `mu_` guards `nodes_` (append-only: a node lives as long as the
+// router, so the references route() returns stay valid) and every write of a
+// slot. The slot map is read without it: `slots_` is allocated once, before
+// `cluster_` is set (release), and each entry is an atomic pointer to a node
+// (stores under mu_, release; loads acquire). `refresh_mu_` lets one caller at
+// a time read the map (try_lock: the others route with what they have); the
+// round trip runs under neither lock's critical section of mu_.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "circuit_breaker.hpp"
+#include "redis_conn.hpp"
+#include "redis_pool.hpp"
+
+namespace singleflight::detail {
+
+// ---------------------------------------------------------------------------------------------
+// Slots
+
+inline constexpr std::size_t cluster_slots = 16384;
+
+// CRC16-XMODEM (polynomial 0x1021, initial value 0), the checksum Redis Cluster hashes keys
+// with: crc16("123456789") == 0x31C3.
+inline constexpr std::array<std::uint16_t, 256> crc16_table = [] {
+  std::array<std::uint16_t, 256> t{};
+  for (std::uint32_t i = 0; i < 256; ++i) {
+    std::uint32_t c = i << 8;
+    for (int b = 0; b < 8; ++b) c = (c & 0x8000U) != 0 ? (c << 1) ^ 0x1021U : c << 1;
+    t[i] = static_cast<std::uint16_t>(c & 0xFFFFU);
+  }
+  return t;
+}();
+
+constexpr std::uint16_t crc16(std::string_view s) noexcept {
+  std::uint32_t crc = 0;
+  for (const char ch : s) {
+    const auto byte = static_cast<unsigned char>(ch);
+    crc = ((crc << 8) ^ crc16_table[((crc >> 8) ^ byte) & 0xFFU]) & 0xFFFFU;
+  }
+  return static_cast<std::uint16_t>(crc);
+}
+
+// cluster_slot(name): the slot of `name`, as Redis computes it: when `name` holds a '{' and a
+// later '}' with at least one byte between them, only the bytes between the first '{' and the
+// first '}' after it are hashed (the hash tag); otherwise the whole name.
+constexpr std::size_t cluster_slot(std::string_view name) noexcept {
+  const std::size_t open = name.find('{');
+  if (open != std::string_view::npos) {
+    const std::size_t close = name.find('}', open + 1);
+    if (close != std::string_view::npos && close > open + 1) {
+      name = name.substr(open + 1, close - open - 1);
+    }
+  }
+  return crc16(name) & (cluster_slots - 1);
+}
+
+// cluster_redirect: a node's MOVED, ASK, TRYAGAIN or CLUSTERDOWN error text, parsed.
+struct cluster_redirect {
+  enum kind_t { none, moved, ask, tryagain, clusterdown } kind = none;
+  std::size_t slot = 0;  // moved, ask
+  std::string host;      // moved, ask: may be empty (the node does not know its address)
+  int port = 0;          // moved, ask
+
+  // parse("MOVED 3999 127.0.0.1:6381"); `none` for anything else.
+  static cluster_redirect parse(std::string_view text) {
+    cluster_redirect r;
+    if (text.starts_with("TRYAGAIN")) {
+      r.kind = tryagain;
+      return r;
+    }
+    if (text.starts_with("CLUSTERDOWN")) {
+      r.kind = clusterdown;
+      return r;
+    }
+    kind_t k = none;
+    if (text.starts_with("MOVED ")) {
+      k = moved;
+      text.remove_prefix(6);
+    } else if (text.starts_with("ASK ")) {
+      k = ask;
+      text.remove_prefix(4);
+    } else {
+      return r;
+    }
+    const std::size_t space = text.find(' ');
+    if (space == std::string_view::npos || space == 0) return r;
+    std::size_t slot = 0;
+    for (const char c : text.substr(0, space)) {
+      if (c < '0' || c > '9') return r;
+      slot = slot * 10 + static_cast<std::size_t>(c - '0');
+      if (slot >= cluster_slots) return r;
+    }
+    const std::string_view where = text.substr(space + 1);
+    const std::size_t colon = where.rfind(':');
+    if (colon == std::string_view::npos || colon + 1 >= where.size()) return r;
+    int port = 0;
+    for (const char c : where.substr(colon + 1)) {
+      if (c < '0' || c > '9') return r;
+      port = port * 10 + (c - '0');
+      if (port > 65535) return r;
+    }
+    std::string_view host = where.substr(0, colon);
+    if (host.starts_with('[') && host.ends_with(']')) host = host.substr(1, host.size() - 2);
+    r.kind = k;
+    r.slot = slot;
+    r.host = std::string(host);
+    r.port = port;
+    return r;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Nodes
+
+// redis_node: one Redis server of the fleet (the seed, or a cluster master): its own command
+// connections and its own breaker, so that a node that fails costs only its own keys.
+struct redis_node {
+  redis_node(redis_endpoint e, std::chrono::milliseconds timeout, const std::string& username,
+             const std::string& password, std::size_t max_idle, std::uint32_t threshold,
+             std::chrono::milliseconds cooldown)
+      : ep(e),
+        pool(std::move(e), timeout, username, password, max_idle),
+        breaker(threshold, cooldown) {}
+  redis_node(const redis_node&) = delete;
+  redis_node& operator=(const redis_node&) = delete;
+
+  const redis_endpoint ep;
+  redis_pool pool;
+  circuit_breaker breaker;
+};
+
+// ---------------------------------------------------------------------------------------------
+// redis_router
+
+class redis_router {
+ public:
+  using clock = std::chrono::steady_clock;
+
+  // How often at most a MOVED makes the router read the whole slot map again (each MOVED
+  // moves its own slot at once): a reshard moving many slots costs one CLUSTER SLOTS per
+  // refresh_every, not one per key.
+  static constexpr std::chrono::milliseconds refresh_every{200};
+
+  redis_router(redis_endpoint seed, std::chrono::milliseconds timeout, std::string username,
+               std::string password, std::size_t max_idle, std::uint32_t threshold,
+               std::chrono::milliseconds cooldown)
+      : timeout_(timeout),
+        username_(std::move(username)),
+        password_(std::move(password)),
+        max_idle_(max_idle),
+        threshold_(threshold),
+        cooldown_(cooldown) {
+    nodes_.push_back(std::make_unique<redis_node>(std::move(seed), timeout_, username_, password_,
+                                                  max_idle_, threshold_, cooldown_));
+    seed_ = nodes_.front().get();
+  }
+  redis_router(const redis_router&) = delete;
+  redis_router& operator=(const redis_router&) = delete;
+
+  // seed(): the node redis_uri names (the subscriber's, and every key's until a MOVED says
+  // the seed is a cluster node).
+  redis_node& seed() const noexcept { return *seed_; }
+
+  // cluster(): a MOVED showed the seed to be a node of a Redis Cluster.
+  bool cluster() const noexcept { return cluster_.load(std::memory_order_acquire); }
+
+  // route(name): the node that owns `name`'s slot, as far as the router knows (the seed when
+  // not a cluster, or for a slot it has not learnt). Thread-safe, lock-free.
+  redis_node& route(std::string_view name) const noexcept {
+    if (!cluster_.load(std::memory_order_acquire)) return *seed_;
+    redis_node* n = slots_[cluster_slot(name)].load(std::memory_order_acquire);
+    return n != nullptr ? *n : *seed_;
+  }
+
+  // run(node, conn, step): step(connection) on `conn` (taken from node's pool when empty),
+  // redirected as the file comment says; returns what the step returns (not void). `node` and
+  // `conn` are updated to where the step ran (after an ASK, `conn` sends ASKING before each
+  // command until it is given back). Throws what the step throws; redis_failure with
+  // redirected() when the cluster could not run it (TRYAGAIN, CLUSTERDOWN, a second
+  // redirect): load locally, it is no failure of the node.
+  template <class Step>
+  auto run(redis_node*& node, std::optional<pooled>& conn, Step& step) {
+    for (int attempt = 0;; ++attempt) {
+      if (!conn) conn.emplace(node->pool.acquire());
+      try {
+        return conn->run(step);
+      } catch (const redis_failure& f) {
+        if (!f.redirected() || attempt > 0) throw;
+        const cluster_redirect r = cluster_redirect::parse(f.what());
+        if (r.kind == cluster_redirect::moved) {
+          conn.reset();  // in step: given back to its pool
+          node = &moved(r, *node);
+          continue;
+        }
+        if (r.kind != cluster_redirect::ask) throw;
+        // The key is being migrated: this step, and the ones after it on `conn`
+        // (the same flight), go to the importing node with ASKING.
+        conn.reset();
+        node = &node_at(r.host.empty() ? node->ep.host : r.host, r.port);
+        conn.emplace(node->pool.acquire());
+        conn->asking(true);
+        return conn->run(step);
+      }
+    }
+  }
+
+  // moved(r, from): a MOVED reply `from` a node: r.slot is r's node's now (learnt at once),
+  // and the slot map is read again (the first time: the router learns the whole cluster).
+  // Returns the slot's new owner. Never throws (a failed map read leaves the slot's new
+  // owner learnt, and is retried at the next MOVED).
+  redis_node& moved(const cluster_redirect& r, const redis_node& from) noexcept {
+    redis_node* to = seed_;
+    try {
+      to = &node_at(r.host.empty() ? from.ep.host : r.host, r.port);
+      {
+        const std::lock_guard<std::mutex> lk(mu_);
+        become_cluster();
+        slots_[r.slot].store(to, std::memory_order_release);
+      }
+      refresh();
+    } catch (...) {  // NOLINT(bugprone-empty-catch): out of memory: routed as before
+    }
+    return *to;
+  }
+
+  // refresh(): reads the slot map (CLUSTER SLOTS) from the seed, or else from the first known
+  // node that answers; at most once per refresh_every, by one caller at a time (the others
+  // return at once). Returns whether it read one. Never throws.
+  bool refresh() noexcept {
+    const std::unique_lock<std::mutex> one(refresh_mu_, std::try_to_lock);
+    if (!one.owns_lock()) return false;
+    const auto now = clock::now();
+    if (refreshed_ && now - last_refresh_ < refresh_every) return false;
+    std::vector<redis_node*> ask;
+    {
+      const std::lock_guard<std::mutex> lk(mu_);
+      for (const auto& n : nodes_) ask.push_back(n.get());
+    }
+    for (redis_node* n : ask) {
+      try {
+        std::vector<std::pair<std::size_t, std::size_t>> ranges;
+        std::vector<std::pair<std::string, int>> owners;
+        {
+          pooled c = n->pool.acquire();
+          const redis_reply r = c->command({"CLUSTER", "SLOTS"});
+          if (!parse_slots(r.get(), n->ep.host, ranges, owners)) continue;
+        }
+        std::vector<redis_node*> owner_nodes;
+        owner_nodes.reserve(owners.size());
+        for (const auto& [host, port] : owners) owner_nodes.push_back(&node_at(host, port));
+        const std::lock_guard<std::mutex> lk(mu_);
+        become_cluster();
+        for (std::size_t i = 0; i < ranges.size(); ++i) {
+          for (std::size_t s = ranges[i].first; s <= ranges[i].second; ++s) {
+            slots_[s].store(owner_nodes[i], std::memory_order_release);
+          }
+        }
+        refreshed_ = true;
+        last_refresh_ = now;
+        refreshes_.fetch_add(1, std::memory_order_relaxed);
+        return true;
+      } catch (...) {  // NOLINT(bugprone-empty-catch): this node failed: ask the next
+      }
+    }
+    return false;
+  }
+
+  // node_at(host, port): the node at that address, created (with its pool and breaker, no
+  // connection yet) the first time. Thread-safe. Throws std::bad_alloc.
+  redis_node& node_at(const std::string& host, int port) {
+    const std::lock_guard<std::mutex> lk(mu_);
+    for (const auto& n : nodes_) {
+      if (!n->ep.unix_socket && n->ep.port == port && n->ep.host == host) return *n;
+    }
+    redis_endpoint ep;
+    ep.host = host;
+    ep.port = port;
+    ep.db = 0;  // a cluster has only db 0
+    nodes_.push_back(std::make_unique<redis_node>(std::move(ep), timeout_, username_, password_,
+                                                  max_idle_, threshold_, cooldown_));
+    return *nodes_.back();
+  }
+
+  // healthy(): every known node's breaker is closed.
+  bool healthy() const {
+    const std::lock_guard<std::mutex> lk(mu_);
+    for (const auto& n : nodes_) {
+      if (!n->breaker.closed()) return false;
+    }
+    return true;
+  }
+
+  // breaker_opens(): the times any node's breaker opened.
+  std::uint64_t breaker_opens() const {
+    const std::lock_guard<std::mutex> lk(mu_);
+    std::uint64_t sum = 0;
+    for (const auto& n : nodes_) sum += n->breaker.opens();
+    return sum;
+  }
+
+  // nodes(): how many nodes the router knows (tests).
+  std::size_t nodes() const {
+    const std::lock_guard<std::mutex> lk(mu_);
+    return nodes_.size();
+  }
+
+  // refreshes(): how many times the slot map was read (tests).
+  std::uint64_t refreshes() const noexcept { return refreshes_.load(std::memory_order_relaxed); }
+
+  // close(): closes every node's pool (later acquire() calls fail). Thread-safe, idempotent.
+  void close() noexcept {
+    std::vector<redis_node*> all;
+    {
+      const std::lock_guard<std::mutex> lk(mu_);
+      try {
+        for (const auto& n : nodes_) all.push_back(n.get());
+      } catch (...) {
+        for (const auto& n : nodes_) n->pool.close();  // under mu_: no allocation needed
+        return;
+      }
+    }
+    for (redis_node* n : all) n->pool.close();
+  }
+
+ private:
+  // become_cluster(): with mu_ held, allocates the slot map (every slot: the seed) once and
+  // publishes it.
+  void become_cluster() {
+    if (cluster_.load(std::memory_order_relaxed)) return;
+    slots_ = std::make_unique<std::atomic<redis_node*>[]>(cluster_slots);
+    for (std::size_t s = 0; s < cluster_slots; ++s) {
+      slots_[s].store(seed_, std::memory_order_relaxed);
+    }
+    cluster_.store(true, std::memory_order_release);
+  }
+
+  // parse_slots(r, host, ranges, owners): CLUSTER SLOTS' reply as (first, last) slot ranges and
+  // their masters' (host, port); an empty host is `host` (the node asked). False for an
+  // error or an unexpected shape.
+  static bool parse_slots(const redisReply* r, const std::string& host,
+                          std::vector<std::pair<std::size_t, std::size_t>>& ranges,
+                          std::vector<std::pair<std::string, int>>& owners) {
+    if (r == nullptr || r->type != REDIS_REPLY_ARRAY || r->elements == 0) return false;
+    for (std::size_t i = 0; i < r->elements; ++i) {
+      const redisReply* e = r->element[i];
+      if (e->type != REDIS_REPLY_ARRAY || e->elements < 3) return false;
+      const redisReply* first = e->element[0];
+      const redisReply* last = e->element[1];
+      const redisReply* master = e->element[2];
+      if (first->type != REDIS_REPLY_INTEGER || last->type != REDIS_REPLY_INTEGER ||
+          master->type != REDIS_REPLY_ARRAY || master->elements < 2 ||
+          master->element[1]->type != REDIS_REPLY_INTEGER || first->integer < 0 ||
+          last->integer < first->integer ||
+          last->integer >= static_cast<long long>(cluster_slots)) {
+        return false;
+      }
+      std::string h(text_of(master->element[0]));
+      if (h.empty() || h == "?") h = host;
+      ranges.emplace_back(static_cast<std::size_t>(first->integer),
+                          static_cast<std::size_t>(last->integer));
+      owners.emplace_back(std::move(h), static_cast<int>(master->element[1]->integer));
+    }
+    return true;
+  }
+
+  const std::chrono::milliseconds timeout_;
+  const std::string username_;
+  const std::string password_;
+  const std::size_t max_idle_;
+  const std::uint32_t threshold_;
+  const std::chrono::milliseconds cooldown_;
+
+  mutable std::mutex mu_;
+  std::vector<std::unique_ptr<redis_node>> nodes_;  // guarded by mu_; append-only
+  redis_node* seed_ = nullptr;                      // nodes_.front(), set once
+  // Written once under mu_ before cluster_ is set; its entries: see the file comment.
+  std::unique_ptr<std::atomic<redis_node*>[]> slots_;
+  std::atomic<bool> cluster_{false};
+
+  std::mutex refresh_mu_;
+  bool refreshed_ = false;            // guarded by refresh_mu_
+  clock::time_point last_refresh_{};  // guarded by refresh_mu_
+  std::atomic<std::uint64_t> refreshes_{0};
+};
+
+}  // namespace singleflight::detail
