@@ -52,6 +52,26 @@ int owner_port(sftest::redis_client& c, const std::string& name) {
 
 int port_of(const std::string& uri) { return std::stoi(uri.substr(uri.rfind(':') + 1)); }
 
+std::string node_uri(int port) { return "tcp://127.0.0.1:" + std::to_string(port); }
+
+// The ports of the cluster's masters (CLUSTER SLOTS).
+std::set<int> master_ports(sftest::redis_client& c) {
+  std::set<int> out;
+  for (const auto& range : c.command({"CLUSTER", "SLOTS"}).elements) {
+    out.insert(static_cast<int>(range.elements.at(2).elements.at(1).integer));
+  }
+  return out;
+}
+
+// A key whose fleet names (under `prefix`) hash to `slot`: found by trying names.
+std::string key_in_slot(const std::string& prefix, std::size_t slot, const std::string& stem) {
+  for (int i = 0;; ++i) {
+    const std::string k = stem + std::to_string(i);
+    if (d::cluster_slot(d::fleet_names::of(prefix, k).value) == slot) return k;
+    if (i > 10'000'000) FAIL("no key found in slot " << slot);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("fleets pointed at one cluster node coalesce the keys of every slot", "[cluster]") {
@@ -221,5 +241,100 @@ TEST_CASE("a fleet on a cluster learns the slot map and renews leases on their o
   CHECK(s.lease_lost == 0);
   CHECK(s.redis_errors == 0);
   CHECK(s.origin_calls == 1);
+  CHECK(f.healthy());
+}
+
+// A slot migrated from its master A to another master B (CLUSTER SETSLOT IMPORTING/MIGRATING,
+// MIGRATE, SETSLOT NODE) while a fleet pointed at one node uses it:
+//  * mid-migration, a value already moved to B is read there: A answers ASK, the fleet sends
+//    ASKING + GET to B (a hit, no load);
+//  * mid-migration, a cold key of that slot: ASK, then B cannot run the race's script with
+//    keys missing (TRYAGAIN): the key loads locally, no Redis error, breaker closed;
+//  * after the migration, A answers MOVED: the fleet learns the slot's new owner, reads the
+//    slot map again and reads the value on B (a hit, no load).
+TEST_CASE("a slot migrated between two gets: ASK, TRYAGAIN and MOVED are followed",
+          "[cluster][migrate]") {
+  const std::string uri = need_cluster_or_warn();
+  if (uri.empty()) return;
+  const std::string prefix = sftest::unique_prefix("migrate");
+  sftest::redis_client seed(uri);
+  const std::string key = "hot";
+  const d::fleet_names names = d::fleet_names::of(prefix, key);
+  const std::size_t slot = d::cluster_slot(names.value);
+  const int a_port = owner_port(seed, names.value);
+  const std::set<int> masters = master_ports(seed);
+  REQUIRE(masters.size() == 3);
+  int b_port = -1;
+  for (const int p : masters) {
+    if (p != a_port && b_port < 0) b_port = p;
+  }
+  sftest::redis_client a(node_uri(a_port));
+  sftest::redis_client b(node_uri(b_port));
+  const std::string a_id = a.command({"CLUSTER", "MYID"}).str;
+  const std::string b_id = b.command({"CLUSTER", "MYID"}).str;
+  const std::string slot_text = std::to_string(slot);
+
+  fleet_t f(sftest::fleet_opts(uri, prefix));
+  std::atomic<int> calls{0};
+  auto origin = [&] {
+    calls.fetch_add(1);
+    return std::string("hot value");
+  };
+  std::atomic<int> ran{0};
+  REQUIRE(f.get(key, origin) == "hot value");  // stored on A
+  REQUIRE(calls.load() == 1);
+  REQUIRE(a.get(names.value).has_value());
+
+  // Migration begins; the value (only) moves to B.
+  REQUIRE(b.command({"CLUSTER", "SETSLOT", slot_text, "IMPORTING", a_id}).str == "OK");
+  REQUIRE(a.command({"CLUSTER", "SETSLOT", slot_text, "MIGRATING", b_id}).str == "OK");
+  REQUIRE(
+      a.command({"MIGRATE", "127.0.0.1", std::to_string(b_port), names.value, "0", "5000"}).str ==
+      "OK");
+  REQUIRE(a.command({"GET", names.value}).str.rfind("ASK ", 0) == 0);  // gone from A: ASK
+
+  // ASK: read on B.
+  CHECK(f.get(key, sftest::must_not_load(ran)) == "hot value");
+  CHECK(ran.load() == 0);
+
+  // TRYAGAIN: a cold key of the migrating slot loads locally.
+  const std::string cold = key_in_slot(prefix, slot, "cold-");
+  std::atomic<int> cold_calls{0};
+  CHECK(f.get(cold, [&] {
+    cold_calls.fetch_add(1);
+    return std::string("cold value");
+  }) == "cold value");
+  CHECK(cold_calls.load() == 1);
+  sf::fleet_stats s = f.stats();
+  CHECK(s.redis_errors == 0);
+  CHECK(s.breaker_opens == 0);
+  CHECK(f.healthy());
+
+  // The migration ends: every key of the slot on B, the slot B's on every master.
+  for (;;) {
+    const auto keys = a.command({"CLUSTER", "GETKEYSINSLOT", slot_text, "100"});
+    if (keys.elements.empty()) break;
+    for (const auto& k : keys.elements) {
+      REQUIRE(a.command({"MIGRATE", "127.0.0.1", std::to_string(b_port), k.str, "0", "5000"}).str ==
+              "OK");
+    }
+  }
+  for (const int p : masters) {
+    sftest::redis_client m(node_uri(p));
+    REQUIRE(m.command({"CLUSTER", "SETSLOT", slot_text, "NODE", b_id}).str == "OK");
+  }
+  REQUIRE(b.get(names.value).has_value());
+
+  // MOVED: the fleet learns B, and reads the value there.
+  CHECK(f.get(key, sftest::must_not_load(ran)) == "hot value");
+  CHECK(ran.load() == 0);
+  CHECK(calls.load() == 1);
+  const d::fleet_engine& e = sftest::fleet_engine(f);
+  CHECK(e.router.cluster());
+  CHECK(e.router.route(names.value).ep.port == b_port);
+  s = f.stats();
+  CHECK(s.redis_errors == 0);
+  CHECK(s.breaker_opens == 0);
+  CHECK(s.local_fallback == 1);  // the cold key's TRYAGAIN, nothing else
   CHECK(f.healthy());
 }
