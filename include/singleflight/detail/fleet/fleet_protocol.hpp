@@ -24,8 +24,8 @@
 // K begins, so no two (prefix, key) pairs share a name whatever ':' or braces
 // either holds ("users" + "eu:42" is {5:users:eu:42}, "users:eu" + "42" is
 // {8:users:eu:42}). Every name of one key shares the hash tag (the names of
-// one slot, as Redis Cluster requires of a script; a fleet itself talks to
-// one node: fleet_options::redis_uri).
+// one slot, as Redis Cluster requires of a script; redis_router.hpp sends
+// them to the node of that slot).
 //
 // Record: "SF1|<kind>|<codec tag>|<fence>|<gen>|<checksum>|<payload>", kind
 // 'v' (payload = the codec's bytes) or 'e' (payload = the failure's text),
