@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# bench/fleet_cache/run.sh: fleet_cache's coherence bound measured (docs/fleet_cache.md,
+# "The bound, measured").
+#   1. builds fleet_cache_driver (Release, `cmake --preset bench`);
+#   2. runs it: it starts its own redis-server (a free loopback port, a temporary directory, a
+#      pidfile; stopped and restarted by pid), a writer process that changes the origin and
+#      calls invalidate every 100 ms, and 4 then 8 reader processes on one hot key, under
+#      client tracking and the bus, steady, with CLIENT KILL TYPE pubsub every 200 ms, and
+#      with one redis-server restart; then the control (a writer the bus does not carry).
+#
+#   bench/fleet_cache/run.sh                # 12 runs of 10 s, then the control (~3 minutes)
+#   SECONDS_PER_RUN=20 bench/fleet_cache/run.sh
+#   BUILD_DIR=/tmp/b bench/fleet_cache/run.sh
+# Needs: cmake, ninja, Google Benchmark (the bench preset), libhiredis-dev, redis-server.
+set -euo pipefail
+cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../.."
+build=${BUILD_DIR:-$PWD/build/bench}
+out=$PWD/build/bench-results
+mkdir -p "$out"
+
+echo "== building (cmake --preset bench -B $build)" >&2
+cmake --preset bench -B "$build" >"$out/fleet-cache-cmake.log" 2>&1
+cmake --build "$build" --target fleet_cache_driver >>"$out/fleet-cache-cmake.log" 2>&1 ||
+  { cat "$out/fleet-cache-cmake.log" >&2; exit 1; }
+
+secs=${SECONDS_PER_RUN:-10}
+echo "== fleet_cache_driver" >&2
+"$build/bench/fleet_cache_driver" --seconds "$secs" | tee "$out/fleet_cache_driver.md"
+echo "== the control: the writer invalidates through a plain fleet (no bus message)" >&2
+"$build/bench/fleet_cache_driver" --seconds "$secs" --variants unheard --readers 4 |
+  tee -a "$out/fleet_cache_driver.md"
