@@ -109,6 +109,39 @@ TEST_CASE(
   CHECK_FALSE(exists(*client, names_of(prefix, "k").value));
 }
 
+// ---- a store whose connection and reconnect both fail ------------------------------------------
+
+TEST_CASE(
+    "store_on_dead_pooled_connection_with_server_gone_does_not_crash: the leader's store finds "
+    "its connection closed before the reply and the reconnect refused (a redis-server "
+    "restart); the caller gets its value and the failure is counted",
+    "[fleet][faults]") {
+  sftest::private_redis server;
+  sftest::fault_proxy proxy(server.port());
+  sf::fleet_options o = message_only(proxy.uri(), "deadstore");
+  fleet_t f(o);
+  // A round trip leaves the flight's connection idle in the pool.
+  CHECK(f.get("warm-up", [] { return std::string("w"); }) == "w");
+  const auto errors_before = f.stats().redis_errors;
+  // The store reaches the proxy and is held there; then the server goes away: the connection
+  // is closed before any byte of the reply (unanswered: the pooled connection reconnects
+  // once) and new connections are refused.
+  sftest::result<std::string> r;
+  auto t = sftest::spawn(r, [&] {
+    return f.get("k", [&] {
+      proxy.hold_command("EVALSHA", sftest::fault_proxy::until_released);
+      return std::string("loaded");
+    });
+  });
+  sftest::must([&] { return proxy.held_commands() == 1; }, "the store held at the proxy");
+  proxy.refuse(true);
+  proxy.drop_all();
+  sftest::finish(t, r, "the leader answered after its store failed");
+  CHECK(r.value == "loaded");
+  CHECK(f.stats().redis_errors > errors_before);
+  proxy.refuse(false);
+}
+
 // ---- a race the client gave up on -------------------------------------------------------------
 
 TEST_CASE(

@@ -327,14 +327,14 @@ class fleet_flight {
               wait_replicas(**c, e_.cfg.replicas, e_.cfg.replica_timeout, e_.cfg.redis_timeout) <
               static_cast<long long>(e_.cfg.replicas);
         } catch (const redis_failure&) {
-          (*c)->mark_broken();
+          c->mark_broken();
         }
         if (short_of_replicas) fleet_counters::bump(e_.counters.replica_timeouts);
       }
     } catch (const redis_failure& f) {
       // Whatever the server made of it (a refused record closes the
       // connection), this connection is not given back.
-      if (c) (*c)->mark_broken();
+      if (c) c->mark_broken();  // none held when run()'s reconnect threw
       c.reset();
       // A redirect (TRYAGAIN, CLUSTERDOWN, a slot that moved twice) ran
       // nothing: no failure of the node; the lease is released as below.

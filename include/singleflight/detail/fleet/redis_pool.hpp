@@ -48,6 +48,12 @@ class pooled {
   redis_conn& operator*() const noexcept { return *conn_; }
   redis_conn* operator->() const noexcept { return conn_.get(); }
 
+  // mark_broken(): the connection, if this still holds one, is not given
+  // back. None is held after run() threw from its reconnect (open()).
+  void mark_broken() noexcept {
+    if (conn_) conn_->mark_broken();
+  }
+
   // run(step): step(connection), whose result it returns. When the step
   // fails with the connection closed before any byte of its reply arrived
   // (redis_failure::unanswered) and the connection had waited in the pool,
