@@ -402,7 +402,9 @@ void run_one(server& s, const std::string& dir, const config& cfg, int run_id) {
   for (const pid_t p : pids) {
     int status = 0;
     if (::waitpid(p, &status, 0) != p || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      die("a worker process failed");
+      die("worker process " + std::to_string(p) + " failed: " +
+          (WIFSIGNALED(status) ? "signal " + std::to_string(WTERMSIG(status))
+                               : "exit " + std::to_string(WEXITSTATUS(status))));
     }
   }
   const long long gets =
@@ -464,6 +466,15 @@ void run_one(server& s, const std::string& dir, const config& cfg, int run_id) {
         ++stale_in_gap;
       } else {
         ++stale;
+        if (std::getenv("FCB_DEBUG") != nullptr && stale < 40) {
+          const std::int64_t base = gaps.empty() ? t0 : gaps.front();
+          std::string rs;
+          for (const std::int64_t x : resyncs) rs += " " + std::to_string((x - base) / 1000000);
+          std::fprintf(stderr,
+                       "stale: reader %d read at %+.1f ms saw %u; v %u returned at %+.1f ms; "
+                       "resyncs at%s\n",
+                       i, (r.start - base) / 1e6, r.version, v, (ret - base) / 1e6, rs.c_str());
+        }
         worst_late_ms = std::max(worst_late_ms, (r.start - ret) / 1e6);
       }
     }
