@@ -29,7 +29,8 @@
 //     the new version; p50, p99;
 //   - reconnect: from a gap's start to each reader's next resync (p50, max; sampled every
 //     1 ms, so up to ~1 ms late, which widens the gap's excuse by as much);
-//   - median and p99 read latency; origin calls per version (mean, max); Redis GETs (INFO
+//   - median and p99 read latency; origin calls per version (mean, max); Redis reads, GET and
+//     GETRANGE (INFO
 //     commandstats) per reader per version, and per reader per gap.
 // Prints a markdown table.
 #include <singleflight/fleet_cache.hpp>
@@ -377,7 +378,7 @@ void run_one(server& s, const std::string& dir, const config& cfg, int run_id) {
     if (now_ns() > ready_by) die("processes not ready");
     std::this_thread::sleep_for(ms(5));
   }
-  const long long gets_before = s.calls("get");
+  const long long gets_before = s.calls("get") + s.calls("getrange");
   long long gets_lost = 0;         // counted by a server that was stopped
   std::vector<std::int64_t> gaps;  // when a gap began (a CLIENT KILL sent, the server stopped)
   sh->phase.store(1);
@@ -391,7 +392,7 @@ void run_one(server& s, const std::string& dir, const config& cfg, int run_id) {
     }
   } else if (cfg.variant == "restart") {
     sleep_until_ns(t0 + (end - t0) / 2);
-    gets_lost = s.calls("get") - gets_before;
+    gets_lost = s.calls("get") + s.calls("getrange") - gets_before;
     gaps.push_back(now_ns());
     s.stop();
     std::this_thread::sleep_for(ms(300));  // the server is down for 300 ms
@@ -408,7 +409,8 @@ void run_one(server& s, const std::string& dir, const config& cfg, int run_id) {
     }
   }
   const long long gets =
-      (cfg.variant == "restart" ? s.calls("get") + gets_lost : s.calls("get") - gets_before);
+      (cfg.variant == "restart" ? s.calls("get") + s.calls("getrange") + gets_lost
+                                : s.calls("get") + s.calls("getrange") - gets_before);
 
   // The invalidates that returned, in version order (their return times increase).
   const int versions = sh->versions.load();
