@@ -29,9 +29,8 @@
 //     the new version; p50, p99;
 //   - reconnect: from a gap's start to each reader's next resync (p50, max; sampled every
 //     1 ms, so up to ~1 ms late, which widens the gap's excuse by as much);
-//   - median and p99 read latency; origin calls per version (mean, max); Redis reads, GET and
-//     GETRANGE (INFO
-//     commandstats) per reader per version, and per reader per gap.
+//   - median and p99 read latency; origin calls per version (mean, max); Redis reads (GET and
+//     GETRANGE, INFO commandstats) per reader per version (a gap's cost: against steady).
 // Prints a markdown table.
 #include <singleflight/fleet_cache.hpp>
 
