@@ -24,7 +24,11 @@
 //     when there is one (wide_), else a copy of the call's loader; a loader (load or refresh)
 //     that calls the cache for its own key on such a thread gets std::logic_error
 //     (refresh_runs), as it would from the group on the caller's thread;
-//   * close(): from one of the cache's threads it stops and rejects, and waits for nothing.
+//   * close(): from one of the cache's threads it stops and rejects, and waits for nothing;
+//   * compile time: a body that keeps a copy of the loader (a load on the cache's threads or
+//     flight.executor, an asynchronous load, a refresh) keeps it type-erased (with_erased), so
+//     the group's paths for it are instantiated once per cache type, not once per loader
+//     type; only the inline leader's body (load_owner::caller) is one type per loader.
 // The facade (cache.hpp) holds one and forwards to it.
 //
 // Locking: none of its own. The group's and the core's locks are taken inside their calls;
@@ -243,15 +247,17 @@ class cache_calls {
       // group has no asynchronous do_fresh: on act::load_fresh (a load that started before an
       // invalidation is still running) an async caller may join that load (docs/cache.md,
       // "Choices").
-      if constexpr (!traits::is_async) {
-        if (off) {
-          async_flight(key, hand_off(key_of(key), mixed, loader, true), std::move(on_done),
-                       std::move(caller), w.wait);
-          return;
+      with_erased(std::forward<L>(loader), [&](const auto& e) {
+        if constexpr (!traits::is_async) {
+          if (off) {
+            async_flight(key, hand_off(key_of(key), mixed, e, true), std::move(on_done),
+                         std::move(caller), w.wait);
+            return;
+          }
         }
-      }
-      async_flight(key, owned_fn(key_of(key), mixed, std::forward<L>(loader), true),
-                   std::move(on_done), std::move(caller), w.wait);
+        async_flight(key, owned_fn(key_of(key), mixed, e, true), std::move(on_done),
+                     std::move(caller), w.wait);
+      });
     } catch (...) {
       if (pinned != nullptr) c->unpin(pinned);
       throw;
@@ -602,13 +608,9 @@ class cache_calls {
     const bool may_leave = traits::is_async || off || group_has_executor_;
     const waits w = waits_of(c, pinned, bound, fresh, may_leave);
     try {
-      const auto run = [&](bool fresh_flight) {
+      const auto run = [&](bool fresh_flight) -> loaded_t {
         if constexpr (!traits::is_async) {
-          if (off) {
-            return flight(key, hand_off(key_of(key), mixed, loader, !fresh_flight), caller, w.wait,
-                          fresh_flight, info);
-          }
-          if (!group_has_executor_) {
+          if (!off && !group_has_executor_) {
             // Inline: the leader runs the loader on this thread and cannot leave before it
             // returns, so the body may refer to this frame.
             const auto run_inline = [&](const auto& k) {
@@ -624,8 +626,18 @@ class cache_calls {
             }
           }
         }
-        auto body = owned_fn(key_of(key), mixed, loader, !fresh_flight);
-        return flight(key, std::move(body), caller, w.wait, fresh_flight, info);
+        // A body that keeps a copy of the loader (the cache's threads, flight.executor, an
+        // asynchronous loader): through the erased loader.
+        return with_erased(loader, [&](const auto& e) -> loaded_t {
+          if constexpr (!traits::is_async) {
+            if (off) {
+              return flight(key, hand_off(key_of(key), mixed, e, !fresh_flight), caller, w.wait,
+                            fresh_flight, info);
+            }
+          }
+          return flight(key, owned_fn(key_of(key), mixed, e, !fresh_flight), caller, w.wait,
+                        fresh_flight, info);
+        });
       };
       r = run(fresh);
       // A load that started before a write this call saw (it joined a flight that was still
@@ -668,16 +680,53 @@ class cache_calls {
   template <class P, class L>
   void start_refresh(const P& key, std::uint64_t mixed, L& loader, node_t* n,
                      std::uint64_t id) noexcept {
-    std::shared_ptr<core> owner = core_;
     try {
-      auto done = [owner, n, id](outcome<loaded_t>&&) noexcept { owner->refresh_done(n, id); };
-      if (group_has_executor_ || detail::loader_traits<std::decay_t<L>, Key, T>::is_async) {
-        group_.async_do(key, owned_fn(key_of(key), mixed, loader, false), std::move(done));
-      } else {
-        group_.async_do(key, hand_off(key_of(key), mixed, loader, false), std::move(done));
-      }
+      with_erased(loader, [&](const auto& e) { start_erased_refresh(key, mixed, e, n, id); });
     } catch (...) {
-      owner->refresh_done(n, id);  // async_do threw before attaching: on_done never runs
+      // The loader's copy or async_do threw before attaching: on_done never runs.
+      core_->refresh_done(n, id);
+    }
+  }
+
+  // start_refresh's flight, for an erased loader (with_erased): one instantiation per cache
+  // type. Throws what async_do throws before attaching.
+  template <class P, class E>
+  void start_erased_refresh(const P& key, std::uint64_t mixed, const E& loader, node_t* n,
+                            std::uint64_t id) {
+    if constexpr (detail::loader_traits<E, Key, T>::is_async) {
+      group_.async_do(key, owned_fn(key_of(key), mixed, loader, false), refresh_end(n, id));
+    } else if (group_has_executor_) {
+      group_.async_do(key, owned_fn(key_of(key), mixed, loader, false), refresh_end(n, id));
+    } else {
+      group_.async_do(key, hand_off(key_of(key), mixed, loader, false), refresh_end(n, id));
+    }
+  }
+
+  // refresh_end(n, id): a refresh's on_done: the refresh of n numbered id is over.
+  auto refresh_end(node_t* n, std::uint64_t id) const {
+    return [owner = core_, n, id](outcome<loaded_t>&&) noexcept { owner->refresh_done(n, id); };
+  }
+
+  // with_erased(loader, f): f(e), e the loader type-erased (shared_loader, or its
+  // async_form for an asynchronous loader; the cache-wide loader as it is), as a const
+  // lvalue. A body that keeps a copy of the loader (owned_fn, hand_off, load_job) is then
+  // one type per cache type whatever the loader, and so is what the group instantiates
+  // for it: each loader type instantiates only its inline path. Copies (or moves, from an
+  // rvalue) the loader once, as the body would have; throws what that copy throws.
+  template <class L, class F>
+  static decltype(auto) with_erased(L&& loader, F&& f) {
+    using Ld = std::remove_cvref_t<L>;
+    using async_form = typename shared_loader<Key, T>::async_form;
+    if constexpr (is_shared_loader<Ld, Key, T> || std::same_as<Ld, async_form>) {
+      return std::forward<F>(f)(std::as_const(loader));
+    } else {
+      const shared_loader<Key, T> erased = shared_loader<Key, T>::of(std::forward<L>(loader));
+      if constexpr (detail::loader_traits<Ld, Key, T>::is_async) {
+        const async_form a = erased.async();
+        return std::forward<F>(f)(a);
+      } else {
+        return std::forward<F>(f)(erased);
+      }
     }
   }
 
