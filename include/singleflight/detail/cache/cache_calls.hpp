@@ -28,7 +28,8 @@
 //   * compile time: a body that keeps a copy of the loader (a load on the cache's threads or
 //     flight.executor, an asynchronous load, a refresh) keeps it type-erased (with_erased), so
 //     the group's paths for it are instantiated once per cache type, not once per loader
-//     type; only the inline leader's body (load_owner::caller) is one type per loader.
+//     type (two bodies: owned_fn for a synchronous loader on flight.executor, hand_off for
+//     the rest); only the inline leader's body (load_owner::caller) is one type per loader.
 // The facade (cache.hpp) holds one and forwards to it.
 //
 // Locking: none of its own. The group's and the core's locks are taken inside their calls;
@@ -247,15 +248,15 @@ class cache_calls {
       // group has no asynchronous do_fresh: on act::load_fresh (a load that started before an
       // invalidation is still running) an async caller may join that load (docs/cache.md,
       // "Choices").
-      with_erased(std::forward<L>(loader), [&](const auto& e) {
+      with_erased(std::forward<L>(loader), [&](const shared_loader<Key, T>& e) {
         if constexpr (!traits::is_async) {
-          if (off) {
-            async_flight(key, hand_off(key_of(key), mixed, e, true), std::move(on_done),
+          if (!off) {
+            async_flight(key, owned_fn(key_of(key), mixed, e, true), std::move(on_done),
                          std::move(caller), w.wait);
             return;
           }
         }
-        async_flight(key, owned_fn(key_of(key), mixed, e, true), std::move(on_done),
+        async_flight(key, hand_off(key_of(key), mixed, e, true), std::move(on_done),
                      std::move(caller), w.wait);
       });
     } catch (...) {
@@ -575,18 +576,25 @@ class cache_calls {
     }
   }
 
-  // hand_off(key, mixed, loader, foreground): a flight body (asynchronous) that posts a copy
-  // of the synchronous loader to the cache's own threads and returns; the job completes the
-  // flight. After close() the job dies unrun and its completion breaks (the flight's waiters
-  // get closed_error from the group's close).
-  template <class L>
-  auto hand_off(Key key, std::uint64_t mixed, L& loader, bool foreground) {
-    using Ld = std::decay_t<L>;
-    return [this, k = std::move(key), mixed, foreground, ld = Ld(loader)](
+  // hand_off(key, mixed, loader, foreground): a flight body (asynchronous) holding a copy of
+  // the erased loader (with_erased). A synchronous loader is posted to the cache's own threads
+  // and the body returns; the job completes the flight. After close() the job dies unrun and
+  // its completion breaks (the flight's waiters get closed_error from the group's close). An
+  // asynchronous loader is started on the calling thread, as owned_fn starts it. One type per
+  // cache type: every asynchronous body that keeps a loader is this one.
+  auto hand_off(Key key, std::uint64_t mixed, const shared_loader<Key, T>& loader,
+                bool foreground) {
+    return [this, k = std::move(key), mixed, foreground, ld = loader](
                stop_token st, completion<loaded_t> d) mutable {
+      if (ld.is_async()) {
+        auto started = ld.async();
+        core_->run_async(k, mixed, started, st, d, foreground);
+        return;
+      }
       std::unique_ptr<detail::worker_threads::job> j =
-          std::make_unique<load_job<Ld>>(core_.get(), &runs_, std::move(k), mixed, std::move(ld),
-                                         std::move(st), std::move(d), foreground);
+          std::make_unique<load_job<shared_loader<Key, T>>>(core_.get(), &runs_, std::move(k),
+                                                            mixed, std::move(ld), std::move(st),
+                                                            std::move(d), foreground);
       (void)threads_.post(j);  // after close(): j dies here, unrun (its completion breaks)
     };
   }
@@ -628,14 +636,14 @@ class cache_calls {
         }
         // A body that keeps a copy of the loader (the cache's threads, flight.executor, an
         // asynchronous loader): through the erased loader.
-        return with_erased(loader, [&](const auto& e) -> loaded_t {
+        return with_erased(loader, [&](const shared_loader<Key, T>& e) -> loaded_t {
           if constexpr (!traits::is_async) {
-            if (off) {
-              return flight(key, hand_off(key_of(key), mixed, e, !fresh_flight), caller, w.wait,
+            if (!off) {
+              return flight(key, owned_fn(key_of(key), mixed, e, !fresh_flight), caller, w.wait,
                             fresh_flight, info);
             }
           }
-          return flight(key, owned_fn(key_of(key), mixed, e, !fresh_flight), caller, w.wait,
+          return flight(key, hand_off(key_of(key), mixed, e, !fresh_flight), caller, w.wait,
                         fresh_flight, info);
         });
       };
@@ -681,7 +689,9 @@ class cache_calls {
   void start_refresh(const P& key, std::uint64_t mixed, L& loader, node_t* n,
                      std::uint64_t id) noexcept {
     try {
-      with_erased(loader, [&](const auto& e) { start_erased_refresh(key, mixed, e, n, id); });
+      with_erased(loader, [&](const shared_loader<Key, T>& e) {
+        start_erased_refresh(key, mixed, e, n, id);
+      });
     } catch (...) {
       // The loader's copy or async_do threw before attaching: on_done never runs.
       core_->refresh_done(n, id);
@@ -690,12 +700,10 @@ class cache_calls {
 
   // start_refresh's flight, for an erased loader (with_erased): one instantiation per cache
   // type. Throws what async_do throws before attaching.
-  template <class P, class E>
-  void start_erased_refresh(const P& key, std::uint64_t mixed, const E& loader, node_t* n,
-                            std::uint64_t id) {
-    if constexpr (detail::loader_traits<E, Key, T>::is_async) {
-      group_.async_do(key, owned_fn(key_of(key), mixed, loader, false), refresh_end(n, id));
-    } else if (group_has_executor_) {
+  template <class P>
+  void start_erased_refresh(const P& key, std::uint64_t mixed, const shared_loader<Key, T>& loader,
+                            node_t* n, std::uint64_t id) {
+    if (group_has_executor_ && !loader.is_async()) {
       group_.async_do(key, owned_fn(key_of(key), mixed, loader, false), refresh_end(n, id));
     } else {
       group_.async_do(key, hand_off(key_of(key), mixed, loader, false), refresh_end(n, id));
@@ -707,26 +715,23 @@ class cache_calls {
     return [owner = core_, n, id](outcome<loaded_t>&&) noexcept { owner->refresh_done(n, id); };
   }
 
-  // with_erased(loader, f): f(e), e the loader type-erased (shared_loader, or its
-  // async_form for an asynchronous loader; the cache-wide loader as it is), as a const
-  // lvalue. A body that keeps a copy of the loader (owned_fn, hand_off, load_job) is then
-  // one type per cache type whatever the loader, and so is what the group instantiates
-  // for it: each loader type instantiates only its inline path. Copies (or moves, from an
-  // rvalue) the loader once, as the body would have; throws what that copy throws.
+  // with_erased(loader, f): f(e), e the loader type-erased as a shared_loader (synchronous or
+  // asynchronous; the cache-wide loader as it is). A body that keeps a copy of the loader
+  // (owned_fn for a synchronous one, hand_off, load_job) is then one type per cache type
+  // whatever the loader, and so is what the group instantiates for it: each loader type
+  // instantiates only its inline path. Copies (or moves, from an rvalue) the loader once, as
+  // the body would have; throws what that copy throws.
   template <class L, class F>
   static decltype(auto) with_erased(L&& loader, F&& f) {
     using Ld = std::remove_cvref_t<L>;
-    using async_form = typename shared_loader<Key, T>::async_form;
-    if constexpr (is_shared_loader<Ld, Key, T> || std::same_as<Ld, async_form>) {
+    if constexpr (is_shared_loader<Ld, Key, T>) {
       return std::forward<F>(f)(std::as_const(loader));
+    } else if constexpr (std::same_as<Ld, typename shared_loader<Key, T>::async_form>) {
+      const shared_loader<Key, T> erased = loader.loader();
+      return std::forward<F>(f)(erased);
     } else {
       const shared_loader<Key, T> erased = shared_loader<Key, T>::of(std::forward<L>(loader));
-      if constexpr (detail::loader_traits<Ld, Key, T>::is_async) {
-        const async_form a = erased.async();
-        return std::forward<F>(f)(a);
-      } else {
-        return std::forward<F>(f)(erased);
-      }
+      return std::forward<F>(f)(erased);
     }
   }
 

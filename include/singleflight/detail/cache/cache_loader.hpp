@@ -101,6 +101,8 @@ class shared_loader {
     void operator()(const Key& k, stop_token st, completion<load_result<T>> done) const {
       (*f_)(k, std::move(st), std::move(done));
     }
+    // loader(): the shared_loader this form came from (the same type-erased copy).
+    shared_loader loader() const noexcept { return shared_loader(nullptr, f_); }
 
    private:
     friend class shared_loader;
