@@ -217,3 +217,58 @@ TEST_CASE(
   sftest::must([&] { return c.stats().invalidations_heard > again; }, "c hears the next DEL");
   CHECK(c.get("k", origin.loader()) == "v3");
 }
+
+// A managed server whose ACL denies `client` (or that renamed it, or has no REDIRECT): CLIENT ID
+// and CLIENT TRACKING come back as errors. The process must not be left without coherence: it
+// falls back to the bus, where every fleet_cache's put / invalidate / expire is published in both
+// modes, so another process's invalidate still reaches it.
+TEST_CASE(
+    "tracking_refused_by_acl_falls_back_to_the_bus: another process's invalidate still reaches "
+    "the local cache, and stats() say the bus is in use",
+    "[fleet][fleet_cache][tracking]") {
+  sftest::private_redis server;
+  auto client = server.client();
+  REQUIRE(client->command({"ACL", "SETUSER", "default", "-client"}).str == "OK");
+  const std::string prefix = "refused";
+  fc_t a(opts(server.uri(), prefix));
+  fc_t b(opts(server.uri(), prefix));
+  for (fc_t* c : {&a, &b}) {
+    sftest::must([&] { return c->stats().tracking_refused == 1; }, "the refusal is seen");
+    // The tracking channel (kept, silent), the expire channel and the bus.
+    sftest::must([&] { return engine(*c).subscriber.confirmed_channels() == 3; },
+                 "subscribed to the bus");
+    CHECK(c->stats().coherence == sf::fleet_coherence::publish);
+  }
+  versioned_origin origin;
+  std::atomic<int> ran{0};
+  CHECK(a.get("k", origin.loader()) == "v1");
+  CHECK(b.get("k", must_not_load(ran)) == "v1");  // a's value, from Redis
+  CHECK(b.get("k", must_not_load(ran)) == "v1");  // now a local hit
+  const std::uint64_t heard = b.stats().invalidations_heard;
+
+  origin.version = 2;
+  a.invalidate("k");
+  sftest::must([&] { return b.stats().invalidations_heard > heard; }, "b hears a's invalidate");
+  CHECK(b.get("k", origin.loader()) == "v2");
+  CHECK(a.get("k", must_not_load(ran)) == "v2");  // b's value, from Redis
+
+  // The other way round, through put.
+  const std::uint64_t heard_a = a.stats().invalidations_heard;
+  b.put("k", "v3");
+  sftest::must([&] { return a.stats().invalidations_heard > heard_a; }, "a hears b's put");
+  CHECK(a.get("k", must_not_load(ran)) == "v3");
+  CHECK(ran.load() == 0);
+  CHECK(origin.calls.load() == 2);
+  CHECK(a.stats().tracking_refused == 1);
+  CHECK(b.stats().coherence == sf::fleet_coherence::publish);
+}
+
+TEST_CASE("a server that tracks: tracking_refused stays 0 and the bus is not subscribed",
+          "[fleet][fleet_cache][tracking]") {
+  sftest::private_redis server;
+  fc_t c(opts(server.uri(), "tracked"));
+  until_listening(c, "c listens");
+  CHECK(c.stats().tracking_refused == 0);
+  CHECK(c.stats().coherence == sf::fleet_coherence::tracking);
+  CHECK(server.client()->numsub(d::bus_channel("tracked")) == 0);
+}

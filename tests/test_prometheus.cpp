@@ -339,6 +339,7 @@ TEST_CASE(
   s.expires_heard = 5;
   s.resyncs = 7;
   s.overflows = 11;
+  s.tracking_refused = 1;
   s.local.hits = 13;
   s.fleet.gets = 17;
   sm::prometheus_collector c;
@@ -356,7 +357,7 @@ TEST_CASE(
       {"singleflight_fleet_cache_resyncs_total", 7},
       {"singleflight_fleet_cache_overflows_total", 11},
   };
-  REQUIRE(sm::fleet_cache_metrics.size() == std::size(expected));
+  REQUIRE(sm::fleet_cache_metrics.size() == std::size(expected) + 1);  // + the gauge below
   for (const auto& [name, v] : expected) {
     INFO(name);
     const auto* f = family(fams, name);
@@ -366,6 +367,11 @@ TEST_CASE(
     CHECK(label(f->metric[0], "fleet_cache") == "profiles");
     CHECK(f->metric[0].counter.value == v);
   }
+  const auto* refused = family(fams, "singleflight_fleet_cache_tracking_refused");
+  REQUIRE(refused != nullptr);
+  CHECK(refused->type == prometheus::MetricType::Gauge);
+  REQUIRE(refused->metric.size() == 1);
+  CHECK(refused->metric[0].gauge.value == 1);
   const auto* hits = family(fams, "singleflight_cache_hits_total");
   REQUIRE(hits != nullptr);
   CHECK(label(hits->metric[0], "cache") == "profiles");

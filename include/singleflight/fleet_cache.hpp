@@ -40,7 +40,11 @@
 // tracker connection the subscriber keeps beside its own): every change of a
 // value under the prefix, by anyone (another process, redis-cli, expiry,
 // FLUSHALL), drops the key locally; or the bus (publish): only other
-// fleet_caches' put and invalidate. The bound: once a process has received
+// fleet_caches' put and invalidate. A server that refuses CLIENT TRACKING
+// (an ACL that denies `client`, a renamed command, no REDIRECT) makes the
+// process fall back to the bus, for the fleet_cache's lifetime
+// (stats().tracking_refused; its own writes publish on the bus in both
+// modes, so the others hear them either way). The bound: once a process has received
 // the report, its get never returns a value stored before the write. While
 // its subscription or tracker is down (a network gap, CLIENT KILL, a Redis
 // restart) reports are lost: when the subscription is confirmed again (after
@@ -134,8 +138,13 @@ class fleet_cache {
         bus_(detail::bus_channel(fleet_.engine_->cfg.key_prefix)),
         expire_bus_(detail::expire_channel(fleet_.engine_->cfg.key_prefix)),
         watch_(listen(opts.coherence)),
+        fallback_watch_(
+            opts.coherence == fleet_coherence::tracking
+                ? fleet_.engine_->subscriber.subscribe_fallback(bus_, inbox_.bus_listener())
+                : detail::fleet_subscriber::watch()),
         expire_watch_(fleet_.engine_->subscriber.subscribe(expire_bus_, inbox_.expire_listener())),
-        local_(opts.local) {}
+        local_(opts.local),
+        coherence_(opts.coherence) {}
 
   // fleet_cache(opts, loader, codec, key_codec)
   //
@@ -399,6 +408,8 @@ class fleet_cache {
     s.resyncs = inbox_.resyncs();
     s.overflows = inbox_.overflows();
     s.expires_heard = inbox_.expires_received();
+    s.tracking_refused = inbox_.fell_back() ? 1 : 0;
+    s.coherence = inbox_.fell_back() ? fleet_coherence::publish : coherence_;
     return s;
   }
 
@@ -424,7 +435,8 @@ class fleet_cache {
   }
 
   // The subscription the inbox hears: the bus, or client tracking's channel
-  // (the subscriber's connections tracked for the prefix's names first).
+  // (the subscriber's connections tracked for the prefix's names first; the
+  // bus as the fallback, fallback_watch_).
   detail::fleet_subscriber::watch listen(fleet_coherence mode) {
     detail::fleet_subscriber& sub = fleet_.engine_->subscriber;
     if (mode == fleet_coherence::publish) return sub.subscribe(bus_, &inbox_);
@@ -590,11 +602,13 @@ class fleet_cache {
   detail::invalidation_inbox inbox_;
   std::string bus_;
   std::string expire_bus_;
-  detail::fleet_subscriber::watch watch_;  // before local_: outlives its loads' flights
+  detail::fleet_subscriber::watch watch_;           // before local_: outlives its loads' flights
+  detail::fleet_subscriber::watch fallback_watch_;  // tracking: the bus, once it is refused
   detail::fleet_subscriber::watch expire_watch_;
   local_t local_;  // destroyed first: joins its loads
   std::atomic<bool> closed_{false};
   std::atomic<std::uint64_t> broadcasts_{0};
+  const fleet_coherence coherence_;  // the option's
 };
 
 namespace detail {

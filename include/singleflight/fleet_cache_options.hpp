@@ -26,7 +26,8 @@ enum class fleet_coherence {
   // own stores too).
   tracking,
   // The bus: only other fleet_caches' put and invalidate (for servers that
-  // refuse CLIENT TRACKING REDIRECT).
+  // refuse CLIENT TRACKING REDIRECT). Under `tracking`, a process whose
+  // server refuses CLIENT TRACKING falls back to it by itself.
   publish,
 };
 
@@ -56,6 +57,11 @@ struct fleet_cache_stats {
   std::uint64_t resyncs = 0;              // bus subscriptions (re)confirmed: local cache cleared
   std::uint64_t overflows = 0;            // max_pending_invalidations passed: local cache cleared
   std::uint64_t expires_heard = 0;        // expire messages from other processes
+  // 1 once the server refused CLIENT TRACKING (an ACL, a renamed command, no
+  // REDIRECT) and the process fell back to the bus; else 0.
+  std::uint64_t tracking_refused = 0;
+  // The coherence in use: the option's, or publish after a refusal.
+  fleet_coherence coherence = fleet_coherence::tracking;
 };
 
 namespace metrics {
@@ -73,7 +79,9 @@ namespace metrics {
 //                        [&] { return profiles.stats().fleet; });
 // A rate of resyncs above zero in steady state means the subscription or the
 // tracker keeps dropping (each one clears the local cache); overflows mean
-// max_pending_invalidations is too small for the write rate.
+// max_pending_invalidations is too small for the write rate; tracking_refused
+// at 1 means the server (an ACL, a renamed command, no REDIRECT) refused
+// client tracking: only fleet_caches' own writes are heard, through the bus.
 inline constexpr std::array fleet_cache_metrics{
     counter<&fleet_cache_stats::broadcasts>(
         "singleflight_fleet_cache_broadcasts_total",
@@ -89,6 +97,9 @@ inline constexpr std::array fleet_cache_metrics{
     counter<&fleet_cache_stats::overflows>(
         "singleflight_fleet_cache_overflows_total",
         "Times max_pending_invalidations was passed, each clearing the local cache"),
+    gauge<&fleet_cache_stats::tracking_refused>(
+        "singleflight_fleet_cache_tracking_refused",
+        "1 once the server refused client tracking and the process fell back to the bus"),
 };
 
 }  // namespace metrics

@@ -44,6 +44,16 @@
 // are reopened; the re-confirmation of the subscription, sent after the new
 // tracker is in place, tells the listener that messages may have been lost.
 //
+// Tracking refused: a server that answers CLIENT ID or CLIENT TRACKING with an
+// error that is not transient (an ACL that denies `client`, a renamed or
+// unknown command, a server without REDIRECT) will not track this process. The
+// subscriber then stops asking, for good (tracking_refused()), tells every
+// listener (on_tracking_refused, before any confirmation on that connection),
+// and subscribes the fallback channels (subscribe_fallback: fleet_cache's bus)
+// from that connection on. Transient errors (LOADING, BUSY, MASTERDOWN,
+// TRYAGAIN, a REDIRECT target gone because the connection was killed in
+// between) are a failed connect: retried with the backoff.
+//
 // Locking: `mu_` guards `channels_`, `closing_`, `dirty_` and every
 // channel_state. The thread holds it only to read the wanted subscriptions
 // and to apply what it read; connecting, writing, polling and reading happen
@@ -100,6 +110,10 @@ class fleet_subscriber {
     // A message with a nil payload: client tracking's report of a FLUSHALL
     // (or FLUSHDB): every key changed.
     virtual void on_flushed() noexcept = 0;
+    // The server refused client tracking (see above): from now on this
+    // subscriber's connections are not tracked, and its fallback channels are
+    // subscribed. Called once, before the confirmations that follow it.
+    virtual void on_tracking_refused() noexcept {}
 
    protected:
     ~listener() = default;
@@ -119,7 +133,8 @@ class fleet_subscriber {
     std::size_t pending = 0;
     std::uint64_t confirmations = 0;
     std::uint64_t messages = 0;
-    std::string last;  // the latest message
+    std::string last;       // the latest message
+    bool fallback = false;  // subscribed only once tracking is refused (subscribe_fallback)
     std::condition_variable cv;
     listener* heard = nullptr;  // the listening watch's listener, while it lives
   };
@@ -279,6 +294,29 @@ class fleet_subscriber {
     return watch(this, ch, channel);
   }
 
+  // subscribe_fallback(channel, l): subscribe(channel, l), except that the
+  // channel is subscribed on the server only once client tracking has been
+  // refused (before that, the watch waits and hears nothing). A channel
+  // already watched keeps its kind. Thread-safe. Throws std::bad_alloc.
+  watch subscribe_fallback(const std::string& channel, listener* l) {
+    {
+      const std::lock_guard<std::mutex> lk(mu_);
+      auto& slot = channels_[channel];
+      if (!slot) {
+        slot = std::make_unique<channel_state>();
+        slot->fallback = true;
+      }
+    }
+    return subscribe(channel, l);
+  }
+
+  // tracking_refused(): the server refused client tracking (see above).
+  // Thread-safe.
+  bool tracking_refused() const {
+    const std::lock_guard<std::mutex> lk(mu_);
+    return refused_;
+  }
+
   // track(prefix): every connection from now on is tracked (see client
   // tracking above) for the keys that start with `prefix`. Called before the
   // first subscribe (std::logic_error otherwise: the connection would have
@@ -369,7 +407,7 @@ class fleet_subscriber {
     while (!closing_) {
       if (!conn) {
         const bool wanted = std::any_of(channels_.begin(), channels_.end(),
-                                        [](const auto& c) { return c.second->refs > 0; });
+                                        [this](const auto& c) { return live(*c.second); });
         if (!wanted) {
           cv_.wait(lk, [&] { return closing_ || dirty_; });
           dirty_ = false;
@@ -382,9 +420,13 @@ class fleet_subscriber {
         const std::string tracked = tracked_;
         lk.unlock();
         std::unique_ptr<redis_conn> fresh;
+        bool refused = false;
         try {
           fresh = pool_.open();
           if (!tracked.empty()) tracker = open_tracker(*fresh, tracked);
+        } catch (const tracking_refusal&) {
+          refused = true;  // `fresh` is sound: it subscribes untracked
+          tracker.reset();
         } catch (const redis_failure&) {
           errors_.fetch_add(1, std::memory_order_relaxed);
           fresh.reset();
@@ -395,6 +437,13 @@ class fleet_subscriber {
           backoff = grow(backoff);
           next_attempt = clock::now() + backoff;
           continue;
+        }
+        if (refused && !refused_) {
+          refused_ = true;
+          tracked_.clear();
+          for (auto& [name, ch] : channels_) {
+            if (ch->heard != nullptr) ch->heard->on_tracking_refused();
+          }
         }
         if (lost_once) {
           lk.unlock();
@@ -415,11 +464,11 @@ class fleet_subscriber {
       unsubs.clear();
       for (auto it = channels_.begin(); it != channels_.end();) {
         channel_state& ch = *it->second;
-        if (ch.refs > 0 && !ch.on_server) {
+        if (live(ch) && !ch.on_server) {
           subs.push_back(it->first);
           ch.on_server = true;
           ch.pending += 1;
-        } else if (ch.refs == 0 && ch.on_server) {
+        } else if (!live(ch) && ch.on_server) {
           unsubs.push_back(it->first);
           ch.on_server = false;
           ch.confirmed = false;
@@ -470,19 +519,49 @@ class fleet_subscriber {
     tracker.reset();
   }
 
+  // A channel to have on the server: watched, and not a fallback one while
+  // tracking works. mu_ held.
+  bool live(const channel_state& ch) const noexcept {
+    return ch.refs > 0 && (!ch.fallback || refused_);
+  }
+
+  // The server will not track this connection (see "Tracking refused").
+  struct tracking_refusal : redis_failure {
+    using redis_failure::redis_failure;
+  };
+
+  // An error reply to CLIENT ID / CLIENT TRACKING that a retry may not get:
+  // the server busy or loading, or the REDIRECT target (our own connection)
+  // killed between the two commands. Any other error is a refusal.
+  static bool transient(std::string_view error) noexcept {
+    for (const std::string_view p : {"LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN"}) {
+      if (error.starts_with(p)) return true;
+    }
+    return error.find("does not exist") != std::string_view::npos;
+  }
+
+  static void check(const redisReply* r, std::string_view what) {
+    if (!is_error(r)) return;
+    const std::string_view e = text_of(r);
+    std::string m = std::string(what) + ": " + std::string(e);
+    if (transient(e)) throw redis_failure(m);
+    throw tracking_refusal(m);
+  }
+
   // The tracker of `sub` (see client tracking above): its CLIENT ID, then a
   // connection that redirects the tracking of `prefix` to it. Throws
-  // redis_failure (an error reply: a server without REDIRECT, an ACL).
+  // tracking_refusal (an error reply that is not transient: an ACL, a
+  // renamed command, a server without REDIRECT), redis_failure (I/O, a
+  // transient error).
   std::unique_ptr<redis_conn> open_tracker(redis_conn& sub, const std::string& prefix) const {
     const redis_reply id = sub.command({"CLIENT", "ID"});
+    check(id.get(), "CLIENT ID");
     if (id->type != REDIS_REPLY_INTEGER) throw redis_failure("CLIENT ID: unexpected reply");
     std::unique_ptr<redis_conn> t = pool_.open();
     const std::string id_text = std::to_string(id->integer);
     const redis_reply on =
         t->command({"CLIENT", "TRACKING", "on", "REDIRECT", id_text, "BCAST", "PREFIX", prefix});
-    if (is_error(on.get())) {
-      throw redis_failure("CLIENT TRACKING: " + std::string(text_of(on.get())));
-    }
+    check(on.get(), "CLIENT TRACKING");
     return t;
   }
 
@@ -600,7 +679,8 @@ class fleet_subscriber {
   std::unordered_map<std::string, std::unique_ptr<channel_state>> channels_;  // guarded by mu_
   bool closing_ = false;                                                      // guarded by mu_
   bool dirty_ = false;                                                        // guarded by mu_
-  std::string tracked_;  // guarded by mu_: the prefix each connection tracks ("" none)
+  std::string tracked_;   // guarded by mu_: the prefix each connection tracks ("" none)
+  bool refused_ = false;  // guarded by mu_: the server refused tracking (tracked_ then "")
 };
 
 }  // namespace singleflight::detail

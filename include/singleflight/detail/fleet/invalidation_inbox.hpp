@@ -22,6 +22,10 @@
 //     expire's PUBLISH reaches the subscriber's connection before the
 //     server's report, sent after the script), and the next report of that
 //     key is taken as the expire's own, not dropped.
+//   * Tracking refused by the server (on_tracking_refused): the inbox falls
+//     back to the bus for good; bus messages then come through
+//     bus_listener() (the subscriber's fallback channel), and expires are
+//     handled as on the bus (no deletion report will follow them).
 //   * A confirmation (the first, and each after a reconnect: pub/sub loses
 //     what was published while the connection was down) marks everything:
 //     apply clears the local cache, so every entry stored before the gap is
@@ -30,7 +34,7 @@
 //     recorded (out of memory): everything is marked, as for a confirmation.
 //
 // Locking: `mu_` (a leaf: nothing is called while it is held) guards keys_,
-// expiring_, clear_all_, draining_ and the writes of posted_ and applied_; posted_ and
+// expiring_, clear_all_, draining_ and the writes of posted_, applied_ and fell_back_; posted_ and
 // applied_ are also read without it (the fast path: nothing to apply). One
 // caller at a time applies (draining_), without the lock; callers that need
 // what it applies wait on `cv_` until it is done, and apply what was posted
@@ -78,19 +82,34 @@ class invalidation_inbox final : public fleet_subscriber::listener {
   // included (under tracking, its own expire's report comes back too).
   fleet_subscriber::listener* expire_listener() noexcept { return &expires_; }
 
+  // bus_listener(): under client tracking, the listener of the bus channel
+  // subscribed as the fallback (fleet_subscriber::subscribe_fallback), heard
+  // only once the server refused tracking: "<writer id><key text>".
+  fleet_subscriber::listener* bus_listener() noexcept { return &bus_; }
+
+  // on_tracking_refused(): from the subscriber's thread, before the
+  // confirmations of the connection that follows; idempotent.
+  void on_tracking_refused() noexcept override {
+    const std::lock_guard<std::mutex> lk(mu_);
+    expiring_.clear();                                  // no deletion report will come for them
+    fell_back_.store(true, std::memory_order_relaxed);  // written under mu_
+  }
+
+  // fell_back(): the server refused tracking; the bus is in use. Thread-safe.
+  bool fell_back() const noexcept { return fell_back_.load(std::memory_order_relaxed); }
+
   // on_message(payload): "<writer id><key text>" (the bus), or a key name
   // (client tracking), from the subscriber's thread.
   void on_message(std::string_view payload) noexcept override {
-    std::string_view text;
     if (tracked_.empty()) {
-      if (payload.size() < id_size || payload.substr(0, id_size) == self_) return;
-      text = payload.substr(id_size);
-    } else if (!tracked_key_text(tracked_, payload, text)) {
+      on_bus(payload);
       return;
     }
+    std::string_view text;
+    if (!tracked_key_text(tracked_, payload, text)) return;
     const std::lock_guard<std::mutex> lk(mu_);
     bool stale = false;
-    if (!tracked_.empty() && !expiring_.empty()) {
+    if (!expiring_.empty()) {
       const auto it = expiring_.find(std::string(text));  // NOLINT: bad_alloc is terminate
       if (it != expiring_.end()) {
         expiring_.erase(it);
@@ -98,6 +117,16 @@ class invalidation_inbox final : public fleet_subscriber::listener {
       }
     }
     if (!stale) post(text, false);
+    received_.fetch_add(1, std::memory_order_relaxed);  // a counter
+  }
+
+  // on_bus(payload): "<writer id><key text>" from the bus (under tracking:
+  // once tracking was refused), on the subscriber's thread; this process's
+  // own messages are skipped.
+  void on_bus(std::string_view payload) noexcept {
+    if (payload.size() < id_size || payload.substr(0, id_size) == self_) return;
+    const std::lock_guard<std::mutex> lk(mu_);
+    post(payload.substr(id_size), false);
     received_.fetch_add(1, std::memory_order_relaxed);  // a counter
   }
 
@@ -110,9 +139,10 @@ class invalidation_inbox final : public fleet_subscriber::listener {
     // a value refreshed since stale again); under tracking, the report of its
     // deletion still comes back: marked, not posted.
     const bool own = payload.substr(0, id_size) == self_;
-    if (own && tracked_.empty()) return;
     const std::lock_guard<std::mutex> lk(mu_);
-    if (!tracked_.empty()) {
+    const bool tracking = !tracked_.empty() && !fell_back_.load(std::memory_order_relaxed);
+    if (own && !tracking) return;
+    if (tracking) {
       if (expiring_.size() >= max_pending_) {
         mark_all();
       } else {
@@ -226,6 +256,17 @@ class invalidation_inbox final : public fleet_subscriber::listener {
     invalidation_inbox* inbox;
   };
 
+  // The fallback bus's listener: forwards to on_bus; its confirmation is one
+  // too (what was published before it is lost).
+  struct bus_relay final : fleet_subscriber::listener {
+    explicit bus_relay(invalidation_inbox* in) noexcept : inbox(in) {}
+    void on_message(std::string_view payload) noexcept override { inbox->on_bus(payload); }
+    void on_confirmed() noexcept override { inbox->on_confirmed(); }
+    void on_flushed() noexcept override {}
+    void on_tracking_refused() noexcept override { inbox->on_tracking_refused(); }
+    invalidation_inbox* inbox;
+  };
+
   // post(text, stale): one key to apply. mu_ held.
   void post(std::string_view text, bool stale) noexcept {
     if (!clear_all_) {
@@ -265,7 +306,9 @@ class invalidation_inbox final : public fleet_subscriber::listener {
   std::atomic<std::uint64_t> resyncs_{0};
   std::atomic<std::uint64_t> overflows_{0};
   std::atomic<std::uint64_t> expires_received_{0};
+  std::atomic<bool> fell_back_{false};  // written under mu_; read without it by stats
   expire_relay expires_{this};
+  bus_relay bus_{this};
 };
 
 }  // namespace singleflight::detail
