@@ -1,21 +1,31 @@
 #!/usr/bin/env bash
-# tests/support/redis_cluster.sh start|stop <dir>: the 3-master Redis Cluster of the fleet's
-# cluster tests (test_fleet_cluster) when ctest runs them without SINGLEFLIGHT_TEST_REDIS_CLUSTER
-# (the ctest fixture fleet_redis_cluster, tests/CMakeLists.txt).
+# tests/support/redis_cluster.sh start|stop <dir> [replicas]: the Redis Cluster of the fleet's
+# cluster tests when ctest runs them without SINGLEFLIGHT_TEST_REDIS_CLUSTER: 3 masters
+# (replicas 0, the default: the fixture fleet_redis_cluster of test_fleet_cluster), or 3 masters
+# with one replica each (replicas 1: the fixture fleet_redis_failover of
+# test_fleet_cluster_failover, which kills and fails masters over); tests/CMakeLists.txt.
 #
 #   start: with SINGLEFLIGHT_TEST_REDIS_CLUSTER set, does nothing (a developer or CI gave one).
-#          Otherwise starts 3 redis-servers with cluster-enabled on free 127.0.0.1 ports (files
-#          in <dir>: nodes-P.conf, P.pid, P.log), joins them with `redis-cli --cluster create`
-#          (16384 slots over 3 masters, no replicas), waits (bounded) until every node reports
-#          cluster_state:ok, and writes the first node's URI to <dir>/uri, which
-#          tests/support/redis.hpp reads when the variable is unset. Without redis-server or
+#          Otherwise starts 3 x (1 + replicas) redis-servers with cluster-enabled on free
+#          127.0.0.1 ports (files in <dir>: nodes-P.conf, P.pid, P.log), joins them with
+#          `redis-cli --cluster create --cluster-replicas <replicas>` (16384 slots over 3
+#          masters), waits (bounded) until every node reports cluster_state:ok and every replica
+#          is in sync with its master (master_link_status:up), and writes the first node's URI
+#          to <dir>/uri, which tests/support/redis.hpp reads when the variable is unset (a
+#          test that kills a node finds its pid in <dir>/P.pid). Without redis-server or
 #          redis-cli on PATH it says so loudly and writes no URI: the cluster tests then WARN
 #          and pass without running.
+#          Every node: cluster-require-full-coverage no (a master that is down costs its own
+#          slots only, not the whole cluster: Redis' default answers CLUSTERDOWN for every key
+#          until a replica takes over), repl-diskless-sync-delay 0 (replicas in sync at once),
+#          shutdown-timeout 0 (stop does not wait for replicas).
 #   stop:  stops the servers <dir>/*.pid name, by pid (never by name), and removes <dir>.
 set -u
 cmd="${1:?start|stop}"
 dir="${2:?a directory}"
+replicas="${3:-0}"
 masters=3
+nodes_total=$((masters * (1 + replicas)))
 
 stop_servers() {
   for pidfile in "$dir"/*.pid; do
@@ -28,9 +38,12 @@ stop_servers() {
   rm -rf "$dir"
 }
 
+# free_port: a free loopback port whose cluster bus port (+10000) is a port too: a node on a
+# port above 55535 refuses to start ("Redis port number too high").
 free_port() {
-  perl -MIO::Socket::INET -e 'my $s = IO::Socket::INET->new(LocalAddr =>
-    "127.0.0.1", LocalPort => 0, Proto => "tcp", Listen => 1) or die; print $s->sockport'
+  perl -MIO::Socket::INET -e 'for (1 .. 100) { my $s = IO::Socket::INET->new(LocalAddr =>
+    "127.0.0.1", LocalPort => 0, Proto => "tcp", Listen => 1) or die;
+    if ($s->sockport <= 55535) { print $s->sockport; exit 0 } } exit 1'
 }
 
 # start_node: a cluster-enabled redis-server on a free port; prints the port.
@@ -40,6 +53,7 @@ start_node() {
     rm -f "$dir/$port.pid"
     redis-server --port "$port" --bind 127.0.0.1 --cluster-enabled yes \
       --cluster-config-file "$dir/nodes-$port.conf" --cluster-node-timeout 1000 \
+      --repl-diskless-sync-delay 0 --shutdown-timeout 0 --cluster-require-full-coverage no \
       --save '' --appendonly no --daemonize yes --pidfile "$dir/$port.pid" \
       --logfile "$dir/$port.log" --dir "$dir" >/dev/null 2>&1 || true
     for _ in $(seq 1 100); do
@@ -69,7 +83,7 @@ case "$cmd" in
     fi
     mkdir -p "$dir"
     ports=()
-    for _ in $(seq 1 "$masters"); do
+    for _ in $(seq 1 "$nodes_total"); do
       if ! p="$(start_node)"; then
         echo "*** cluster tests: a cluster node did not start" >&2
         cat "$dir"/*.log >&2 2>/dev/null || true
@@ -80,30 +94,41 @@ case "$cmd" in
     done
     nodes=()
     for p in "${ports[@]}"; do nodes+=("127.0.0.1:$p"); done
-    if ! redis-cli --cluster create "${nodes[@]}" --cluster-replicas 0 --cluster-yes \
+    if ! redis-cli --cluster create "${nodes[@]}" --cluster-replicas "$replicas" --cluster-yes \
       >"$dir/create.log" 2>&1; then
       cat "$dir/create.log" >&2
       echo "*** cluster tests: redis-cli --cluster create failed" >&2
       stop_servers
       exit 1
     fi
-    # Bounded: every node must see the whole cluster as ok (10 s).
-    for _ in $(seq 1 200); do
+    # Bounded (20 s): every node sees the whole cluster as ok, and every replica is in sync.
+    for _ in $(seq 1 400); do
       ok=0
+      synced=0
       for p in "${ports[@]}"; do
         if redis-cli -h 127.0.0.1 -p "$p" cluster info 2>/dev/null | grep -q '^cluster_state:ok'; then
           ok=$((ok + 1))
         fi
+        repl="$(redis-cli -h 127.0.0.1 -p "$p" info replication 2>/dev/null | tr -d '\r')"
+        if printf '%s\n' "$repl" | grep -q '^role:slave' &&
+          printf '%s\n' "$repl" | grep -q '^master_link_status:up' &&
+          printf '%s\n' "$repl" | grep -q '^master_sync_in_progress:0'; then
+          synced=$((synced + 1))
+        fi
       done
-      if [ "$ok" -eq "$masters" ]; then
+      if [ "$ok" -eq "$nodes_total" ] && [ "$synced" -eq $((masters * replicas)) ]; then
         echo "tcp://127.0.0.1:${ports[0]}" >"$dir/uri"
-        echo "cluster tests: 3 masters on ports ${ports[*]} (pids $(cat "$dir"/*.pid | tr '\n' ' '))"
+        echo "cluster tests: $masters masters, $replicas replica(s) each, on ports ${ports[*]}" \
+          "(pids $(cat "$dir"/*.pid | tr '\n' ' '))"
         exit 0
       fi
       sleep 0.05
     done
-    for p in "${ports[@]}"; do redis-cli -h 127.0.0.1 -p "$p" cluster info >&2 2>/dev/null; done
-    echo "*** cluster tests: the cluster did not reach cluster_state:ok within 10 s" >&2
+    for p in "${ports[@]}"; do
+      redis-cli -h 127.0.0.1 -p "$p" cluster info >&2 2>/dev/null
+      redis-cli -h 127.0.0.1 -p "$p" info replication >&2 2>/dev/null
+    done
+    echo "*** cluster tests: the cluster did not reach cluster_state:ok with its replicas in sync within 20 s" >&2
     stop_servers
     exit 1
     ;;
@@ -111,7 +136,7 @@ case "$cmd" in
     stop_servers
     ;;
   *)
-    echo "usage: $0 start|stop <dir>" >&2
+    echo "usage: $0 start|stop <dir> [replicas]" >&2
     exit 2
     ;;
 esac

@@ -336,6 +336,7 @@ class fleet_engine {
                           e.what());
       }
       (void)node->breaker.failure();
+      router.node_failed(*node);  // a cluster master may have died: read the map again
       throw fleet_error(who + ": Redis unreachable: " + e.what());
     }
     if (cfg.replicas > 0 && acked < static_cast<long long>(cfg.replicas)) {

@@ -87,7 +87,12 @@ class fleet_flight {
   // Redis failing means a local load.
   void run() {
     auto& n = e_.counters;
-    if (!node_->breaker.allow()) return load_locally();
+    if (!node_->breaker.allow()) {
+      // On a cluster its master may have failed over: read the map again (rate-limited).
+      redis_node* now = &e_.router.reroute(*node_, names_.value);
+      if (now == node_ || !now->breaker.allow()) return load_locally();
+      node_ = now;
+    }
 
     // 1. Read the record (get_value): a hit on a record of up to 64 KiB costs this one round
     // trip, a longer one two.
@@ -242,7 +247,10 @@ class fleet_flight {
       fleet_counters::bump(e_.counters.redis_errors);
       // A refusal of the settings answers at once and is no outage: it does
       // not open the breaker (each call loads locally until it is fixed).
-      if (!f.refused()) (void)node_->breaker.failure();
+      if (!f.refused()) {
+        (void)node_->breaker.failure();
+        e_.router.node_failed(*node_);  // a cluster master may have died: read the map again
+      }
       return false;
     }
   }
@@ -340,7 +348,10 @@ class fleet_flight {
       // nothing: no failure of the node; the lease is released as below.
       if (!f.redirected()) fleet_counters::bump(e_.counters.redis_errors);
       if (!stored) {
-        if (!f.redirected()) (void)node->breaker.failure();
+        if (!f.redirected()) {
+          (void)node->breaker.failure();
+          e_.router.node_failed(*node);
+        }
         release_after_failed_store(
             token, message == "v" ? std::string_view("n") : std::string_view(message));
       }

@@ -18,6 +18,14 @@
 // slots. A later MOVED moves its slot at once and reads the map again (at most
 // every refresh_every).
 //
+// A master that dies sends no MOVED: its replica takes over (after the cluster's
+// node timeout) and the dead node just stops answering. So a node that fails
+// (connection refused, reset, timed out: node_failed()), or whose breaker is
+// open when a call wants it (reroute()), also makes the router read the map
+// again, from the other nodes it knows (the same refresh_every bound): once the
+// replica is master, its slots go there. Until then that master's keys load
+// locally, the other masters' keep coalescing.
+//
 // run(): one routed step: the step on a pooled connection of the name's
 // owner; on MOVED, once more on the new owner; on ASK, once more on the node
 // named, after ASKING (the slot is being migrated: the key may already be
@@ -166,6 +174,10 @@ struct redis_node {
   const redis_endpoint ep;
   redis_pool pool;
   circuit_breaker breaker;
+  // owner: the node owns slots in the router's map (the seed until the map is read); a
+  // failed-over master that owns none no longer counts for healthy(). Written under the
+  // router's mu_; read relaxed (a health report orders nothing).
+  std::atomic<bool> owner{false};
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -192,6 +204,7 @@ class redis_router {
     nodes_.push_back(std::make_unique<redis_node>(std::move(seed), timeout_, username_, password_,
                                                   max_idle_, threshold_, cooldown_));
     seed_ = nodes_.front().get();
+    seed_->owner.store(true, std::memory_order_relaxed);
   }
   redis_router(const redis_router&) = delete;
   redis_router& operator=(const redis_router&) = delete;
@@ -246,7 +259,7 @@ class redis_router {
   // moved(r, from): a MOVED reply `from` a node: r.slot is r's node's now (learnt at once),
   // and the slot map is read again (the first time: the router learns the whole cluster).
   // Returns the slot's new owner. Never throws (a failed map read leaves the slot's new
-  // owner learnt, and is retried at the next MOVED).
+  // owner learnt, and is tried again at a MOVED or failure refresh_every later).
   redis_node& moved(const cluster_redirect& r, const redis_node& from) noexcept {
     redis_node* to = seed_;
     try {
@@ -255,6 +268,7 @@ class redis_router {
         const std::lock_guard<std::mutex> lk(mu_);
         become_cluster();
         slots_[r.slot].store(to, std::memory_order_release);
+        to->owner.store(true, std::memory_order_relaxed);
       }
       refresh();
     } catch (...) {  // NOLINT(bugprone-empty-catch): out of memory: routed as before
@@ -262,10 +276,29 @@ class redis_router {
     return *to;
   }
 
-  // refresh(): reads the slot map (CLUSTER SLOTS) from the seed, or else from the first known
-  // node that answers; at most once per refresh_every, by one caller at a time (the others
-  // return at once). Returns whether it read one. Never throws.
-  bool refresh() noexcept {
+  // node_failed(n): a round trip to `n` failed (refused, reset, timed out; not a refusal of
+  // the settings, not a redirect). On a cluster, reads the slot map again from the other
+  // nodes (refresh(&n)): `n` may be a master that died, whose replica takes over. Nothing on a
+  // single server. Never throws. Thread-safe.
+  void node_failed(const redis_node& n) noexcept {
+    if (cluster()) (void)refresh(&n);
+  }
+
+  // reroute(from, name): `from` (the node `name` was routed to) has its breaker open. On a
+  // cluster, reads the slot map again from the other nodes (at most every refresh_every) and
+  // returns the node that now owns `name`'s slot (`from` when the map did not change); `from`
+  // on a single server. Never throws. Thread-safe.
+  redis_node& reroute(redis_node& from, std::string_view name) noexcept {
+    if (!cluster()) return from;
+    (void)refresh(&from);
+    return route(name);
+  }
+
+  // refresh(avoid): reads the slot map (CLUSTER SLOTS) from the first known node that answers,
+  // the seed first, `avoid` (a node that just failed) never; at most once per refresh_every,
+  // by one caller at a time (the others return at once). Returns whether it read one. Never
+  // throws.
+  bool refresh(const redis_node* avoid = nullptr) noexcept {
     const std::unique_lock<std::mutex> one(refresh_mu_, std::try_to_lock);
     if (!one.owns_lock()) return false;
     const auto now = clock::now();
@@ -273,8 +306,14 @@ class redis_router {
     std::vector<redis_node*> ask;
     {
       const std::lock_guard<std::mutex> lk(mu_);
-      for (const auto& n : nodes_) ask.push_back(n.get());
+      for (const auto& n : nodes_) {
+        if (n.get() != avoid) ask.push_back(n.get());
+      }
     }
+    // Whether it reads a map or not, the next read waits refresh_every: a dead node's
+    // callers must not each pay a round of failed reads.
+    refreshed_ = true;
+    last_refresh_ = now;
     for (redis_node* n : ask) {
       try {
         std::vector<std::pair<std::size_t, std::size_t>> ranges;
@@ -289,13 +328,13 @@ class redis_router {
         for (const auto& [host, port] : owners) owner_nodes.push_back(&node_at(host, port));
         const std::lock_guard<std::mutex> lk(mu_);
         become_cluster();
+        for (const auto& k : nodes_) k->owner.store(false, std::memory_order_relaxed);
         for (std::size_t i = 0; i < ranges.size(); ++i) {
+          owner_nodes[i]->owner.store(true, std::memory_order_relaxed);
           for (std::size_t s = ranges[i].first; s <= ranges[i].second; ++s) {
             slots_[s].store(owner_nodes[i], std::memory_order_release);
           }
         }
-        refreshed_ = true;
-        last_refresh_ = now;
         refreshes_.fetch_add(1, std::memory_order_relaxed);
         return true;
       } catch (...) {  // NOLINT(bugprone-empty-catch): this node failed: ask the next
@@ -320,11 +359,12 @@ class redis_router {
     return *nodes_.back();
   }
 
-  // healthy(): every known node's breaker is closed.
+  // healthy(): the breaker of every node that owns slots (the seed, on a single server) is
+  // closed: a master that failed over, and owns none since, does not count.
   bool healthy() const {
     const std::lock_guard<std::mutex> lk(mu_);
     for (const auto& n : nodes_) {
-      if (!n->breaker.closed()) return false;
+      if (n->owner.load(std::memory_order_relaxed) && !n->breaker.closed()) return false;
     }
     return true;
   }

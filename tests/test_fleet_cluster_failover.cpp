@@ -1,0 +1,227 @@
+// singleflight::fleet on a Redis Cluster whose masters fail over (3 masters, one replica each,
+// tests/support/redis_cluster.sh with replicas 1: the ctest fixture fleet_redis_failover). The
+// tests kill masters (SIGKILL by the pid the fixture wrote) and force failovers, so they have a
+// cluster of their own; without one (no redis-server / redis-cli, or a cluster named by
+// SINGLEFLIGHT_TEST_REDIS_CLUSTER, whose pids the tests do not know) they WARN and pass without
+// running.
+#include <signal.h>
+
+#include <singleflight/fleet.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/catch.hpp"
+#include "support/fleet.hpp"
+#include "support/redis.hpp"
+#include "support/sync.hpp"
+
+namespace {
+
+namespace sf = singleflight;
+namespace d = singleflight::detail;
+using namespace std::chrono_literals;
+using fleet_t = sf::fleet<std::string, std::string>;
+
+std::string read_line(const std::string& path) {
+  std::string line;
+  if (std::FILE* f = std::fopen(path.c_str(), "r")) {
+    char buf[256];
+    if (std::fgets(buf, sizeof buf, f) != nullptr) line = buf;
+    std::fclose(f);
+  }
+  while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.pop_back();
+  return line;
+}
+
+// The fixture's directory (its uri file, one P.pid per node), or "" after a loud warning.
+std::string need_failover_cluster_or_warn() {
+  std::string dir;
+#ifdef SINGLEFLIGHT_TEST_REDIS_FAILOVER_FILE
+  const std::string file = SINGLEFLIGHT_TEST_REDIS_FAILOVER_FILE;
+  if (!read_line(file).empty()) dir = file.substr(0, file.rfind('/'));
+#endif
+  if (dir.empty()) {
+    WARN(
+        "NOT RUN: this test needs the Redis Cluster with replicas that the ctest fixture "
+        "fleet_redis_failover starts (redis-server and redis-cli >= 7.0 on PATH, "
+        "SINGLEFLIGHT_TEST_REDIS_CLUSTER unset): it kills the cluster's masters");
+  }
+  return dir;
+}
+
+std::string node_uri(int port) { return "tcp://127.0.0.1:" + std::to_string(port); }
+int port_of(const std::string& uri) { return std::stoi(uri.substr(uri.rfind(':') + 1)); }
+
+// A shard: a master and its replica (ports), from CLUSTER SLOTS.
+struct shard {
+  long long first = 0;
+  int master = -1;
+  int replica = -1;
+};
+
+std::vector<shard> shards(sftest::redis_client& c) {
+  std::vector<shard> out;
+  for (const auto& range : c.command({"CLUSTER", "SLOTS"}).elements) {
+    shard s;
+    s.first = range.elements.at(0).integer;
+    s.master = static_cast<int>(range.elements.at(2).elements.at(1).integer);
+    if (range.elements.size() >= 4) {
+      s.replica = static_cast<int>(range.elements.at(3).elements.at(1).integer);
+    }
+    out.push_back(s);
+  }
+  return out;
+}
+
+bool is_master(int port) {
+  try {
+    sftest::redis_client c(node_uri(port));
+    return c.info_field("replication", "role") == "master";
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+// `replica` is a replica in sync with its master.
+bool in_sync(int replica) {
+  sftest::redis_client c(node_uri(replica));
+  return c.info_field("replication", "role") == "slave" &&
+         c.info_field("replication", "master_link_status") == "up" &&
+         c.info_field("replication", "master_sync_in_progress") == "0";
+}
+
+// A shard whose master is not `avoid_port` and whose replica is in sync (waits, bounded).
+shard live_shard(sftest::redis_client& seed, int avoid_port) {
+  std::optional<shard> found;
+  sftest::must(
+      [&] {
+        for (const shard& s : shards(seed)) {
+          if (s.master != avoid_port && s.replica > 0 && in_sync(s.replica)) {
+            found = s;
+            return true;
+          }
+        }
+        return false;
+      },
+      "a shard with a replica in sync");
+  return *found;
+}
+
+// A key whose fleet names (under `prefix`) hash into the slot range that starts at `first`
+// on the node at `port` (CLUSTER KEYSLOT and the owner check through CLUSTER SLOTS).
+std::string key_on(sftest::redis_client& seed, const std::string& prefix, int port,
+                   const std::string& stem) {
+  const std::vector<shard> all = shards(seed);
+  for (int i = 0;; ++i) {
+    const std::string k = stem + std::to_string(i);
+    const auto slot = static_cast<long long>(d::cluster_slot(d::fleet_names::of(prefix, k).value));
+    for (const auto& range : seed.command({"CLUSTER", "SLOTS"}).elements) {
+      if (range.elements.at(0).integer <= slot && slot <= range.elements.at(1).integer &&
+          range.elements.at(2).elements.at(1).integer == port) {
+        return k;
+      }
+    }
+    if (i > 100'000) FAIL("no key found on port " << port);
+  }
+}
+
+int pid_of(const std::string& dir, int port) {
+  const std::string pid = read_line(dir + "/" + std::to_string(port) + ".pid");
+  return pid.empty() ? -1 : std::stoi(pid);
+}
+
+}  // namespace
+
+// A master SIGKILLed: no MOVED comes (the dead node does not answer); its replica takes over
+// after the cluster's node timeout (1 s). The fleet reads the slot map again when the node's
+// connection fails or its breaker is open, so the key reaches Redis again on the new master.
+TEST_CASE("a master killed: its keys reach Redis again on the replica that took over",
+          "[cluster][failover]") {
+  const std::string dir = need_failover_cluster_or_warn();
+  if (dir.empty()) return;
+  const std::string uri = read_line(dir + "/uri");
+  sftest::redis_client seed(uri);
+  const shard victim = live_shard(seed, port_of(uri));  // the fleet's seed stays up
+  const int victim_pid = pid_of(dir, victim.master);
+  REQUIRE(victim_pid > 0);
+  const std::string prefix = sftest::unique_prefix("failover");
+  const std::string key = key_on(seed, prefix, victim.master, "dies-");
+  const std::string fresh = key_on(seed, prefix, victim.master, "fresh-");
+  int other_port = -1;
+  for (const shard& s : shards(seed)) {
+    if (s.master != victim.master && other_port < 0) other_port = s.master;
+  }
+  const std::string other = key_on(seed, prefix, other_port, "lives-");
+
+  sf::fleet_options o = sftest::fleet_opts(uri, prefix);
+  o.redis_timeout = 500ms;
+  fleet_t f(o);
+  std::atomic<int> key_calls{0};
+  std::atomic<int> other_calls{0};
+  std::atomic<int> fresh_calls{0};
+  auto key_origin = [&] {
+    key_calls.fetch_add(1);
+    return std::string("key value");
+  };
+  auto other_origin = [&] {
+    other_calls.fetch_add(1);
+    return std::string("other value");
+  };
+  auto fresh_origin = [&] {
+    fresh_calls.fetch_add(1);
+    return std::string("fresh value");
+  };
+  int threw = 0;
+  int wrong = 0;
+  const auto get = [&](const std::string& k, auto& origin, const char* want) {
+    try {
+      if (f.get(k, origin) != want) ++wrong;
+    } catch (...) {
+      ++threw;
+    }
+  };
+  get(key, key_origin, "key value");
+  get(other, other_origin, "other value");
+  REQUIRE(key_calls.load() == 1);
+  REQUIRE(other_calls.load() == 1);
+  REQUIRE(sftest::fleet_engine(f).router.route(d::fleet_names::of(prefix, key).value).ep.port ==
+          victim.master);
+
+  REQUIRE(::kill(victim_pid, SIGKILL) == 0);
+  // Until the replica is master, the key loads locally; the other master's key stays a hit.
+  sftest::must(
+      [&] {
+        get(key, key_origin, "key value");
+        get(other, other_origin, "other value");
+        return is_master(victim.replica);
+      },
+      "the replica promoted");
+  // Then the slot's new master is found: a cold key of the slot is stored there, then a hit.
+  sftest::redis_client promoted(node_uri(victim.replica));
+  const std::string fresh_value = d::fleet_names::of(prefix, fresh).value;
+  sftest::must(
+      [&] {
+        get(fresh, fresh_origin, "fresh value");
+        get(other, other_origin, "other value");
+        return promoted.get(fresh_value).has_value();
+      },
+      "a store on the promoted replica");
+  const int loads_before_hit = fresh_calls.load();
+  std::atomic<int> ran{0};
+  CHECK(f.get(fresh, sftest::must_not_load(ran)) == "fresh value");
+  CHECK(ran.load() == 0);
+  CHECK(fresh_calls.load() == loads_before_hit);
+  CHECK(sftest::fleet_engine(f).router.route(fresh_value).ep.port == victim.replica);
+
+  CHECK(threw == 0);
+  CHECK(wrong == 0);
+  CHECK(other_calls.load() == 1);  // the other master's key kept coalescing: every get a hit
+  CHECK(f.healthy());              // the dead master owns no slot any more
+}
