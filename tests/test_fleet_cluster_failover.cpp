@@ -225,3 +225,76 @@ TEST_CASE("a master killed: its keys reach Redis again on the replica that took 
   CHECK(other_calls.load() == 1);  // the other master's key kept coalescing: every get a hit
   CHECK(f.healthy());              // the dead master owns no slot any more
 }
+
+// Replication is asynchronous: the race that handed out a fence on a master may never reach
+// its replica. Here the replica's link is cut and kept down (CLIENT KILL TYPE replica, the
+// master asking a password the replica lacks), a leader wins the race on the master (fence
+// F1), and the replica is promoted (CLUSTER FAILOVER FORCE): the new master has not seen that
+// race, so the next leader wins there too. Its fence must exceed F1, so that the
+// first leader's late store is fenced out (no stale overwrite). With a plain counter (HINCRBY
+// alone) the new master hands out F1 again and the late store overwrites the newer leader's.
+TEST_CASE("fences stay monotonic across a forced failover that lost the race's write",
+          "[cluster][failover][fence]") {
+  const std::string dir = need_failover_cluster_or_warn();
+  if (dir.empty()) return;
+  const std::string uri = read_line(dir + "/uri");
+  sftest::redis_client seed(uri);
+  constexpr int trials = 3;
+  int lost = 0;             // trials where the promoted replica had not seen the race
+  int duplicates = 0;       // ... and handed out a fence <= the lost one
+  int stale_overwrite = 0;  // ... and then took the first leader's late store
+  for (int trial = 0; trial < trials; ++trial) {
+    const shard s = live_shard(seed, -1);
+    const std::string prefix = sftest::unique_prefix("fence");
+    const std::string key = key_on(seed, prefix, s.master, "race-");
+    const d::fleet_names names = d::fleet_names::of(prefix, key);
+    const auto open = [](int port) {
+      return d::redis_conn::open(d::redis_endpoint::parse(node_uri(port)), 2000ms, "", "");
+    };
+    // The key's metadata, replicated: a finished load.
+    const auto m = open(s.master);
+    sftest::redis_client mc(node_uri(s.master));
+    {
+      const d::acquire_result a = d::acquire(*m, names, "s", "t0", 10s, 60s, false, 0);
+      REQUIRE(a.kind == d::acquire_result::won);
+      bool published = true;
+      REQUIRE(d::store(*m, names, "t0", a.fence, a.gen, "", 10s, "r", 60s, published) ==
+              d::store_result::stored);
+      REQUIRE(mc.command({"WAIT", "1", "2000"}).integer == 1);
+    }
+    // The replication link cut, and kept down: the master now asks a password the replica does
+    // not have (connections already open stay authenticated; the cluster bus is unaffected).
+    REQUIRE(mc.command({"CONFIG", "SET", "requirepass", "fence-test"}).str == "OK");
+    REQUIRE(mc.command({"CLIENT", "KILL", "TYPE", "replica"}).integer >= 1);
+    // The race on the master, which the replica does not see, then the replica promoted.
+    const d::acquire_result first = d::acquire(*m, names, "s", "t1", 10s, 60s, false, 0);
+    REQUIRE(first.kind == d::acquire_result::won);
+    {
+      sftest::redis_client rc(node_uri(s.replica));
+      REQUIRE(rc.command({"CLUSTER", "FAILOVER", "FORCE"}).str == "OK");
+    }
+    sftest::must([&] { return is_master(s.replica); }, "the replica promoted");
+    REQUIRE(mc.command({"CONFIG", "SET", "requirepass", ""}).str == "OK");
+    const auto r = open(s.replica);
+    const d::acquire_result second = d::acquire(*r, names, "s", "t2", 10s, 60s, false, 0);
+    if (second.kind == d::acquire_result::won) {
+      ++lost;
+      if (std::stoll(second.fence) <= std::stoll(first.fence)) ++duplicates;
+      // The first leader's late store reaches the new master, then the second leader's.
+      bool published = true;
+      const d::store_result late =
+          d::store(*r, names, "t1", first.fence, first.gen, "SF1|late", 10s, "v", 60s, published);
+      if (late == d::store_result::stored) ++stale_overwrite;
+      CHECK(d::store(*r, names, "t2", second.fence, second.gen, "", 10s, "r", 60s, published) ==
+            d::store_result::stored);
+    }
+    // The old master rejoins as the new one's replica, in sync, before the next trial.
+    sftest::must([&] { return in_sync(s.master); }, "the old master a replica in sync");
+  }
+  WARN("trials " << trials << ", the promoted replica had lost the race: " << lost
+                 << ", duplicate fences: " << duplicates
+                 << ", stale overwrites: " << stale_overwrite);
+  CHECK(lost > 0);  // the write was lost (the link kept down): the case this test is about
+  CHECK(duplicates == 0);
+  CHECK(stale_overwrite == 0);
+}

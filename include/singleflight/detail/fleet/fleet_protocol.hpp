@@ -43,6 +43,14 @@
 // paused for longer than the metadata lives can still not store, and
 // invalidate's generations only grow.
 //
+// Each fence is also at least the server's clock in microseconds when it was
+// handed out (the race script: fence = max(counter + 1, TIME)). Replication is
+// asynchronous, so a failover may lose the race that handed out fence F; the
+// promoted replica's next fence is then its clock, later than F's (as long as
+// the two servers' clocks differ by less than the time between the two races,
+// at least the cluster's failover time): no fence is handed out twice, and the
+// lost race's leader is fenced out.
+//
 // Scripts check the type of every name they write before their first write
 // (Lua does not roll back a script that fails half-way): a name holding
 // another Redis type, or a "lease" without an expiry (no fleet sets one), is
@@ -258,6 +266,12 @@ if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
 end
 seed(KEYS[3])
 local f = redis.call('HINCRBY', KEYS[3], 'fence', 1)
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+if f < now then
+  f = now
+  redis.call('HSET', KEYS[3], 'fence', string.format('%d', now))
+end
 local g = redis.call('HGET', KEYS[3], 'gen')
 redis.call('PEXPIRE', KEYS[3], ARGV[3])
 return {2, f, g}
