@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "support/catch.hpp"
@@ -114,19 +115,22 @@ shard live_shard(sftest::redis_client& seed, int avoid_port) {
   return *found;
 }
 
-// A key whose fleet names (under `prefix`) hash into the slot range that starts at `first`
-// on the node at `port` (CLUSTER KEYSLOT and the owner check through CLUSTER SLOTS).
+// A key whose fleet names (under `prefix`) hash to a slot the master at `port` owns
+// (CLUSTER SLOTS, read once).
 std::string key_on(sftest::redis_client& seed, const std::string& prefix, int port,
                    const std::string& stem) {
-  const std::vector<shard> all = shards(seed);
+  std::vector<std::pair<long long, long long>> ranges;
+  for (const auto& range : seed.command({"CLUSTER", "SLOTS"}).elements) {
+    if (range.elements.at(2).elements.at(1).integer == port) {
+      ranges.emplace_back(range.elements.at(0).integer, range.elements.at(1).integer);
+    }
+  }
+  REQUIRE_FALSE(ranges.empty());
   for (int i = 0;; ++i) {
     const std::string k = stem + std::to_string(i);
     const auto slot = static_cast<long long>(d::cluster_slot(d::fleet_names::of(prefix, k).value));
-    for (const auto& range : seed.command({"CLUSTER", "SLOTS"}).elements) {
-      if (range.elements.at(0).integer <= slot && slot <= range.elements.at(1).integer &&
-          range.elements.at(2).elements.at(1).integer == port) {
-        return k;
-      }
+    for (const auto& [first, last] : ranges) {
+      if (first <= slot && slot <= last) return k;
     }
     if (i > 100'000) FAIL("no key found on port " << port);
   }
@@ -143,7 +147,7 @@ int pid_of(const std::string& dir, int port) {
 // after the cluster's node timeout (1 s). The fleet reads the slot map again when the node's
 // connection fails or its breaker is open, so the key reaches Redis again on the new master.
 TEST_CASE("a master killed: its keys reach Redis again on the replica that took over",
-          "[cluster][failover]") {
+          "[cluster][failover][slow]") {
   const std::string dir = need_failover_cluster_or_warn();
   if (dir.empty()) return;
   const std::string uri = read_line(dir + "/uri");
@@ -234,7 +238,7 @@ TEST_CASE("a master killed: its keys reach Redis again on the replica that took 
 // first leader's late store is fenced out (no stale overwrite). With a plain counter (HINCRBY
 // alone) the new master hands out F1 again and the late store overwrites the newer leader's.
 TEST_CASE("fences stay monotonic across a forced failover that lost the race's write",
-          "[cluster][failover][fence]") {
+          "[cluster][failover][fence][slow]") {
   const std::string dir = need_failover_cluster_or_warn();
   if (dir.empty()) return;
   const std::string uri = read_line(dir + "/uri");

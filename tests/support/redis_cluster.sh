@@ -27,11 +27,15 @@ replicas="${3:-0}"
 masters=3
 nodes_total=$((masters * (1 + replicas)))
 
+# stop_servers: SIGTERM to every node at once, then waits for each (bounded), then SIGKILL.
 stop_servers() {
+  pids=()
   for pidfile in "$dir"/*.pid; do
     [ -s "$pidfile" ] || continue
-    pid="$(cat "$pidfile")"
-    kill "$pid" 2>/dev/null || true
+    pids+=("$(cat "$pidfile")")
+  done
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do
     for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
     kill -9 "$pid" 2>/dev/null || true
   done
