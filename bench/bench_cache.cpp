@@ -28,7 +28,7 @@
 //                    clock whose now() is one atomic load (its own cost, without
 //                    any clock's); T = std::uint64_t and a 100-byte std::string.
 //   cache_hit_ratio  Zipf 0.9 over 100,000 keys plus one-hit scans, capacity
-//                    1,000 (1%): hit ratio of the cache (S3-FIFO) vs LRU.
+//                    1,000 (1%): hit ratio of the cache (W-TinyLFU) vs LRU.
 //
 // Callers' bounds (issue 32), each with impl:lib (the default, load_owner::cache)
 // and impl:caller (load_owner::caller: the first caller runs the loader on its

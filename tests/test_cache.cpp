@@ -499,7 +499,7 @@ TEST_CASE("size never exceeds max_entries", "[cache][c9]") {
   CHECK(s.evictions == 5000 + 1667 - s.size);
 }
 
-TEST_CASE("a scan of one-hit keys does not flush the hot keys (S3-FIFO)", "[cache][c9]") {
+TEST_CASE("a scan of one-hit keys does not flush the hot keys", "[cache][c9]") {
   manual_clock::reset();
   sf::cache_options o = opts(1h);
   o.max_entries = 200;  // one shard on any machine (one shard per 64 entries, at most)

@@ -250,7 +250,7 @@ void run(origin_service& origin) {
                                           // a key with no old value caches its failure:
                                           // every caller gets it for 1 s, no origin call
           .early_refresh_beta = 1.0,      // XFetch: refresh shortly before expiry
-          .max_entries = 100'000,         // S3-FIFO eviction
+          .max_entries = 100'000,         // W-TinyLFU eviction
       },
       // The cache-wide loader: the cache keeps it and runs it for misses and background
       // refreshes, after the request that caused them has returned. It is given the key;

@@ -53,7 +53,7 @@
 // and eviction; detail/cache/cache_loads.hpp, the life of a load;
 // detail/cache/cache_loader.hpp, the loader traits), detail/cache/cache_table.hpp
 // (shards), detail/cache/read_gate.hpp (the lock-free hit path),
-// detail/cache/cache_policy.hpp (S3-FIFO), detail/cache/cache_clock.hpp (jitter,
+// detail/cache/cache_policy.hpp (W-TinyLFU), detail/cache/cache_clock.hpp (jitter,
 // XFetch) and detail/worker_threads.hpp (the cache's own threads: loads and
 // refreshes).
 //

@@ -92,7 +92,7 @@ struct cache_options {
   // beta would refresh on every read).
   double early_refresh_beta = 0;
   // Bound on entries (values, cached not-founds and cached failures); size()
-  // never exceeds it. Eviction: S3-FIFO per shard. 0 = unbounded.
+  // never exceeds it. Eviction: W-TinyLFU per shard. 0 = unbounded.
   std::size_t max_entries = 0;
   // Who runs and owns a caller's load; see load_owner.
   load_owner loads = load_owner::cache;

@@ -1,34 +1,65 @@
 // singleflight/detail/cache/cache_policy.hpp -- internal; do not include directly.
 //
-// The eviction policy of one shard of singleflight::cache: S3-FIFO (Yang,
-// Zhang, Qiu, Yue, Vinayak, "FIFO queues are all you need for cache
-// eviction", SOSP 2023), chosen over W-TinyLFU because its hit path is one
-// relaxed store to the entry itself (a 2-bit frequency, saturating at 3) —
-// no list to reorder, no shared sketch to increment, so hits on different
-// keys write no common cache line and need no lock.
+// The eviction policy of one shard of singleflight::cache: W-TinyLFU (Einziger,
+// Friedman, Manes, "TinyLFU: A Highly Efficient Cache Admission Policy", ACM
+// ToS 2017) with its LRU lists replaced by CLOCK bits and its window sized by
+// ghost feedback (docs/performance.md, "Eviction, measured", has the traces
+// behind every choice). The hit path stays one relaxed store to the entry
+// itself (a 2-bit frequency, saturating at 3): no list to reorder, no shared
+// sketch to increment, so hits on different keys write no common cache line
+// and need no lock. The policy reads those bits when it reaches an entry.
 //
-//   small  FIFO, ~10% of the capacity: every new entry starts here, unless
-//          its key is in the ghost queue. At the tail, an entry read at least
-//          twice since it arrived moves to main (promote_at, the paper's
-//          freq > 1); one read less leaves the cache and its key's
-//          fingerprint enters the ghost queue. One-hit wonders, and scans
-//          that read each key twice in a row, therefore pass through small
-//          without disturbing main.
-//   main   FIFO with reinsertion (a 2-bit CLOCK): at the tail, an entry with
-//          frequency f > 0 goes back to the head with f - 1; one with f == 0
-//          is evicted.
-//   ghost  fingerprints of the keys that recently left small: a key seen
-//          again soon after is admitted straight to main. Kept as a
-//          direct-mapped table of (32-bit tag, insertion number), 8 bytes a
-//          slot, made by the first eviction and grown as keys are added; a
-//          tag counts as present while fewer than 0.9 x capacity keys were
-//          added after it (FIFO order by numbers, not by a list), so a
-//          collision only forgets a ghost early.
+//   window     CLOCK, window_ entries (1 to 99 % of the capacity; 1 % to
+//              start): every new entry starts here. At the tail, an entry
+//              read since it was last looked at goes back to the head; one
+//              that was not is the window's candidate for main.
+//   probation  CLOCK, main's entries on trial: the candidate enters at the
+//              head if main has room, else only if the frequency sketch saw
+//              its key more often than probation's victim (Caffeine's rule:
+//              a candidate seen 6 times or more also wins 1 time in 128, so
+//              that an attacker cannot pin a victim). At the tail, an entry
+//              read since it came is promoted to protected; one that was not
+//              is main's victim.
+//   protected  CLOCK, at most 80 % of main: entries read in probation. At the
+//              tail, an entry read since it was last looked at goes back to
+//              the head; one that was not returns to probation's head.
+//   sketch     TinyLFU's count-min sketch: four rows of 4-bit counters packed
+//              16 to a uint64_t, behind the paper's doorkeeper (a bloom
+//              filter that takes a key's first sighting, so that one-hit
+//              keys do not load the counters); every counter halved and the
+//              doorkeeper cleared after 10 x capacity sightings (see
+//              frequency_sketch). A miss counts at insert(); an entry's hits are
+//              added (its freq, then reset) when the policy reaches it, so a
+//              hit writes nothing shared. The rows grow with the entries, to
+//              twice as many counters a row as entries (frequency_sketch::fit;
+//              as wide as the entries, sprite@100 lost 1.1 points to
+//              collisions), so an empty cache has no sketch.
+//   ghosts     two fingerprint tables (ghost_table) of 0.25 x capacity keys
+//              each: the window's candidates that lost their duel, and main's
+//              victims. A miss on a lost key grows the window by one entry if
+//              it returns within the cache's capacity in accesses (a recency
+//              workload: the window was too small to keep it); a miss on an
+//              evicted key shrinks it by one (main was too small). A loop a
+//              little longer than the cache returns later than that, and
+//              leaves the window small. When the window shrank, its surplus
+//              candidate enters probation without a duel (so that main grows
+//              by one entry as the window gives one up).
 //
-// With capacity 0 (unbounded) nothing is evicted, and main alone keeps the
-// entries in write order. In both cases writers sweep dead entries: a hand
-// walks main from the tail a few entries per write, past live ones
-// (demand-driven: there is no timer; sweep()).
+// Accesses: the policy sees misses only (insert). Its clock is the shard's
+// hits so far, as the read gate counts them per shard over every stripe
+// (a `hits()` callable the shard passes to insert() and evict(), called
+// only when a candidate loses its duel or a lost key returns), plus the
+// shard's inserts: the shard's accesses, compared with the shard's share of
+// the capacity (a shard sees about 1/shards of the accesses and holds
+// 1/shards of the entries). A stamp refreshed every capacity / 16 misses
+// instead ran behind by the hits between refreshes, and the loop just
+// over the capacity (docs/performance.md) fell from 92 to 70 %.
+//
+// With capacity 0 (unbounded) nothing is evicted, and one queue (window_q)
+// keeps the entries in write order; no sketch, no ghosts. In both cases
+// writers sweep dead entries: a hand walks the queues from their tails a few
+// entries per write, past live ones (demand-driven: there is no timer;
+// sweep()).
 //
 // The capacity is the shard's share of the cache's max_entries; the table
 // lets a shard hold more than its share while the cache has room
@@ -46,6 +77,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <new>
 
@@ -55,8 +87,8 @@ namespace singleflight::detail {
 struct policy_hook {
   policy_hook* prev = nullptr;    // towards the head (newer)
   policy_hook* next = nullptr;    // towards the tail (older)
-  std::uint64_t fingerprint = 0;  // the key's mixed hash (for the ghost queue)
-  std::uint8_t queue = 0;         // s3fifo::none / small / main
+  std::uint64_t fingerprint = 0;  // the key's mixed hash (sketch and ghosts)
+  std::uint8_t queue = 0;         // wtinylfu::none / window_q / probation_q / protected_q
   std::atomic<std::uint8_t> freq{0};
 
   // Reader side, lock-free: one more access, saturating at 3. Stores only
@@ -67,63 +99,267 @@ struct policy_hook {
   }
 };
 
-class s3fifo {
+// frequency_sketch: TinyLFU's count-min sketch of how often keys were seen,
+// behind the paper's doorkeeper: four rows of 4-bit counters (16 to a
+// uint64_t), conservative increments, and a bloom filter of two bits a key.
+// A key's first sighting only sets its doorkeeper bits; the counters count
+// from the second, and estimate() is the counters' minimum plus the
+// doorkeeper's bit. After `sample` sightings (doorkeeper or counters) every
+// counter is halved and the doorkeeper cleared (the paper's reset, which
+// ages the counts). Keys seen once, a scan, thus never load the counters: a
+// scan 10x the capacity, halving once on its way, still gives its keys an
+// estimate of 1, not the 2 that collisions in counters it had loaded gave
+// (test_cache c9). A row's counter for a key is at hash_r & (width - 1), a
+// doorkeeper bit at hash & (16 x width - 1), so doubling the width keeps
+// every estimate: each word is copied into both halves (a key's new slot is
+// its old one, or the old one + the old size). Made at the first fit() (64
+// counters a row: 128 bytes, and 128 bytes of doorkeeper), doubled while
+// narrower than the entries. The allocation may fail (noexcept: an insert
+// must not throw): the rows then stay as they are (more collisions).
+class frequency_sketch {
  public:
-  enum : std::uint8_t { none = 0, small = 1, main = 2 };
+  void configure(std::size_t capacity) noexcept {
+    sample_ = 10 * std::max<std::uint64_t>(1, capacity);
+  }
+  // fit(entries): rows at least `entries` wide (and made, if not yet).
+  void fit(std::size_t entries) noexcept {
+    if (words_ && width_ >= entries) return;
+    std::size_t want = words_ ? width_ : 64;
+    while (want < entries) want *= 2;
+    if (words_ && want == width_) return;
+    // The counters (4 rows of want / 16 words), then the doorkeeper (want / 4
+    // words: 16 bits a counter of one row, as many bytes as the counters).
+    const std::size_t per_row = want / 16;
+    std::unique_ptr<std::uint64_t[]> grown(new (std::nothrow) std::uint64_t[8 * per_row]());
+    if (!grown) return;
+    if (words_) {
+      const std::size_t old_row = width_ / 16;
+      const auto tile = [](std::uint64_t* to, std::size_t to_n, const std::uint64_t* from,
+                           std::size_t from_n) {
+        for (std::size_t at = 0; at < to_n; at += from_n) {
+          std::memcpy(to + at, from, from_n * sizeof(std::uint64_t));
+        }
+      };
+      for (std::size_t r = 0; r < 4; ++r) {
+        tile(&grown[r * per_row], per_row, &words_[r * old_row], old_row);
+      }
+      tile(&grown[4 * per_row], 4 * per_row, door(), 4 * old_row);
+    }
+    words_ = std::move(grown);
+    width_ = want;
+  }
+  // estimate(fp): how often fp was seen (0 to 16), an overestimate.
+  int estimate(std::uint64_t fp) const noexcept {
+    if (!words_) return 0;
+    int m = 15;
+    for (std::size_t r = 0; r < 4; ++r) m = std::min(m, get(r, slot(fp, r)));
+    return m + (door_has(fp) ? 1 : 0);
+  }
+  // add(fp, times): fp seen `times` more times.
+  void add(std::uint64_t fp, int times) noexcept {
+    if (!words_) return;
+    for (; times > 0; --times) {
+      if (++adds_ >= sample_) halve();
+      if (door_set(fp)) continue;  // a first sighting since the last reset
+      std::size_t s[4];
+      int m = 15;
+      for (std::size_t r = 0; r < 4; ++r) {
+        s[r] = slot(fp, r);
+        m = std::min(m, get(r, s[r]));
+      }
+      if (m == 15) continue;
+      for (std::size_t r = 0; r < 4; ++r) {
+        if (get(r, s[r]) == m) words_[r * (width_ / 16) + s[r] / 16] += one(s[r]);
+      }
+    }
+  }
+  std::size_t bytes() const noexcept { return words_ ? width_ / 2 * sizeof(std::uint64_t) : 0; }
 
-  // Hits in small that move an entry to main at small's tail. The paper's
-  // Algorithm 1 keeps an entry when freq > 1 (2 hits); docs/cache.md,
-  // "Eviction, measured", has the traces behind the choice.
-  static constexpr std::uint8_t promote_at = 2;
+ private:
+  std::size_t slot(std::uint64_t fp, std::size_t r) const noexcept {
+    static constexpr std::uint64_t seeds[4] = {0xc3a5c85c97cb3127ULL, 0xb492b66fbe98f273ULL,
+                                               0x9ae16a3b2f90404fULL, 0xcbf29ce484222325ULL};
+    std::uint64_t x = (fp ^ seeds[r]) * 0x9e3779b97f4a7c15ULL;
+    x ^= x >> 32U;
+    return static_cast<std::size_t>(x) & (width_ - 1);
+  }
+  // The doorkeeper's two bits for fp, as positions in [0, 16 x width).
+  void door_bits(std::uint64_t fp, std::size_t (&b)[2]) const noexcept {
+    std::uint64_t x = (fp ^ 0x8445d61a4e774912ULL) * 0xd6e8feb86659fd93ULL;
+    x ^= x >> 29U;
+    const std::size_t mask = 16 * width_ - 1;
+    b[0] = static_cast<std::size_t>(x) & mask;
+    b[1] = static_cast<std::size_t>(x >> 32U | x << 32U) & mask;
+  }
+  std::uint64_t* door() const noexcept { return words_.get() + width_ / 4; }
+  bool door_has(std::uint64_t fp) const noexcept {
+    std::size_t b[2];
+    door_bits(fp, b);
+    const std::uint64_t* d = door();
+    return ((d[b[0] / 64] >> (b[0] % 64)) & (d[b[1] / 64] >> (b[1] % 64)) & 1U) != 0;
+  }
+  // door_set(fp): sets fp's doorkeeper bits; true if they were not all set.
+  bool door_set(std::uint64_t fp) noexcept {
+    std::size_t b[2];
+    door_bits(fp, b);
+    std::uint64_t* d = door();
+    bool fresh = false;
+    for (const std::size_t i : b) {
+      const std::uint64_t bit = std::uint64_t{1} << (i % 64);
+      fresh |= (d[i / 64] & bit) == 0;
+      d[i / 64] |= bit;
+    }
+    return fresh;
+  }
+  static std::uint64_t one(std::size_t s) noexcept { return std::uint64_t{1} << (4 * (s % 16)); }
+  int get(std::size_t r, std::size_t s) const noexcept {
+    return static_cast<int>((words_[r * (width_ / 16) + s / 16] >> (4 * (s % 16))) & 15U);
+  }
+  void halve() noexcept {
+    for (std::size_t i = 0; i < width_ / 4; ++i) {
+      words_[i] = (words_[i] >> 1U) & 0x7777777777777777ULL;
+    }
+    std::memset(door(), 0, width_ / 4 * sizeof(std::uint64_t));
+    adds_ /= 2;
+  }
+
+  std::unique_ptr<std::uint64_t[]> words_;  // row r: words [r * width / 16, (r + 1) * width / 16);
+                                            // the doorkeeper: [width / 4, width / 2)
+  std::size_t width_ = 0;                   // counters per row, a power of two >= 64
+  std::uint64_t adds_ = 0;
+  std::uint64_t sample_ = 10;
+};
+
+// ghost_table: fingerprints of the last `keys` keys added, with the access
+// stamp each was added at. Direct-mapped (a collision forgets a ghost early):
+// a slot holds the upper 32 bits of a fingerprint (never 0), the low 32 bits
+// of its insertion number (a ghost counts as present while fewer than `keys`
+// were added after it: FIFO order by numbers, not by a list) and the stamp.
+// Made by the first add(), with 64 slots, and doubled while fewer than twice
+// as many slots as keys added so far: a cache that never evicts has none.
+// The allocation may fail (noexcept: an eviction must not throw): the table
+// then stays as it is, and remembers fewer keys.
+class ghost_table {
+ public:
+  struct slot {
+    std::uint32_t tag = 0;  // 0: empty
+    std::uint32_t number = 0;
+    std::uint32_t stamp = 0;
+  };
+  // configure(keys): remembers up to `keys` (< 2^31) keys.
+  void configure(std::size_t keys) noexcept {
+    keys_ = std::clamp<std::size_t>(keys, 1, (std::size_t{1} << 31U) - 1);
+  }
+  void add(std::uint64_t fp, std::uint32_t stamp) noexcept {
+    grow();
+    if (!slots_) return;
+    const std::uint32_t tag = tag_of(fp);
+    slots_[tag & mask_] = slot{tag, static_cast<std::uint32_t>(++added_), stamp};
+  }
+  // find(fp): fp's slot if fp is remembered, else nullptr.
+  const slot* find(std::uint64_t fp) const noexcept {
+    if (!slots_) return nullptr;
+    const std::uint32_t tag = tag_of(fp);
+    const slot& s = slots_[tag & mask_];
+    const auto age = static_cast<std::uint32_t>(static_cast<std::uint32_t>(added_) - s.number);
+    return s.tag == tag && age < keys_ ? &s : nullptr;
+  }
+  std::size_t bytes() const noexcept { return slots_ ? (mask_ + 1) * sizeof(slot) : 0; }
+
+ private:
+  static std::uint32_t tag_of(std::uint64_t fp) noexcept {
+    const auto t = static_cast<std::uint32_t>(fp >> 32U);
+    return t == 0 ? 1 : t;
+  }
+  void grow() noexcept {
+    const std::size_t have = slots_ ? mask_ + 1 : 0;
+    const std::size_t keys = static_cast<std::size_t>(std::min<std::uint64_t>(added_ + 1, keys_));
+    std::size_t want = have == 0 ? 64 : have;
+    while (want < 2 * keys) want *= 2;
+    if (want == have) return;
+    std::unique_ptr<slot[]> grown(new (std::nothrow) slot[want]());
+    if (!grown) return;
+    for (std::size_t i = 0; i < have; ++i) {
+      if (slots_[i].tag != 0) grown[slots_[i].tag & (want - 1)] = slots_[i];
+    }
+    slots_ = std::move(grown);
+    mask_ = want - 1;
+  }
+
+  std::unique_ptr<slot[]> slots_;
+  std::size_t mask_ = 0;
+  std::size_t keys_ = 1;
+  std::uint64_t added_ = 0;
+};
+
+class wtinylfu {
+ public:
+  enum : std::uint8_t { none = 0, window_q = 1, probation_q = 2, protected_q = 3 };
+
   // Entries the sweep looks at per write (sweep()).
   static constexpr int sweep_budget = 4;
 
-  // s3fifo(): unbounded until configure() says otherwise.
-  s3fifo() = default;
+  // wtinylfu(): unbounded until configure() says otherwise.
+  wtinylfu() = default;
 
-  // configure(capacity): capacity 0 = unbounded. Call once, before any
-  // insert. Allocates nothing: the ghost table grows with the entries.
+  // configure(capacity): this shard's share of max_entries (0 =
+  // unbounded). Call once, before any insert. Allocates nothing: the sketch
+  // and the ghost tables grow with the entries.
   void configure(std::size_t capacity) noexcept {
     capacity_ = capacity;
-    small_target_ = capacity == 0 ? 0 : std::max<std::size_t>(1, capacity / 10);
-    // The ghost remembers 0.9 x capacity keys (the paper's size); ages are
-    // 32-bit (ghost_slot): at most 2^31 - 1 of them.
-    ghost_capacity_ = capacity == 0 ? 0
-                                    : std::clamp<std::size_t>(capacity - capacity / 10, 1,
-                                                              (std::size_t{1} << 31U) - 1);
+    if (capacity == 0) return;
+    horizon_ =
+        static_cast<std::uint32_t>(std::min<std::size_t>(capacity, (std::size_t{1} << 31U) - 1));
+    window_ = std::max<std::size_t>(1, capacity / 100);
+    window_max_ = std::max<std::size_t>(1, capacity - std::max<std::size_t>(1, capacity / 100));
+    sketch_.configure(capacity);
+    lost_.configure(capacity / 4);
+    evicted_.configure(capacity / 4);
   }
 
-  s3fifo(const s3fifo&) = delete;
-  s3fifo& operator=(const s3fifo&) = delete;
-  ~s3fifo() = default;
+  wtinylfu(const wtinylfu&) = delete;
+  wtinylfu& operator=(const wtinylfu&) = delete;
+  ~wtinylfu() = default;
 
-  std::size_t size() const noexcept { return small_.n + main_.n; }
+  std::size_t size() const noexcept { return q_[window_q].n + main_size(); }
   std::size_t capacity() const noexcept { return capacity_; }
-  // ghost_bytes(): what the ghost table holds allocated now.
+  // window(): the window's target size now (bounded caches).
+  std::size_t window() const noexcept { return window_; }
+  // ghost_bytes(): what the ghost tables and the sketch hold allocated now.
   std::size_t ghost_bytes() const noexcept {
-    return ghost_ ? (ghost_mask_ + 1) * sizeof(ghost_slot) : 0;
+    return lost_.bytes() + evicted_.bytes() + sketch_.bytes();
   }
 
-  // insert(n): a node that starts holding an entry. It must be in no queue.
-  void insert(policy_hook* n) noexcept {
+  // insert(n, hits): a node that starts holding an entry (a miss, or a put).
+  // It must be in no queue. `hits()`: the shard's hits so far (see
+  // "accesses" above), called only for a key the window lost.
+  template <class Hits>
+  void insert(policy_hook* n, Hits&& hits) noexcept {
     n->freq.store(0, std::memory_order_relaxed);
     if (capacity_ == 0) {
-      push_head(main_, n, main);
+      push_head(window_q, n);
       return;
     }
-    if (ghost_take(n->fingerprint)) {
-      push_head(main_, n, main);
-    } else {
-      push_head(small_, n, small);
+    sketch_.fit(2 * (size() + 1));
+    sketch_.add(n->fingerprint, 1);
+    if (const ghost_table::slot* g = lost_.find(n->fingerprint)) {
+      if (static_cast<std::uint32_t>(now(hits) - g->stamp) < horizon_) {
+        window_ = std::min(window_max_, window_ + 1);
+      }
+    } else if (evicted_.find(n->fingerprint) != nullptr) {
+      window_ = std::max<std::size_t>(1, window_ - 1);
     }
+    ++inserts_;
+    push_head(window_q, n);
   }
 
   // rewritten(n): a node in a queue got a new value (refresh, put). Bounded:
-  // an access. Unbounded: back to the head, so that main stays in write order.
+  // an access. Unbounded: back to the head, so that the queue stays in write
+  // order.
   void rewritten(policy_hook* n) noexcept {
     if (capacity_ == 0) {
-      unlink(main_, n);
-      push_head(main_, n, main);
+      unlink(n);
+      push_head(window_q, n);
     } else {
       n->touch();
     }
@@ -131,67 +367,83 @@ class s3fifo {
 
   // remove(n): n stops holding an entry (invalidate, clear, expiry).
   void remove(policy_hook* n) noexcept {
-    if (n->queue == small) unlink(small_, n);
-    if (n->queue == main) unlink(main_, n);
+    if (n->queue != none) unlink(n);
   }
 
-  // evict(dead): removes one entry from the queues and returns it, preferring
-  // dead ones (`dead(hook)` says whether an entry is past every window);
-  // nullptr when the cache is empty. Bounded caches only.
-  template <class Dead>
-  policy_hook* evict(Dead&& dead) {
+  // evict(dead, hits): removes one entry from the queues and returns it,
+  // preferring dead ones (`dead(hook)` says whether an entry is past every
+  // window; `hits` as for insert(), called when a candidate loses);
+  // nullptr when the cache is empty. Called before the insert it makes room
+  // for, so the window gives up its candidate once it holds window_ entries
+  // (the new one makes window_ + 1). Bounded caches only.
+  template <class Dead, class Hits>
+  policy_hook* evict(Dead&& dead, Hits&& hits) {
     for (;;) {
-      if (!small_.empty() && (small_.n >= small_target_ || main_.empty())) {
-        policy_hook* t = small_.tail;
-        unlink(small_, t);
-        if (dead(t)) return t;
-        if (t->freq.load(std::memory_order_relaxed) >= promote_at) {  // read again in small
-          t->freq.store(0, std::memory_order_relaxed);
-          push_head(main_, t, main);
+      queue_list& w = q_[window_q];
+      if (!w.empty() && (w.n >= window_ || main_size() == 0)) {
+        policy_hook* c = w.tail;
+        if (dead(c)) return take(c);
+        if (fold(c)) {  // read in the window: a second chance
+          unlink(c);
+          push_head(window_q, c);
           continue;
         }
-        ghost_add(t->fingerprint);
-        return t;
+        // main has room, or the window shrank: no duel.
+        if (main_size() < capacity_ - window_ || w.n > window_) {
+          unlink(c);
+          push_head(probation_q, c);
+          continue;
+        }
+        if (main_size() == 0) {  // a capacity too small for a main
+          unlink(c);
+          lost_.add(c->fingerprint, now(hits));
+          return c;
+        }
+        policy_hook* v = victim(dead);
+        if (dead(v) || admits(c, v)) {
+          unlink(v);
+          if (!dead(v)) evicted_.add(v->fingerprint, 0);
+          unlink(c);
+          push_head(probation_q, c);
+          return v;
+        }
+        unlink(c);
+        lost_.add(c->fingerprint, now(hits));
+        return c;
       }
-      if (main_.empty()) return nullptr;
-      policy_hook* t = main_.tail;
-      unlink(main_, t);
-      const std::uint8_t f = t->freq.load(std::memory_order_relaxed);
-      if (f > 0 && !dead(t)) {
-        t->freq.store(static_cast<std::uint8_t>(f - 1), std::memory_order_relaxed);
-        push_head(main_, t, main);
-        continue;
-      }
-      return t;
+      if (main_size() == 0) return nullptr;
+      policy_hook* v = victim(dead);
+      unlink(v);
+      if (!dead(v)) evicted_.add(v->fingerprint, 0);
+      return v;
     }
   }
 
   // sweep(dead, budget): looks at up to `budget` entries (decremented for
   // each) and removes from the queues and returns the first dead one, or
-  // nullptr. It looks at small's tail, then walks main from the tail towards
-  // the head with a hand that stays where it stopped, so that live entries
-  // (a long ttl at the old end) do not hide the dead ones behind them: every
-  // entry of main is looked at once per size() / budget writes. Writers call
-  // it while it returns entries, with one budget per write (bounded work),
-  // so dead entries do not pile up in an unbounded cache (no timer does it).
+  // nullptr. A bounded cache looks at the window's tail first; then a hand
+  // walks each queue in turn from the tail towards the head and stays where
+  // it stopped, so that live entries (a long ttl at the old end) do not hide
+  // the dead ones behind them: every entry is looked at once per size() /
+  // budget writes. Writers call it while it returns entries, with one budget
+  // per write (bounded work), so dead entries do not pile up in an unbounded
+  // cache (no timer does it).
   template <class Dead>
   policy_hook* sweep(Dead&& dead, int& budget) {
-    if (budget > 0 && !small_.empty()) {
+    if (capacity_ != 0 && budget > 0 && !q_[window_q].empty()) {
       --budget;
-      if (dead(small_.tail)) {
-        policy_hook* t = small_.tail;
-        unlink(small_, t);
-        return t;
-      }
+      if (dead(q_[window_q].tail)) return take(q_[window_q].tail);
     }
-    while (budget > 0 && !main_.empty()) {
-      --budget;
-      policy_hook* h = hand_ != nullptr ? hand_ : main_.tail;
-      hand_ = h->prev;  // towards the head; nullptr: start again from the tail
-      if (dead(h)) {
-        unlink(main_, h);
-        return h;
+    while (budget > 0 && size() > 0) {
+      if (hand_ == nullptr) {  // the next queue, from its tail
+        hand_queue_ = hand_queue_ == protected_q ? window_q : hand_queue_ + 1;
+        hand_ = q_[hand_queue_].tail;
+        continue;
       }
+      --budget;
+      policy_hook* h = hand_;
+      hand_ = h->prev;  // towards the head; nullptr: the next queue
+      if (dead(h)) return take(h);
     }
     return nullptr;
   }
@@ -203,15 +455,63 @@ class s3fifo {
     std::size_t n = 0;
     bool empty() const noexcept { return n == 0; }
   };
-  // One remembered key: the upper 32 bits of its fingerprint (never 0) and
-  // the low 32 bits of its insertion number (ages are wrapping differences:
-  // a ghost is remembered for fewer than 2^31 insertions). tag 0: empty.
-  struct ghost_slot {
-    std::uint32_t tag = 0;
-    std::uint32_t number = 0;
-  };
 
-  void push_head(queue_list& q, policy_hook* n, std::uint8_t id) noexcept {
+  std::size_t main_size() const noexcept { return q_[probation_q].n + q_[protected_q].n; }
+  // now(hits): the shard's accesses so far: its hits and its inserts (32
+  // bits: ages are wrapping differences).
+  template <class Hits>
+  std::uint32_t now(Hits& hits) const noexcept {
+    return static_cast<std::uint32_t>(hits() + inserts_);
+  }
+
+  // fold(n): n's reads since it was last looked at go into the sketch, and
+  // its bits are reset. True if it was read.
+  bool fold(policy_hook* n) noexcept {
+    const std::uint8_t f = n->freq.load(std::memory_order_relaxed);
+    if (f == 0) return false;
+    n->freq.store(0, std::memory_order_relaxed);
+    sketch_.add(n->fingerprint, f);
+    return true;
+  }
+  // admits(c, v): the window's candidate c takes the place of main's victim v.
+  bool admits(const policy_hook* c, const policy_hook* v) noexcept {
+    const int cf = sketch_.estimate(c->fingerprint);
+    if (cf > sketch_.estimate(v->fingerprint)) return true;
+    if (cf < 6) return false;
+    rng_ = rng_ * 6364136223846793005ULL + 1442695040888963407ULL;
+    return ((rng_ >> 33U) & 127U) == 0;
+  }
+  // victim(dead): main's victim, left in its queue: probation's tail once it
+  // was not read since it came (or is dead); one that was read moves to
+  // protected. protected's tail when probation is empty. main not empty.
+  template <class Dead>
+  policy_hook* victim(Dead& dead) {
+    for (;;) {
+      const std::uint8_t q = q_[probation_q].empty() ? protected_q : probation_q;
+      policy_hook* t = q_[q].tail;
+      if (dead(t) || !fold(t)) return t;
+      unlink(t);
+      push_head(protected_q, t);
+      if (q == probation_q) demote();
+    }
+  }
+  // demote(): protected back to 80 % of main: its tail returns to
+  // probation's head, unless read since it was last looked at.
+  void demote() noexcept {
+    const std::size_t limit = (capacity_ - window_) * 8 / 10;
+    while (q_[protected_q].n > limit) {
+      policy_hook* t = q_[protected_q].tail;
+      unlink(t);
+      push_head(fold(t) ? protected_q : probation_q, t);
+    }
+  }
+  policy_hook* take(policy_hook* n) noexcept {
+    unlink(n);
+    return n;
+  }
+
+  void push_head(std::uint8_t id, policy_hook* n) noexcept {
+    queue_list& q = q_[id];
     n->queue = id;
     n->prev = nullptr;
     n->next = q.head;
@@ -220,7 +520,8 @@ class s3fifo {
     if (q.tail == nullptr) q.tail = n;
     ++q.n;
   }
-  void unlink(queue_list& q, policy_hook* n) noexcept {
+  void unlink(policy_hook* n) noexcept {
+    queue_list& q = q_[n->queue];
     if (hand_ == n) hand_ = n->prev;
     if (n->prev != nullptr) n->prev->next = n->next;
     if (n->next != nullptr) n->next->prev = n->prev;
@@ -231,67 +532,19 @@ class s3fifo {
     --q.n;
   }
 
-  static std::uint32_t tag_of(std::uint64_t fp) noexcept {
-    const auto t = static_cast<std::uint32_t>(fp >> 32U);
-    return t == 0 ? 1 : t;  // 0 marks an empty slot
-  }
-  // A ghost's slot depends on its tag alone, so that a growing table can
-  // move the ghosts it has. (The tag's low bits are the fingerprint's bits
-  // 32 and up; shards take the top bits.)
-  std::size_t slot_of(std::uint32_t tag) const noexcept {
-    return static_cast<std::size_t>(tag) & ghost_mask_;
-  }
-  // The ghost table (direct-mapped: a collision forgets a ghost early) has
-  // up to two slots per key it may remember. It is made by the first
-  // eviction, with 64 slots, and doubles while fewer than twice as many
-  // slots as keys added to it so far: a cache that never fills has none, one
-  // that fills pays for it as it evicts. The allocation may fail (noexcept:
-  // an eviction must not throw): the table then stays as it is, and
-  // remembers fewer keys.
-  void grow_ghost() noexcept {
-    const std::size_t have = ghost_ ? ghost_mask_ + 1 : 0;
-    const std::size_t keys =
-        static_cast<std::size_t>(std::min<std::uint64_t>(ghost_added_ + 1, ghost_capacity_));
-    std::size_t want = have == 0 ? 64 : have;
-    while (want < 2 * keys) want *= 2;
-    if (want == have) return;
-    std::unique_ptr<ghost_slot[]> grown(new (std::nothrow) ghost_slot[want]());
-    if (!grown) return;  // keeps the smaller table (it remembers fewer keys)
-    for (std::size_t i = 0; i < have; ++i) {
-      if (ghost_[i].tag != 0) grown[ghost_[i].tag & (want - 1)] = ghost_[i];
-    }
-    ghost_ = std::move(grown);
-    ghost_mask_ = want - 1;
-  }
-
-  void ghost_add(std::uint64_t fp) noexcept {
-    grow_ghost();
-    if (!ghost_) return;
-    const std::uint32_t tag = tag_of(fp);
-    ghost_slot& s = ghost_[slot_of(tag)];
-    s.tag = tag;
-    s.number = static_cast<std::uint32_t>(++ghost_added_);
-  }
-  bool ghost_take(std::uint64_t fp) noexcept {
-    if (!ghost_) return false;
-    const std::uint32_t tag = tag_of(fp);
-    ghost_slot& s = ghost_[slot_of(tag)];
-    const auto age =
-        static_cast<std::uint32_t>(static_cast<std::uint32_t>(ghost_added_) - s.number);
-    if (s.tag != tag || age >= ghost_capacity_) return false;
-    s = ghost_slot{};
-    return true;
-  }
-
   std::size_t capacity_ = 0;
-  std::size_t small_target_ = 0;
-  std::size_t ghost_capacity_ = 0;
-  std::size_t ghost_mask_ = 0;
-  std::unique_ptr<ghost_slot[]> ghost_;
-  std::uint64_t ghost_added_ = 0;
-  queue_list small_;
-  queue_list main_;
-  policy_hook* hand_ = nullptr;  // the sweep's place in main (see sweep())
+  std::size_t window_ = 0;      // the window's target size
+  std::size_t window_max_ = 0;  // 99 % of the capacity
+  std::uint32_t horizon_ = 0;   // a lost key grows the window if back within this many accesses
+                                // (the capacity)
+  std::uint64_t inserts_ = 0;   // the shard's misses (and puts) so far
+  std::uint64_t rng_ = 0x9e3779b97f4a7c15ULL;
+  frequency_sketch sketch_;
+  ghost_table lost_;                    // the window's candidates that lost their duel
+  ghost_table evicted_;                 // main's victims
+  queue_list q_[4];                     // indexed by queue id; q_[none] unused
+  policy_hook* hand_ = nullptr;         // the sweep's place (see sweep())
+  std::uint8_t hand_queue_ = window_q;  // the queue hand_ walks
 };
 
 }  // namespace singleflight::detail

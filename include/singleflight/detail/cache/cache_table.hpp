@@ -105,7 +105,7 @@ struct alignas(64) cache_shard {
   std::unique_ptr<Node*[]> buckets;  // power-of-two count; grows, never shrinks
   std::size_t mask = 0;
   std::size_t nodes = 0;                // linked nodes
-  s3fifo policy;                        // nodes that hold an entry
+  wtinylfu policy;                      // nodes that hold an entry
   std::atomic<std::size_t> entries{0};  // = policy.size(), readable without the mutex
   // The last version handed out here. Written under the mutex; read by hits
   // (the version a call saw when it found no record), hence atomic. Relaxed:
@@ -347,7 +347,7 @@ class cache_table {
 
  private:
   // A bounded table has at most one shard per min_share entries: below that
-  // a shard's S3-FIFO (small queue 10% of its share) decides on too few
+  // a shard's policy (window 1% of its share to start) decides on too few
   // entries, and the hit ratio on real traces falls (docs/cache.md,
   // "Eviction, measured").
   static constexpr std::size_t min_share = 1024;

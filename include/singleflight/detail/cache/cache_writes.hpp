@@ -7,7 +7,7 @@
 //     node stops holding an entry), erase_if_unused() (a node that holds
 //     nothing and is pinned by nobody leaves its shard), unpin() (a holder
 //     of a node's address lets go of it);
-//   * entries: admit() (into the shard's S3-FIFO policy, making room first
+//   * entries: admit() (into the shard's W-TinyLFU policy, making room first
 //     in a bounded table's entry budget, and sweeping dead entries after),
 //     make_room() / take_from_other() (a slot of the budget: free, or that of
 //     an evicted entry of this shard or of one over its share), leave() (an
@@ -109,26 +109,33 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
     }
   }
 
+  // hits_clock(s): the hits of shard s, read when its policy needs the time
+  // (wtinylfu, "accesses"): what the read sections counted, over every
+  // stripe. With s's mutex held.
+  auto hits_clock(shard_t& s) noexcept {
+    return [this, &s]() noexcept { return table.gate().hits_of(table.index_of(s)); };
+  }
+
   // admit(s, n, now, g): n (readers locked out) now holds an entry. A new
   // entry first makes room (make_room: evicting, dead entries first), so
   // that size() never exceeds max_entries, not even for a moment; then the
   // sweep removes dead entries it finds within its budget of looks (no
-  // timer does it; s3fifo::sweep).
+  // timer does it; wtinylfu::sweep).
   void admit(shard_t& s, node_t* n, time_point now, garbage_t& g) {
     const auto dead = [now](const detail::policy_hook* h) {
       return is_dead(*static_cast<const node_t*>(h), now);
     };
-    if (n->queue == detail::s3fifo::none) {
+    if (n->queue == detail::wtinylfu::none) {
       if (table.bounded()) make_room(s, dead, g);
-      s.policy.insert(n);
+      s.policy.insert(n, hits_clock(s));
       s.entries.fetch_add(1, std::memory_order_relaxed);
     } else {
       s.policy.rewritten(n);
     }
-    int budget = detail::s3fifo::sweep_budget;
+    int budget = detail::wtinylfu::sweep_budget;
     while (auto* v = static_cast<node_t*>(s.policy.sweep(dead, budget))) {
       if (v == n) {  // n itself is dead on arrival (a ttl of zero): it stays until evicted
-        s.policy.insert(n);
+        s.policy.insert(n, hits_clock(s));
         continue;
       }
       leave(s, v, true);
@@ -140,13 +147,13 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
   // shard s (cache_table.hpp, "the entry budget"): a free one, else that of
   // an entry evicted from s (if s holds its share or more) or from a shard
   // holding more than its share, taken with try_lock (never waiting for a
-  // second mutex; s3fifo prefers dead entries). Readers of s locked out.
+  // second mutex; the policy prefers dead entries). Readers of s locked out.
   template <class Dead>
   void make_room(shard_t& s, const Dead& dead, garbage_t& g) {
     for (;;) {
       if (table.try_reserve()) return;
       if (s.policy.size() < s.policy.capacity() && take_from_other(s, dead, g)) return;
-      if (auto* v = static_cast<node_t*>(s.policy.evict(dead))) {
+      if (auto* v = static_cast<node_t*>(s.policy.evict(dead, hits_clock(s)))) {
         ++s.evictions;
         leave(s, v, false);  // its slot is the new entry's
         erase_if_unused(s, v, g);
@@ -173,7 +180,7 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
       shard_lock lk(table, i, std::try_to_lock);
       if (!lk.owns() || o.policy.size() <= o.policy.capacity()) continue;
       lk.write();
-      if (auto* v = static_cast<node_t*>(o.policy.evict(dead))) {
+      if (auto* v = static_cast<node_t*>(o.policy.evict(dead, hits_clock(o)))) {
         ++o.evictions;
         leave(o, v, false);
         erase_if_unused(o, v, g);  // freed with s's garbage, after both locks

@@ -110,6 +110,16 @@ class read_gate {
     return n;
   }
 
+  // hits_of(shard): the hits counted by leave() for one shard, over every
+  // stripe (relaxed: a count). Runs back by 2^31 when a stripe's counter of
+  // the shard spills its hits to the stripe's total (spill()).
+  std::uint64_t hits_of(std::size_t shard) const noexcept {
+    std::uint64_t n = 0;
+    for (std::size_t s = 0; s < stripes_; ++s)
+      n += at(s, shard).load(std::memory_order_relaxed) >> 32U;
+    return n;
+  }
+
   // lock_out(shard): with the shard's mutex held, makes new readers back off
   // and waits for those inside to leave.
   void lock_out(std::size_t shard) noexcept {
