@@ -136,7 +136,7 @@ TEST_CASE(
 
   sftest::held_origin held("v1");
   callback_log<std::string> log;
-  a.async_get("k", held.loader(), log.on_done(), {}, 1ms);
+  a.async_get("k", held.loader(), log.on_done(), {}, 300ms);
   held.started.wait("the load reaches the origin");
   log.wait("the caller leaves at its bound");  // the origin is still held
   CHECK(log.threw<sf::timeout_error>());
@@ -209,7 +209,7 @@ TEST_CASE(
   auto bounded = [&a, &held]() -> fire_task<std::string> {
     const std::string key = "k";
     auto load = held.loader();
-    co_return co_await a.co_get(key, load, {}, 1ms);
+    co_return co_await a.co_get(key, load, {}, 300ms);
   };
   fire_task<std::string> task = bounded();
   held.started.wait("the load reaches the origin");
