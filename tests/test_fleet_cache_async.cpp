@@ -93,7 +93,6 @@ TEST_CASE(
   until_listening(a, "a listens");
   fc_t b(opts(uri, prefix));
   until_listening(b, "b listens");
-  versioned_origin origin;
   std::atomic<int> ran{0};
 
   sftest::held_origin held("v1");
