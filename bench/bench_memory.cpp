@@ -4,13 +4,13 @@
 //
 //   bench_memory [bounded|unbounded] [entries]
 //
-// bounded: max_entries = entries (the table full, its ghost tables made as it evicted: the
-// fill writes 2 x entries keys); unbounded: max_entries = 0. RSS is read from /proc/self/statm
-// before the cache is made and after it is filled; the difference over the entries held is the
-// figure. The accounting line adds what each entry allocates: its node (rounded up to glibc's
-// 16-byte chunks, with their 8-byte header), its value's box (std::shared_ptr<const T>'s
-// control block and T, likewise rounded) and its share of the bucket arrays (one pointer per
-// bucket, between one and two buckets per node).
+// bounded: max_entries = entries (the table full, the policy's ghost tables and sketch grown
+// as it filled and evicted: the fill writes 2 x entries keys); unbounded: max_entries = 0. RSS
+// is read from /proc/self/statm before the cache is made and after it is filled; the
+// difference over the entries held is the figure. The accounting line adds what each entry
+// allocates: its node (rounded up to glibc's 16-byte chunks, with their 8-byte header), its value's
+// box (std::shared_ptr<const T>'s control block and T, likewise rounded) and its share of the
+// bucket arrays (one pointer per bucket, between one and two buckets per node).
 #include <unistd.h>
 #include <cstdint>
 #include <cstdio>
@@ -70,6 +70,8 @@ int main(int argc, char** argv) {
       static_cast<double>(after - empty) / static_cast<double>(held),
       static_cast<double>(empty - before) / 1024.0, sizeof(node_t), chunk(sizeof(node_t)), box,
       chunk(sizeof(node_t)) + box + 8, chunk(sizeof(node_t)) + box + 16,
-      bounded ? ", + the ghost tables (up to 2 x 0.9 slots of 8 bytes per entry)" : "");
+      bounded ? ", + the policy's tables (two ghost tables of 0.25 x the entries, the frequency "
+                "sketch and its doorkeeper)"
+              : "");
   return 0;
 }
