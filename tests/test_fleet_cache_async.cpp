@@ -18,6 +18,7 @@
 #include "support/catch.hpp"
 #include "support/coro.hpp"
 #include "support/fleet.hpp"
+#include "support/fleet_cache.hpp"
 #include "support/redis.hpp"
 #include "support/sync.hpp"
 
@@ -32,25 +33,10 @@ using sftest::must_not_load;
 using sftest::versioned_origin;
 
 sf::fleet_cache_options opts(const std::string& uri, const std::string& prefix) {
-  sf::fleet_cache_options o;
-  o.fleet = sftest::message_only(uri, prefix);
-  o.local.ttl = 60s;
-  o.local.jitter = 0;
-  o.coherence = sf::fleet_coherence::publish;
-  return o;
+  return sftest::fleet_cache_opts(uri, prefix, sf::fleet_coherence::publish);
 }
 
-// Bounded wait until both of `c`'s channels (bus, expire) are confirmed: each confirmation
-// clears the local cache (a resync), which would turn a later hit into a miss.
-void until_listening(fc_t& c, const char* name) {
-  sftest::must(
-      [&] {
-        return singleflight::detail::fleet_cache_test_access::engine(c)
-                   .subscriber.confirmed_channels() == 2;
-      },
-      name);
-  sftest::must([&] { return c.stats().resyncs >= 2; }, name);
-}
+using sftest::until_listening;
 
 template <class L>
 fire_task<std::string> co_read(fc_t& c, std::string key, L load) {

@@ -16,6 +16,7 @@
 
 #include "support/catch.hpp"
 #include "support/fleet.hpp"
+#include "support/fleet_cache.hpp"
 #include "support/jthread.hpp"
 #include "support/redis.hpp"
 #include "support/sync.hpp"
@@ -30,31 +31,12 @@ using point = d::fleet_point;
 using mode = sf::fleet_coherence;
 
 sf::fleet_cache_options opts(const std::string& uri, const std::string& prefix, mode m) {
-  sf::fleet_cache_options o;
-  o.fleet = sftest::message_only(uri, prefix);
-  o.local.ttl = 60s;
-  o.local.jitter = 0;
-  o.coherence = m;
-  return o;
+  return sftest::fleet_cache_opts(uri, prefix, m);
 }
 
-// Under client tracking: bounded wait until `c` has heard `n` messages (the server's reports of
-// stores this test made, its own included), so that a local entry read after it is not dropped
-// later by one of them. Nothing under the bus (a process does not hear itself there).
-void heard_echo(fc_t& c, mode m, std::uint64_t n, const char* name) {
-  if (m == mode::tracking) sftest::must([&] { return c.stats().invalidations_heard >= n; }, name);
-}
-
-d::fleet_engine& engine(fc_t& c) { return d::fleet_cache_test_access::engine(c); }
-
-// Bounded wait until `c`'s bus subscription is confirmed. It also orders the test's earlier
-// writes (a hook) before the subscriber thread's later reads: both take the subscriber's lock.
-void until_listening(fc_t& c, const char* name) {
-  // Two channels: the coherence one (the bus, or client tracking's) and the expire channel;
-  // each confirmation clears the local cache.
-  sftest::must([&] { return engine(c).subscriber.confirmed_channels() == 2; }, name);
-  sftest::must([&] { return c.stats().resyncs >= 2; }, name);
-}
+using sftest::fleet_cache_engine;
+using sftest::heard_echo;
+using sftest::until_listening;
 
 // An origin whose answer is "v<version>", counting its calls.
 using sftest::versioned_origin;
@@ -165,7 +147,7 @@ TEST_CASE(
   fc_t b(opts(server.uri(), prefix, m));
   sftest::gate b_down;
   sftest::gate b_back;
-  engine(b).hook = [&](point p, std::string_view) {
+  fleet_cache_engine(b).hook = [&](point p, std::string_view) {
     if (p != point::resubscribing) return;
     b_down.open();
     b_back.wait("the test lets b resubscribe");

@@ -13,6 +13,7 @@
 
 #include "support/catch.hpp"
 #include "support/fleet.hpp"
+#include "support/fleet_cache.hpp"
 #include "support/jthread.hpp"
 #include "support/redis.hpp"
 #include "support/sync.hpp"
@@ -20,33 +21,18 @@
 namespace {
 
 namespace sf = singleflight;
-namespace d = singleflight::detail;
 using namespace std::chrono_literals;
 using fc_t = sf::fleet_cache<std::string, std::string>;
 using mode = sf::fleet_coherence;
 
 sf::fleet_cache_options opts(const std::string& uri, const std::string& prefix, mode m) {
-  sf::fleet_cache_options o;
-  o.fleet = sftest::message_only(uri, prefix);
-  o.local.ttl = 60s;
-  o.local.jitter = 0;
+  sf::fleet_cache_options o = sftest::fleet_cache_opts(uri, prefix, m);
   o.local.stale_while_revalidate = 60s;
-  o.coherence = m;
   return o;
 }
 
-d::fleet_engine& engine(fc_t& c) { return d::fleet_cache_test_access::engine(c); }
-
-// Bounded wait until both of `c`'s channels (coherence, expire) are confirmed.
-void until_listening(fc_t& c, const char* name) {
-  sftest::must([&] { return engine(c).subscriber.confirmed_channels() == 2; }, name);
-  sftest::must([&] { return c.stats().resyncs >= 2; }, name);
-}
-
-// Under client tracking: bounded wait until `c` has heard `n` reports.
-void heard_echo(fc_t& c, mode m, std::uint64_t n, const char* name) {
-  if (m == mode::tracking) sftest::must([&] { return c.stats().invalidations_heard >= n; }, name);
-}
+using sftest::heard_echo;
+using sftest::until_listening;
 
 using sftest::must_not_load;
 using sftest::versioned_origin;

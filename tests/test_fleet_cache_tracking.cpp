@@ -14,6 +14,7 @@
 
 #include "support/catch.hpp"
 #include "support/fleet.hpp"
+#include "support/fleet_cache.hpp"
 #include "support/redis.hpp"
 #include "support/sync.hpp"
 
@@ -26,21 +27,11 @@ using fc_t = sf::fleet_cache<std::string, std::string>;
 using point = d::fleet_point;
 
 sf::fleet_cache_options opts(const std::string& uri, const std::string& prefix) {
-  sf::fleet_cache_options o;
-  o.fleet = sftest::message_only(uri, prefix);
-  o.local.ttl = 60s;
-  o.local.jitter = 0;
-  return o;  // coherence: tracking, the default
+  return sftest::fleet_cache_opts(uri, prefix);  // coherence: tracking, the default
 }
 
-d::fleet_engine& engine(fc_t& c) { return d::fleet_cache_test_access::engine(c); }
-
-void until_listening(fc_t& c, const char* name) {
-  // Two channels: the coherence one (the bus, or client tracking's) and the expire channel;
-  // each confirmation clears the local cache.
-  sftest::must([&] { return engine(c).subscriber.confirmed_channels() == 2; }, name);
-  sftest::must([&] { return c.stats().resyncs >= 2; }, name);
-}
+using sftest::fleet_cache_engine;
+using sftest::until_listening;
 
 // c's load of `key` stored `value` in Redis; the server reports that store too, perhaps after c
 // kept the value locally: once c has heard it, one more get applies it (a local hit, or a Redis
@@ -186,7 +177,7 @@ TEST_CASE(
   fc_t c(opts(server.uri(), prefix));
   sftest::gate down;
   sftest::gate back;
-  engine(c).hook = [&](point p, std::string_view) {
+  fleet_cache_engine(c).hook = [&](point p, std::string_view) {
     if (p != point::resubscribing) return;
     down.open();
     back.wait("the test lets c resubscribe");
@@ -235,7 +226,7 @@ TEST_CASE(
   for (fc_t* c : {&a, &b}) {
     sftest::must([&] { return c->stats().tracking_refused == 1; }, "the refusal is seen");
     // The tracking channel (kept, silent), the expire channel and the bus.
-    sftest::must([&] { return engine(*c).subscriber.confirmed_channels() == 3; },
+    sftest::must([&] { return fleet_cache_engine(*c).subscriber.confirmed_channels() == 3; },
                  "subscribed to the bus");
     CHECK(c->stats().coherence == sf::fleet_coherence::publish);
   }
