@@ -1,27 +1,27 @@
 // 07-fleet: one origin call per key across a fleet of processes, each reading through a
-// singleflight::cache whose loader is the fleet's get.
+// singleflight::fleet_cache (a local cache whose loads go through the fleet).
 //
 //   07-fleet [--redis tcp://host:port] [--processes N] [--threads T] [--keys K] [--expiries E]
 //
 // Starts N worker processes (fork/exec of this program). Each has T threads asking for K hot
 // keys at once (thread t for key t % K) through two layers:
 //
-//   cache (in-process: ttl 1 s ±10%, stale-while-revalidate 2 s)
-//     └─ loader: fleet.get (Redis: value_ttl 3.1 s, lease, fencing, pub/sub)
+//   fleet_cache's local cache (in-process: ttl 1 s ±10%, stale-while-revalidate 2 s)
+//     └─ the fleet (Redis: value_ttl 3.1 s, lease, fencing, pub/sub)
 //          └─ loader: the origin (200 ms)
 //
-// The cache answers most reads from memory and, once its copy is stale, hands the reader the
-// old value at once while one background refresh per process asks the fleet; the fleet turns
-// the refreshes of all processes into one origin call per key when the value in Redis has
-// expired, and into a Redis hit (no origin call) while it lives. value_ttl is at least the
-// cache's longest window (ttl·(1 + jitter) + stale_while_revalidate): see docs/fleet.md.
+// The local cache answers most reads from memory and, once its copy is stale, hands the reader
+// the old value at once while one background refresh per process asks the fleet; the fleet
+// turns the refreshes of all processes into one origin call per key when the value in Redis
+// has expired, and into a Redis hit (no origin call) while it lives. value_ttl is at least the
+// local cache's longest window (ttl·(1 + jitter) + stale_while_revalidate): see docs/fleet.md.
 //
 // The parent runs rounds on a schedule: a cold start, then E times a round where the caches
 // are stale but the Redis value lives, and a round where the caches are stale and the Redis
-// value has expired. It runs everything twice: without the fleet layer (the cache's loader is
-// the origin: each process loads for itself) and with it, and prints the origin calls per
-// key of each round across the fleet, which every origin call reports on a pipe the parent
-// reads, and the readers that waited on a load (after the cold start: none).
+// value has expired. It runs everything twice: without the fleet layer (a plain cache with the
+// same options, whose loader is the origin: each process loads for itself) and with it, and prints
+// the origin calls per key of each round across the fleet, which every origin call reports on a
+// pipe the parent reads, and the readers that waited on a load (after the cold start: none).
 //
 // Without --redis it starts its own redis-server on a free loopback port (a temporary
 // directory, a pidfile) and stops it by pid at the end: one command on a machine with
@@ -30,7 +30,7 @@
 // while the Redis value lives; no reader waiting after the cold start (or if a round could not
 // be run inside its window: a machine too slow for this schedule).
 #include <singleflight/cache.hpp>
-#include <singleflight/fleet.hpp>
+#include <singleflight/fleet_cache.hpp>
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -48,6 +48,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -83,50 +84,19 @@ std::string read_line(int fd) {
   return line;
 }
 
-int worker(const std::string& uri, const std::string& prefix, bool use_fleet, int threads,
-           int keys) {
-  const auto origin = [](const std::string& key) {
-    (void)!::write(3, "O\n", 2);  // one line per origin call, on the parent's pipe
-    std::this_thread::sleep_for(origin_time);
-    return "profile for " + key;
-  };
+// Origin calls: one line each on the parent's pipe (fd 3).
+std::string origin(const std::string& key) {
+  (void)!::write(3, "O\n", 2);
+  std::this_thread::sleep_for(origin_time);
+  return "profile for " + key;
+}
 
-  // --- snippet: cache-over-fleet-options ---
-  singleflight::fleet_options fo;
-  fo.redis_uri = uri;
-  fo.key_prefix = prefix;
-  fo.value_ttl = value_ttl;  // 3.1 s: at least the cache's longest window, 1.1 s + 2 s
-  // --- end snippet ---
-  fo.lease_ttl = 2s;
-  // Generous (the default is 50 ms): this demo also runs on busy, sanitized CI machines, where
-  // a slower round trip would count as Redis failing and make a process load for itself.
-  fo.redis_timeout = 1s;
-  // --- snippet: cache-over-fleet ---
-  singleflight::fleet<std::string, std::string> fleet(fo);
+std::string key_of(int k) { return "tenant-7|user-" + std::to_string(k) + "|en-GB"; }
 
-  // Declared after the fleet: destroyed first, it joins its refreshes, which call the fleet.
-  singleflight::cache<std::string, std::string> cache({
-      .ttl = cache_ttl,                        // 1 s: how often this process asks Redis
-      .jitter = cache_jitter,                  // ±10 %
-      .stale_while_revalidate = stale_window,  // 2 s: the old value at once, one refresh
-  });
-
-  // The cache's loader asks the fleet; the fleet's loader is the origin. The cache hands its
-  // flight's token to the fleet (as the caller's token there) and keeps a copy of the loader
-  // for a background refresh: the key is held by value.
-  const auto through_fleet = [&fleet, &origin](const std::string& key) {
-    return [&fleet, &origin, key](singleflight::stop_token st) {
-      const auto from_origin = [&] { return origin(key); };
-      return fleet.get(key, from_origin, std::move(st));
-    };
-  };
-  // --- end snippet ---
-  // Without the fleet layer: the cache's loader is the origin, each process loads for itself.
-  const auto origin_only = [&origin](const std::string& key) {
-    return [&origin, key] { return origin(key); };
-  };
-  const auto key_of = [](int k) { return "tenant-7|user-" + std::to_string(k) + "|en-GB"; };
-
+// Runs the parent's rounds on `c` (a fleet_cache, or a plain cache): T threads read K keys at
+// once, and the round ends when every key is fresh again.
+template <class Cache>
+int serve(Cache& c, int threads, int keys) {
   while (read_line(0).rfind("round ", 0) == 0) {
     std::atomic<int> waited{0};
     {
@@ -134,8 +104,7 @@ int worker(const std::string& uri, const std::string& prefix, bool use_fleet, in
       for (int t = 0; t < threads; ++t) {
         readers.emplace_back([&, t] {
           const std::string key = key_of(t % keys);
-          const auto e = use_fleet ? cache.get_entry(key, through_fleet(key))
-                                   : cache.get_entry(key, origin_only(key));
+          const auto e = c.get_entry(key, [key] { return origin(key); });
           // none: answered from the cache (fresh, or stale while a refresh runs).
           if (e.taken_as != singleflight::role::none) waited.fetch_add(1);
         });
@@ -147,18 +116,67 @@ int worker(const std::string& uri, const std::string& prefix, bool use_fleet, in
     const auto until = steady::now() + 30s;
     for (int k = 0; k < keys; ++k) {
       for (;;) {
-        const auto e = cache.peek(key_of(k));
+        const auto e = c.peek(key_of(k));
         if (e && e->state == singleflight::freshness::fresh) break;
         if (steady::now() > until) return 2;
         std::this_thread::sleep_for(1ms);  // polling a demo's progress
       }
     }
     // Loads this process made without the fleet's lease (Redis failing, too slow): 0 normally.
-    const std::string done = "done " + std::to_string(fleet.stats().local_fallback) + " " +
-                             std::to_string(waited.load()) + "\n";
+    std::uint64_t fallbacks = 0;
+    if constexpr (requires { c.stats().fleet; }) fallbacks = c.stats().fleet.local_fallback;
+    const std::string done =
+        "done " + std::to_string(fallbacks) + " " + std::to_string(waited.load()) + "\n";
     (void)!::write(1, done.data(), done.size());
   }
   return 0;
+}
+
+int worker(const std::string& uri, const std::string& prefix, bool use_fleet, int threads,
+           int keys) {
+  // --- snippet: fleet-cache-options ---
+  singleflight::fleet_cache_options o;
+  o.local = {
+      .ttl = cache_ttl,                        // 1 s: how often this process asks Redis
+      .jitter = cache_jitter,                  // ±10 %
+      .stale_while_revalidate = stale_window,  // 2 s: the old value at once, one refresh
+  };
+  o.fleet.redis_uri = uri;
+  o.fleet.key_prefix = prefix;
+  o.fleet.value_ttl = value_ttl;  // 3.1 s: at least the local cache's longest window, 1.1 s + 2 s
+  // --- end snippet ---
+  o.fleet.lease_ttl = 2s;
+  // Generous (the default is 50 ms): this demo also runs on busy, sanitized CI machines, where
+  // a slower round trip would count as Redis failing and make a process load for itself.
+  o.fleet.redis_timeout = 1s;
+  // The bus: only put and invalidate reach the other processes. Under client tracking (the
+  // default) the server also reports each value a load stores in Redis, and every process then
+  // drops its copy and reads Redis once more on its next call: after each expiry in Redis its
+  // readers would wait one round trip, which this demo counts as waiting on a load.
+  o.coherence = singleflight::fleet_coherence::publish;
+
+  if (!use_fleet) {
+    // Without the fleet: a plain cache with the same local options, whose loader is the
+    // origin; each process loads for itself.
+    singleflight::cache<std::string, std::string> alone(o.local);
+    return serve(alone, threads, keys);
+  }
+  // --- snippet: fleet-cache ---
+  // A read: profiles.get(key, loader, request_token) (or get_entry, async_get, co_get) answers
+  // from this process's copy (fresh, or stale while one background refresh asks the fleet),
+  // else from Redis, else by one call of `loader` across the processes. The loader is kept
+  // for a background refresh: capture the key by value.
+  singleflight::fleet_cache<std::string, std::string> profiles(o);
+  // --- end snippet ---
+  // Each confirmation of the bus subscription drops what the local cache holds (nothing is
+  // missed while a process is not listening): wait for the first ones before the cold start,
+  // so that they cannot drop what it loads. Bounded.
+  const auto until = steady::now() + 30s;
+  while (profiles.stats().resyncs < 2) {
+    if (steady::now() > until) return 3;
+    std::this_thread::sleep_for(1ms);  // polling a demo's progress
+  }
+  return serve(profiles, threads, keys);
 }
 
 // --- the parent -------------------------------------------------------------------------------

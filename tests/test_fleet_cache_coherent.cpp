@@ -65,12 +65,19 @@ TEST_CASE(
   for (int i = 0; i < 5; ++i) CHECK(b.get("k", must_not_load(ran)) == "v1");
   CHECK(b.stats().local.hits == 5);
   CHECK(b.stats().fleet.gets == b_redis_gets);  // local hits: no Redis round trip
+  // peek: b's local entry, without a Redis round trip and without counting a hit.
+  const auto seen = b.peek("k");
+  REQUIRE(seen.has_value());
+  CHECK(seen->value == "v1");
+  CHECK(b.stats().local.hits == 5);
+  CHECK(b.stats().fleet.gets == b_redis_gets);
 
   origin.version = 2;
   const std::uint64_t heard = b.stats().invalidations_heard;
   (void)a.invalidate("k");
   CHECK(a.stats().broadcasts == 1);
   sftest::must([&] { return b.stats().invalidations_heard > heard; }, "b hears the invalidation");
+  CHECK_FALSE(b.peek("k").has_value());  // peek applies what b heard: its copy is gone
   CHECK(b.get("k", origin.loader()) == "v2");
   CHECK(a.get("k", must_not_load(ran)) == "v2");  // b's load is in Redis: a reads it there
   CHECK(ran.load() == 0);

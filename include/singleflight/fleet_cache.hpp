@@ -233,6 +233,15 @@ class fleet_cache {
     return local_.get_entry(prepare(key), through(bound_wide(key)), std::move(caller), bound);
   }
 
+  // peek(key): what get would answer from this process's local cache right
+  // now (cache::peek), once the invalidations heard are applied; nullopt
+  // when get would go to the fleet. No Redis round trip, no load, refresh or
+  // count. Thread-safe.
+  template <class K>
+  std::optional<cached<T>> peek(const K& key) {
+    return local_.peek(prepare(key));
+  }
+
   // async_get(key, loader, on_done, caller)
   //
   // get without blocking, as cache::async_get: on_done(singleflight::
