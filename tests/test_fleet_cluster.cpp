@@ -338,3 +338,70 @@ TEST_CASE("a slot migrated between two gets: ASK, TRYAGAIN and MOVED are followe
   CHECK(s.local_fallback == 1);  // the cold key's TRYAGAIN, nothing else
   CHECK(f.healthy());
 }
+
+TEST_CASE(
+    "a list of seeds whose first is a dead port: the fleets learn the cluster from the next "
+    "seed and coalesce every key",
+    "[cluster][seeds]") {
+  const std::string uri = need_cluster_or_warn();
+  if (uri.empty()) return;
+  const std::string prefix = sftest::unique_prefix("seeds");
+  constexpr int fleets = 2;
+  constexpr int threads_per_fleet = 8;
+  constexpr int keys = 12;
+  const int dead = sftest::free_port();  // nothing listens there: connections are refused
+  const std::string seeds =
+      "tcp://127.0.0.1:" + std::to_string(dead) + "," + uri.substr(uri.find("://") + 3);
+
+  std::vector<std::string> key(keys);
+  for (int k = 0; k < keys; ++k) key[k] = "key-" + std::to_string(k);
+  std::array<std::atomic<int>, keys> calls{};
+  std::vector<std::unique_ptr<fleet_t>> fleet;
+  for (int i = 0; i < fleets; ++i) {
+    fleet.push_back(std::make_unique<fleet_t>(sftest::fleet_opts(seeds, prefix)));
+  }
+  sftest::gate go;
+  std::atomic<int> wrong{0};
+  std::atomic<int> threw{0};
+  std::vector<std::unique_ptr<sftest::thread>> workers;
+  for (int i = 0; i < fleets * threads_per_fleet; ++i) {
+    workers.push_back(std::make_unique<sftest::thread>([&, i] {
+      go.wait("start");
+      fleet_t& f = *fleet[static_cast<std::size_t>(i % fleets)];
+      for (int n = 0; n < keys; ++n) {
+        const int k = (n + i) % keys;
+        try {
+          const std::string v = f.get(key[k], [&calls, &key, k] {
+            calls[k].fetch_add(1);
+            return "v:" + key[k];
+          });
+          if (v != "v:" + key[k]) wrong.fetch_add(1);
+        } catch (...) {
+          threw.fetch_add(1);
+        }
+      }
+    }));
+  }
+  go.open();
+  for (auto& w : workers) w->join("seed list workers");
+
+  CHECK(wrong.load() == 0);
+  CHECK(threw.load() == 0);
+  for (int k = 0; k < keys; ++k) {
+    INFO("key " << key[k]);
+    CHECK(calls[k].load() == 1);
+  }
+  for (auto& f : fleet) {
+    const sf::fleet_stats s = f->stats();
+    CHECK(s.redis_errors == 0);
+    CHECK(s.breaker_opens == 0);
+    CHECK(s.local_fallback == 0);
+    CHECK(f->healthy());
+    const d::fleet_engine& e = sftest::fleet_engine(*f);
+    CHECK(e.router.cluster());
+    CHECK(e.router.seed().pool.endpoint().port == port_of(uri));
+    // No key is routed to the dead seed: the masters are nodes of their own.
+    for (const auto& k : key)
+      CHECK(e.router.route(d::fleet_names::of(prefix, k).value).ep.port != dead);
+  }
+}

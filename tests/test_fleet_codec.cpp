@@ -202,6 +202,47 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("redis_uri: a list of seeds, the scheme once and the db for all; one seed is parse()'s",
+          "[fleet][options]") {
+  auto seeds = d::redis_endpoint::parse_list("tcp://10.0.0.1:7000,10.0.0.2,[::1]:7002/3");
+  REQUIRE(seeds.size() == 3);
+  CHECK(seeds[0].host == "10.0.0.1");
+  CHECK(seeds[0].port == 7000);
+  CHECK(seeds[1].host == "10.0.0.2");
+  CHECK(seeds[1].port == 6379);
+  CHECK(seeds[2].host == "::1");
+  CHECK(seeds[2].port == 7002);
+  for (const auto& s : seeds) CHECK(s.db == 3);
+  seeds = d::redis_endpoint::parse_list("redis://a:1,b:2");
+  REQUIRE(seeds.size() == 2);
+  CHECK(seeds[1].host == "b");
+  CHECK(seeds[1].db == 0);
+  seeds = d::redis_endpoint::parse_list("tcp://127.0.0.1:6380/2");
+  REQUIRE(seeds.size() == 1);
+  CHECK(seeds[0].port == 6380);
+  CHECK(seeds[0].db == 2);
+  seeds = d::redis_endpoint::parse_list("unix:///run/a,b.sock");  // a path may hold a comma
+  REQUIRE(seeds.size() == 1);
+  CHECK(seeds[0].host == "/run/a,b.sock");
+  for (const char* bad : {"tcp://a:1,", "tcp://,a:1", "tcp://a:1,,b:2", "tcp://a:1,b:x",
+                          "tcp://a:1,tcp://b:2", "a:1,b:2", "tcp://a:1,u:p@b:2"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_AS(d::redis_endpoint::parse_list(bad), std::invalid_argument);
+  }
+  try {
+    (void)d::redis_endpoint::parse_list("tcp://a:1,b:99999");
+    FAIL("no exception");
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    CHECK(what.find("tcp://a:1,b:99999") != std::string::npos);   // the whole list
+    CHECK(what.find("seed tcp://b:99999") != std::string::npos);  // and the seed
+  }
+  sf::fleet_options o;
+  o.redis_uri = "tcp://a:1,,b:2";
+  using fleet_t = sf::fleet<std::string, std::string>;
+  CHECK_THROWS_AS(fleet_t(o), std::invalid_argument);
+}
+
 TEST_CASE("fleet_options that cannot work are rejected at construction", "[fleet][options]") {
   using fleet_t = sf::fleet<std::string, std::string>;
   const auto with = [](auto change) {

@@ -468,3 +468,57 @@ TEST_CASE(
   CHECK(conn->broken());
   ::close(listener);
 }
+
+// ---- A list of seeds on a single server ---------------------------------------------------
+
+TEST_CASE(
+    "a list of seeds whose first is a dead port: a single server is reached through the next, "
+    "keys coalesce, no error, and later connections go straight to it",
+    "[fleet][redis][seeds]") {
+  sftest::private_redis server;
+  const int dead = sftest::free_port();  // nothing listens there: connections are refused
+  const std::string seeds =
+      "tcp://127.0.0.1:" + std::to_string(dead) + ",127.0.0.1:" + std::to_string(server.port());
+
+  // The pool: the first connection falls over to the second seed, which it then keeps.
+  d::redis_pool pool(d::redis_endpoint::parse_list(seeds), 2000ms, "", "", 2);
+  CHECK(pool.seeds() == 2);
+  CHECK(pool.endpoint().port == dead);
+  {
+    auto c = pool.open();
+    CHECK(d::text_of(c->command({"PING"}).get()) == "PONG");
+  }
+  CHECK(pool.endpoint().port == server.port());
+
+  // Fleets: 2 x 8 threads on one key, 1 origin call, nothing surfaced or counted.
+  const std::string prefix = sftest::unique_prefix("seeds");
+  fleet_t a(opts(seeds, prefix));
+  fleet_t b(opts(seeds, prefix));
+  counted_origin origin("value");
+  std::atomic<int> wrong{0};
+  std::atomic<int> threw{0};
+  sftest::gate go;
+  std::vector<std::unique_ptr<sftest::thread>> workers;
+  for (int i = 0; i < 16; ++i) {
+    workers.push_back(std::make_unique<sftest::thread>([&, i] {
+      go.wait("start");
+      try {
+        if ((i % 2 == 0 ? a : b).get("k", origin.loader()) != "value") wrong.fetch_add(1);
+      } catch (...) {
+        threw.fetch_add(1);
+      }
+    }));
+  }
+  go.open();
+  for (auto& w : workers) w->join("seed list workers");
+  CHECK(origin.calls.load() == 1);
+  CHECK(wrong.load() == 0);
+  CHECK(threw.load() == 0);
+  for (fleet_t* f : {&a, &b}) {
+    const sf::fleet_stats s = f->stats();
+    CHECK(s.redis_errors == 0);
+    CHECK(s.local_fallback == 0);
+    CHECK(s.breaker_opens == 0);
+    CHECK(f->healthy());
+  }
+}

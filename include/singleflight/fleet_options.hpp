@@ -37,6 +37,13 @@ struct fleet_options {
   // following MOVED and ASK (docs/fleet.md, "Redis Cluster"; db must be 0
   // there). Behind Sentinel, name the primary, or a proxy that follows it:
   // the fleet does not ask Sentinel.
+  //
+  // A list of seeds: "tcp://h1:p1,h2:p2,h3:p3[/db]" (the scheme once, the db
+  // for all; "[::1]:7000" for IPv6): nodes of one cluster (or addresses of
+  // one server). The fleet connects to the first that answers, and stays
+  // with it until it stops answering (a seed that does not answer delays the
+  // connection that tries it by redis_timeout; one that refuses, by nothing
+  // worth counting). One seed: exactly the single-node behaviour.
   std::string redis_uri = "tcp://127.0.0.1:6379";
 
   // AUTH: `AUTH password` when only the password is set, `AUTH username

@@ -30,6 +30,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <vector>
 
 #include "../../fleet_options.hpp"
 #include "../worker_threads.hpp"
@@ -46,7 +47,7 @@ namespace singleflight::detail {
 
 // The settings, validated and with their defaults resolved (of()).
 struct fleet_config {
-  redis_endpoint endpoint;
+  std::vector<redis_endpoint> seeds;  // redis_uri's, at least one
   std::string username;
   std::string password;
   std::string key_prefix;
@@ -90,7 +91,7 @@ struct fleet_config {
                                   "\" holds '|', the record's field separator");
     }
     fleet_config c;
-    c.endpoint = redis_endpoint::parse(o.redis_uri);
+    c.seeds = redis_endpoint::parse_list(o.redis_uri);
     c.username = o.username;
     c.password = o.password;
     c.key_prefix = o.key_prefix;
@@ -146,8 +147,8 @@ class fleet_engine {
  public:
   explicit fleet_engine(fleet_config c)
       : cfg(std::move(c)),
-        router(cfg.endpoint, cfg.redis_timeout, cfg.username, cfg.password,
-               cfg.max_idle_connections, cfg.breaker_threshold, cfg.breaker_cooldown),
+        router(cfg.seeds, cfg.redis_timeout, cfg.username, cfg.password, cfg.max_idle_connections,
+               cfg.breaker_threshold, cfg.breaker_cooldown),
         subscriber(router.seed().pool, counters.redis_errors, hook),
         renewer(router, cfg.lease_ttl, cfg.renew_every, cfg.meta_ttl,
                 std::min(cfg.renew_every, cfg.redis_timeout), counters.redis_errors,

@@ -120,17 +120,22 @@ class redis_failure : public std::runtime_error {
 // Parsed from "tcp://host:port[/db]" (also "redis://..."; host may be an IPv6
 // address in brackets) or "unix:///path/to/socket[?db=N]". Throws
 // std::invalid_argument with a readable message for anything else.
+// parse_list() also reads a list of seeds, "tcp://h1:p1,h2:p2,h3:p3[/db]".
 struct redis_endpoint {
   bool unix_socket = false;
   std::string host;  // tcp: host name or address; unix: socket path
   int port = 6379;
   int db = 0;
 
-  static redis_endpoint parse(std::string_view uri) {
+  // parse(uri, whole): `whole` (when not empty) is the list `uri` is a seed of, quoted in
+  // the error instead of `uri`.
+  static redis_endpoint parse(std::string_view uri, std::string_view whole = {}) {
     const auto bad = [&](const char* why) {
-      return std::invalid_argument("singleflight::fleet_options::redis_uri \"" + std::string(uri) +
-                                   "\": " + why +
-                                   " (expected tcp://host:port[/db] or unix:///path[?db=N])");
+      return std::invalid_argument(
+          "singleflight::fleet_options::redis_uri \"" + std::string(whole.empty() ? uri : whole) +
+          "\": " + (whole.empty() ? "" : "seed " + std::string(uri) + ": ") + why +
+          " (expected tcp://host:port[/db], tcp://host:port,host:port[/db] "
+          "or unix:///path[?db=N])");
     };
     const auto parse_int = [&](std::string_view s, int lo, int hi) {
       if (s.empty() || s.size() > 9) throw bad("bad number");
@@ -192,9 +197,47 @@ struct redis_endpoint {
       }
     }
     if (host.empty()) throw bad("no host");
+    if (host.find(',') != std::string_view::npos) throw bad("a comma in the host");
     ep.host = std::string(host);
     if (!port.empty()) ep.port = parse_int(port, 1, 65535);
     return ep;
+  }
+
+  // parse_list(uri): the seeds a URI names, in its order: "scheme://host[:port][/db]" (one, as
+  // parse() reads it) or "scheme://h1[:p1],h2[:p2],...[/db]" (the scheme written once, tcp or
+  // redis; the db, when given, applies to every seed; IPv6 hosts in brackets). A unix socket
+  // is always one seed (its path may hold a comma). Throws std::invalid_argument, quoting the
+  // whole URI, for an empty seed or anything parse() rejects.
+  static std::vector<redis_endpoint> parse_list(std::string_view uri) {
+    std::vector<redis_endpoint> out;
+    std::string_view scheme;
+    if (uri.starts_with("tcp://")) {
+      scheme = uri.substr(0, 6);
+    } else if (uri.starts_with("redis://")) {
+      scheme = uri.substr(0, 8);
+    }
+    if (scheme.empty() || uri.find(',') == std::string_view::npos) {
+      out.push_back(parse(uri));
+      return out;
+    }
+    std::string_view rest = uri.substr(scheme.size());
+    std::string_view db;
+    if (const auto slash = rest.find('/'); slash != std::string_view::npos) {
+      db = rest.substr(slash);
+      rest = rest.substr(0, slash);
+    }
+    for (;;) {
+      const auto comma = rest.find(',');
+      const std::string_view one = rest.substr(0, comma);
+      if (one.empty()) {
+        throw std::invalid_argument("singleflight::fleet_options::redis_uri \"" + std::string(uri) +
+                                    "\": an empty seed in the list");
+      }
+      out.push_back(parse(std::string(scheme) + std::string(one) + std::string(db), uri));
+      if (comma == std::string_view::npos) break;
+      rest = rest.substr(comma + 1);
+    }
+    return out;
   }
 };
 

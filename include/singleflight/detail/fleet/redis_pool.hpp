@@ -14,10 +14,20 @@
 // reply arrived (the close raced the command) is sent once more on a fresh
 // connection (pooled::run).
 //
+// Seeds: a pool may be given several endpoints (redis_uri's list of seeds, the
+// same server or cluster by other addresses). A new connection goes to the
+// endpoint that answered last (the first one to begin with); when it cannot be
+// reached (refused, reset, timed out: not a server that refused the settings),
+// to the next in the list, each tried once, and the one that answers becomes
+// the pool's. With one endpoint: that endpoint, as it always was.
+//
 // Locking: `mu_` guards the idle list and the closed flag, and is held only
 // to push or pop. Connecting, and every round trip, happen without it.
+// `at_` (the endpoint that answered last) is an atomic hint: relaxed, as it
+// orders nothing (a racing connect at worst tries a dead endpoint once more).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <memory>
@@ -95,7 +105,14 @@ class redis_pool {
   redis_pool(redis_endpoint ep, std::chrono::milliseconds timeout, std::string username,
              std::string password, std::size_t max_idle,
              std::chrono::milliseconds max_idle_age = default_max_idle_age)
-      : ep_(std::move(ep)),
+      : redis_pool(std::vector<redis_endpoint>{std::move(ep)}, timeout, std::move(username),
+                   std::move(password), max_idle, max_idle_age) {}
+
+  // seeds: at least one (the file comment: Seeds).
+  redis_pool(std::vector<redis_endpoint> seeds, std::chrono::milliseconds timeout,
+             std::string username, std::string password, std::size_t max_idle,
+             std::chrono::milliseconds max_idle_age = default_max_idle_age)
+      : eps_(std::move(seeds)),
         timeout_(timeout),
         username_(std::move(username)),
         password_(std::move(password)),
@@ -126,9 +143,31 @@ class redis_pool {
 
   // open(): a new connection that belongs to the caller (the subscriber and
   // the renewer keep theirs). Throws redis_failure.
+  // With seeds: the one that answered last, then the others in the list's order, each
+  // once; throws the last one's failure (at once for settings the server refused: every
+  // seed would refuse them).
   std::unique_ptr<redis_conn> open() const {
-    return redis_conn::open(ep_, timeout_, username_, password_);
+    const std::size_t n = eps_.size();
+    const std::size_t first = n == 1 ? 0 : at_.load(std::memory_order_relaxed);
+    for (std::size_t i = 0;; ++i) {
+      const std::size_t k = (first + i) % n;
+      try {
+        auto c = redis_conn::open(eps_[k], timeout_, username_, password_);
+        if (k != first) at_.store(k, std::memory_order_relaxed);
+        return c;
+      } catch (const redis_failure& f) {
+        if (f.refused() || i + 1 >= n) throw;
+      }
+    }
   }
+
+  // endpoint(): the endpoint new connections go to (the seed that answered last). Thread-safe.
+  const redis_endpoint& endpoint() const noexcept {
+    return eps_[at_.load(std::memory_order_relaxed)];
+  }
+
+  // seeds(): how many endpoints the pool was given.
+  std::size_t seeds() const noexcept { return eps_.size(); }
 
   // close(): drops the idle connections; later acquire() calls fail and
   // connections given back are dropped. Thread-safe, idempotent.
@@ -171,7 +210,8 @@ class redis_pool {
     c.reset();
   }
 
-  const redis_endpoint ep_;
+  const std::vector<redis_endpoint> eps_;   // never empty
+  mutable std::atomic<std::size_t> at_{0};  // the index of the endpoint that answered last
   const std::chrono::milliseconds timeout_;
   const std::string username_;
   const std::string password_;

@@ -18,6 +18,12 @@
 // slots. A later MOVED moves its slot at once and reads the map again (at most
 // every refresh_every).
 //
+// A list of seeds ("tcp://h1:p1,h2:p2,h3:p3"): the seed node's pool connects to the
+// first of them that answers (redis_pool.hpp, Seeds), so the seed is an entry point
+// whose address may change; it is then never taken for a node found in the slot map
+// (node_at() makes every master a node of its own), and owns no slot once the map is
+// read.
+//
 // A master that dies sends no MOVED: its replica takes over (after the cluster's
 // node timeout) and the dead node just stops answering. So a node that fails
 // (connection refused, reset, timed out: node_failed()), or whose breaker is
@@ -162,16 +168,16 @@ struct cluster_redirect {
 // redis_node: one Redis server of the fleet (the seed, or a cluster master): its own command
 // connections and its own breaker, so that a node that fails costs only its own keys.
 struct redis_node {
-  redis_node(redis_endpoint e, std::chrono::milliseconds timeout, const std::string& username,
-             const std::string& password, std::size_t max_idle, std::uint32_t threshold,
-             std::chrono::milliseconds cooldown)
-      : ep(e),
-        pool(std::move(e), timeout, username, password, max_idle),
+  redis_node(std::vector<redis_endpoint> seeds, std::chrono::milliseconds timeout,
+             const std::string& username, const std::string& password, std::size_t max_idle,
+             std::uint32_t threshold, std::chrono::milliseconds cooldown)
+      : ep(seeds.front()),
+        pool(std::move(seeds), timeout, username, password, max_idle),
         breaker(threshold, cooldown) {}
   redis_node(const redis_node&) = delete;
   redis_node& operator=(const redis_node&) = delete;
 
-  const redis_endpoint ep;
+  const redis_endpoint ep;  // the first seed (pool.endpoint(): the one it connects to)
   redis_pool pool;
   circuit_breaker breaker;
   // owner: the node owns slots in the router's map (the seed until the map is read); a
@@ -192,16 +198,18 @@ class redis_router {
   // refresh_every, not one per key.
   static constexpr std::chrono::milliseconds refresh_every{200};
 
-  redis_router(redis_endpoint seed, std::chrono::milliseconds timeout, std::string username,
-               std::string password, std::size_t max_idle, std::uint32_t threshold,
-               std::chrono::milliseconds cooldown)
-      : timeout_(timeout),
+  // seeds: redis_uri's, at least one.
+  redis_router(std::vector<redis_endpoint> seeds, std::chrono::milliseconds timeout,
+               std::string username, std::string password, std::size_t max_idle,
+               std::uint32_t threshold, std::chrono::milliseconds cooldown)
+      : seed_list_(seeds.size() > 1),
+        timeout_(timeout),
         username_(std::move(username)),
         password_(std::move(password)),
         max_idle_(max_idle),
         threshold_(threshold),
         cooldown_(cooldown) {
-    nodes_.push_back(std::make_unique<redis_node>(std::move(seed), timeout_, username_, password_,
+    nodes_.push_back(std::make_unique<redis_node>(std::move(seeds), timeout_, username_, password_,
                                                   max_idle_, threshold_, cooldown_));
     seed_ = nodes_.front().get();
     seed_->owner.store(true, std::memory_order_relaxed);
@@ -209,8 +217,8 @@ class redis_router {
   redis_router(const redis_router&) = delete;
   redis_router& operator=(const redis_router&) = delete;
 
-  // seed(): the node redis_uri names (the subscriber's, and every key's until a MOVED says
-  // the seed is a cluster node).
+  // seed(): the node redis_uri names, at the first of its seeds that answers (the
+  // subscriber's, and every key's until a MOVED says the seed is a cluster node).
   redis_node& seed() const noexcept { return *seed_; }
 
   // cluster(): a MOVED showed the seed to be a node of a Redis Cluster.
@@ -248,7 +256,7 @@ class redis_router {
         // The key is being migrated: this step, and the ones after it on `conn`
         // (the same flight), go to the importing node with ASKING.
         conn.reset();
-        node = &node_at(r.host.empty() ? node->ep.host : r.host, r.port);
+        node = &node_at(r.host.empty() ? node->pool.endpoint().host : r.host, r.port);
         conn.emplace(node->pool.acquire());
         conn->asking(true);
         return conn->run(step);
@@ -263,7 +271,7 @@ class redis_router {
   redis_node& moved(const cluster_redirect& r, const redis_node& from) noexcept {
     redis_node* to = seed_;
     try {
-      to = &node_at(r.host.empty() ? from.ep.host : r.host, r.port);
+      to = &node_at(r.host.empty() ? from.pool.endpoint().host : r.host, r.port);
       {
         const std::lock_guard<std::mutex> lk(mu_);
         become_cluster();
@@ -321,7 +329,7 @@ class redis_router {
         {
           pooled c = n->pool.acquire();
           const redis_reply r = c->command({"CLUSTER", "SLOTS"});
-          if (!parse_slots(r.get(), n->ep.host, ranges, owners)) continue;
+          if (!parse_slots(r.get(), n->pool.endpoint().host, ranges, owners)) continue;
         }
         std::vector<redis_node*> owner_nodes;
         owner_nodes.reserve(owners.size());
@@ -344,18 +352,21 @@ class redis_router {
   }
 
   // node_at(host, port): the node at that address, created (with its pool and breaker, no
-  // connection yet) the first time. Thread-safe. Throws std::bad_alloc.
+  // connection yet) the first time; never the seed of a list of seeds (its address is
+  // whichever seed answered). Thread-safe. Throws std::bad_alloc.
   redis_node& node_at(const std::string& host, int port) {
     const std::lock_guard<std::mutex> lk(mu_);
     for (const auto& n : nodes_) {
+      if (seed_list_ && n.get() == seed_) continue;
       if (!n->ep.unix_socket && n->ep.port == port && n->ep.host == host) return *n;
     }
     redis_endpoint ep;
     ep.host = host;
     ep.port = port;
     ep.db = 0;  // a cluster has only db 0
-    nodes_.push_back(std::make_unique<redis_node>(std::move(ep), timeout_, username_, password_,
-                                                  max_idle_, threshold_, cooldown_));
+    nodes_.push_back(std::make_unique<redis_node>(std::vector<redis_endpoint>{std::move(ep)},
+                                                  timeout_, username_, password_, max_idle_,
+                                                  threshold_, cooldown_));
     return *nodes_.back();
   }
 
@@ -442,6 +453,7 @@ class redis_router {
     return true;
   }
 
+  const bool seed_list_;  // redis_uri named more than one seed
   const std::chrono::milliseconds timeout_;
   const std::string username_;
   const std::string password_;
