@@ -1,6 +1,7 @@
 // bench/fleet/driver.cpp: the fleet measured with real processes against a real redis-server.
 //
 //   fleet_driver [--quick] [--only coalescing|faults|stores|costs] [--redis-server PATH]
+//   fleet_driver --cluster [--quick] [--cluster-script PATH]
 //
 // Starts its own redis-server (a free loopback port, a temporary directory, a pidfile;
 // stopped by pid), then N worker processes (fork/exec of this program with --worker) with T
@@ -18,6 +19,13 @@
 //      lease name: origin calls, errors surfaced, the callers' latency;
 //   4. cost of a hit and of a miss (leader, follower) in round trips, counted by the server
 //      (INFO commandstats), and in time.
+// With --cluster, instead: a Redis Cluster of 3 masters (no replicas; started and stopped by
+// tests/support/redis_cluster.sh, free loopback ports, a temporary directory, stopped by pid),
+// every worker pointed at one node of it (the seed), and
+//   5. origin calls per key for 2 x 16, 8 x 16, 32 x 4, the keys spread over the 3 masters;
+//      the cost of a hit (against a bare GET on the key's master) and of a miss (leader,
+//      follower; round trips seen by MONITOR on every master); a leader SIGKILLed; one master
+//      SIGKILLed (no replica): its keys and the other masters'.
 // Origin calls are counted on a pipe the loader writes to (fd 3 in every worker).
 #include <singleflight/fleet.hpp>
 
@@ -57,8 +65,13 @@ using clock_t_ = std::chrono::steady_clock;
 using ms = std::chrono::milliseconds;
 using us = std::chrono::microseconds;
 
+// The command that stops the driver's Redis Cluster (--cluster): run by die() too, so that a
+// failed run leaves no cluster behind (its nodes are daemons, not children).
+std::string cluster_stop_command;  // NOLINT: set once, before any worker starts
+
 [[noreturn]] void die(const std::string& why) {
   std::fprintf(stderr, "fleet_driver: %s\n", why.c_str());
+  if (!cluster_stop_command.empty()) (void)std::system(cluster_stop_command.c_str());
   std::exit(1);
 }
 
@@ -506,13 +519,18 @@ class workers {
   std::size_t round_ = 0;
 };
 
-std::vector<std::string> worker_args(const server& s, const std::string& prefix,
+std::vector<std::string> worker_args(const std::string& uri, const std::string& prefix,
                                      const std::string& mode, int threads,
                                      std::vector<std::string> more = {}) {
-  std::vector<std::string> a = {"uri=" + s.uri(), "prefix=" + prefix, "mode=" + mode,
+  std::vector<std::string> a = {"uri=" + uri, "prefix=" + prefix, "mode=" + mode,
                                 "threads=" + std::to_string(threads)};
   a.insert(a.end(), more.begin(), more.end());
   return a;
+}
+std::vector<std::string> worker_args(const server& s, const std::string& prefix,
+                                     const std::string& mode, int threads,
+                                     std::vector<std::string> more = {}) {
+  return worker_args(s.uri(), prefix, mode, threads, std::move(more));
 }
 
 double max_latency(workers& w) {
@@ -801,8 +819,13 @@ class monitor {
   }
   // Waits until the marker sent through `s` has been seen, then returns the counts so far.
   std::map<std::string, long> counts(server& s) {
+    return counts_after([&](const std::string& marker) { s.run({"ECHO", marker}); });
+  }
+  // The same, the marker sent by echo(marker) to the monitored server.
+  template <class Echo>
+  std::map<std::string, long> counts_after(Echo echo) {
     const std::string marker = "marker-" + std::to_string(++markers_);
-    s.run({"ECHO", marker});
+    echo(marker);
     const auto until = clock_t_::now() + std::chrono::seconds(10);
     for (;;) {
       {
@@ -984,6 +1007,378 @@ void costs(server& s) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// 5. Redis Cluster (--cluster).
+
+// A redis-server connection of the driver's own (one cluster node).
+class node_conn {
+ public:
+  explicit node_conn(int port) : c_(redisConnect("127.0.0.1", port)) {
+    if (c_ == nullptr || c_->err != 0)
+      die("cannot connect to cluster node " + std::to_string(port));
+  }
+  node_conn(const node_conn&) = delete;
+  node_conn& operator=(const node_conn&) = delete;
+  ~node_conn() { redisFree(c_); }
+  redisReply* cmd(const std::vector<std::string>& args) {
+    std::vector<const char*> argv;
+    std::vector<std::size_t> lens;
+    for (const auto& a : args) {
+      argv.push_back(a.data());
+      lens.push_back(a.size());
+    }
+    return static_cast<redisReply*>(
+        redisCommandArgv(c_, static_cast<int>(argv.size()), argv.data(), lens.data()));
+  }
+  void run(const std::vector<std::string>& args) {
+    redisReply* r = cmd(args);
+    if (r == nullptr) die("cluster node command failed");
+    freeReplyObject(r);
+  }
+  redisContext* raw() const { return c_; }
+
+ private:
+  redisContext* c_;
+};
+
+// 3 masters, no replica, started by tests/support/redis_cluster.sh in a temporary directory
+// (free loopback ports; cluster-require-full-coverage no: a master that is down costs its own
+// slots only) and stopped by the same script, by pid.
+class cluster {
+ public:
+  explicit cluster(const std::string& script) {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "fleet-cluster.XXXXXX").string();
+    if (::mkdtemp(tmpl.data()) == nullptr) die("mkdtemp");
+    dir_ = tmpl + "/nodes";
+    ::unsetenv("SINGLEFLIGHT_TEST_REDIS_CLUSTER");  // the script would start nothing
+    cluster_stop_command = "'" + script + "' stop '" + dir_ + "' >&2; rmdir '" + tmpl + "'";
+    if (std::system(("'" + script + "' start '" + dir_ + "' >&2").c_str()) != 0) {
+      die("the cluster did not start (" + script + ")");
+    }
+    std::FILE* f = std::fopen((dir_ + "/uri").c_str(), "r");
+    char buf[256] = {};
+    if (f == nullptr || std::fgets(buf, sizeof buf, f) == nullptr) {
+      die("the cluster script wrote no URI: are redis-server and redis-cli (>= 7.0) on PATH?");
+    }
+    std::fclose(f);
+    uri_ = buf;
+    while (!uri_.empty() && (uri_.back() == '\n' || uri_.back() == '\r')) uri_.pop_back();
+    seed_ = std::stoi(uri_.substr(uri_.rfind(':') + 1));
+    node_conn c(seed_);
+    redisReply* r = c.cmd({"CLUSTER", "SLOTS"});
+    if (r == nullptr || r->type != REDIS_REPLY_ARRAY) die("CLUSTER SLOTS");
+    for (std::size_t i = 0; i < r->elements; ++i) {
+      const redisReply* e = r->element[i];
+      ranges_.push_back({e->element[0]->integer, e->element[1]->integer,
+                         static_cast<int>(e->element[2]->element[1]->integer)});
+      if (std::find(masters_.begin(), masters_.end(), ranges_.back().port) == masters_.end()) {
+        masters_.push_back(ranges_.back().port);
+      }
+    }
+    freeReplyObject(r);
+    std::sort(masters_.begin(), masters_.end());
+    if (masters_.size() != 3) die("expected 3 masters");
+  }
+  cluster(const cluster&) = delete;
+  cluster& operator=(const cluster&) = delete;
+  ~cluster() {
+    (void)std::system(cluster_stop_command.c_str());
+    cluster_stop_command.clear();
+  }
+
+  std::string uri() const { return uri_; }
+  int seed() const { return seed_; }
+  const std::vector<int>& masters() const { return masters_; }
+  // A master other than the seed (the n-th).
+  int other(int n) const {
+    std::vector<int> o;
+    for (const int p : masters_) {
+      if (p != seed_) o.push_back(p);
+    }
+    return o[static_cast<std::size_t>(n) % o.size()];
+  }
+  // The master of a Redis name's slot (the map read at start).
+  int owner(const std::string& name) const {
+    const auto slot = static_cast<long long>(sf::detail::cluster_slot(name));
+    for (const auto& r : ranges_) {
+      if (r.first <= slot && slot <= r.last) return r.port;
+    }
+    die("slot not covered");
+  }
+  // A fleet key (under `prefix`) whose names live on the master at `port`.
+  std::string key_on(const std::string& prefix, int port, const std::string& stem) const {
+    for (int i = 0;; ++i) {
+      std::string k = stem + std::to_string(i);
+      if (owner(sf::detail::fleet_names::of(prefix, k).value) == port) return k;
+    }
+  }
+  // SIGKILL the master at `port` (its pidfile: the script's).
+  void kill_node(int port) {
+    std::FILE* f = std::fopen((dir_ + "/" + std::to_string(port) + ".pid").c_str(), "r");
+    long pid = 0;
+    if (f == nullptr || std::fscanf(f, "%ld", &pid) != 1 || pid <= 0) die("no pid for a node");
+    std::fclose(f);
+    ::kill(static_cast<pid_t>(pid), SIGKILL);
+  }
+
+ private:
+  struct range {
+    long long first;
+    long long last;
+    int port;
+  };
+  std::string dir_;
+  std::string uri_;
+  int seed_ = 0;
+  std::vector<range> ranges_;
+  std::vector<int> masters_;
+};
+
+// Round trips of `calls` calls of body(pass, i) as every master's MONITOR sees them (pass 0),
+// and the time per call of a second pass without it (pass 1).
+template <class Body>
+std::pair<std::map<std::string, long>, double> measure_cluster(const cluster& c, int calls,
+                                                               Body body) {
+  std::map<std::string, long> per;
+  {
+    std::vector<std::unique_ptr<monitor>> mons;
+    std::vector<std::unique_ptr<node_conn>> echo;
+    for (const int p : c.masters()) {
+      mons.push_back(std::make_unique<monitor>(p));
+      echo.push_back(std::make_unique<node_conn>(p));
+    }
+    const auto all = [&] {
+      std::map<std::string, long> sum;
+      for (std::size_t i = 0; i < mons.size(); ++i) {
+        for (const auto& [k, v] : mons[i]->counts_after([&](const std::string& m) {
+               echo[i]->run({"ECHO", m});
+             })) {
+          sum[k] += v;
+        }
+      }
+      return sum;
+    };
+    const auto before = all();
+    for (int i = 0; i < calls; ++i) body(0, i);
+    const auto after = all();
+    for (const auto& [k, v] : after) {
+      const long d = v - (before.count(k) != 0 ? before.at(k) : 0);
+      if (d != 0) per[k] = d;
+    }
+  }
+  const auto t0 = clock_t_::now();
+  for (int i = 0; i < calls; ++i) body(1, i);
+  return {per, ms_since(t0) * 1000 / calls};
+}
+
+void cluster_coalescing(const cluster& c, bool quick) {
+  const int rounds = quick ? 3 : 6;
+  std::printf(
+      "\n### Redis Cluster: origin calls per key per expiry (3 masters, the fleet pointed at one; "
+      "200 ms origin, %d rounds each, each round's key on the next master)\n\n",
+      rounds);
+  std::printf(
+      "| processes x threads | fleet origin calls per key | errors surfaced | Redis errors / "
+      "local loads | fleet p50 / max caller latency (ms) |\n|---|---:|---:|---:|---:|\n");
+  for (const auto& [n, t] : {std::pair{2, 16}, std::pair{8, 16}, std::pair{32, 4}}) {
+    const std::string prefix = "ccoal-" + std::to_string(n);
+    workers w(n, worker_args(c.uri(), prefix, "fleet", t, {"timeout_ms=500"}));
+    std::size_t lo = SIZE_MAX;
+    std::size_t hi = 0;
+    long errs = 0;
+    std::vector<double> lat;
+    for (int r = 0; r < rounds; ++r) {
+      const int port = c.masters()[static_cast<std::size_t>(r) % 3];
+      w.reset_origins();
+      w.round(c.key_on(prefix, port, "k" + std::to_string(r) + "-"), 200);
+      w.wait_round("a cluster coalescing round");
+      lo = std::min(lo, w.origins().size());
+      hi = std::max(hi, w.origins().size());
+      errs += errors_surfaced(w);
+      lat.push_back(max_latency(w));
+    }
+    std::sort(lat.begin(), lat.end());
+    const std::string cell =
+        lo == hi ? std::to_string(lo) : std::to_string(lo) + "-" + std::to_string(hi);
+    std::printf("| %d x %d | **%s** | %ld | %ld / %ld | %.0f / %.0f |\n", n, t, cell.c_str(), errs,
+                sum_field(w, "redis_errors"), sum_field(w, "local_fallback"), lat[lat.size() / 2],
+                lat.back());
+    std::fflush(stdout);
+  }
+}
+
+void cluster_costs(const cluster& c) {
+  std::printf(
+      "\n### Redis Cluster: cost of a hit and of a miss (round trips seen by MONITOR on every "
+      "master; times in a second pass without it)\n\n"
+      "| path | round trips per call | time per call |\n|---|---|---:|\n");
+  sf::fleet_options o;
+  o.redis_uri = c.uri();
+  o.key_prefix = "ccost";
+  o.redis_timeout = ms(500);
+  const int owner = c.other(0);  // a master the fleet is not pointed at
+  {
+    sf::fleet<std::string, std::string> f(o);
+    const std::string key = c.key_on(o.key_prefix, owner, "hot");
+    (void)f.get(key, [] { return std::string(100, 'x'); });  // stored; the map learnt
+    constexpr int hits = 5000;
+    const auto [counts, unused] =
+        measure_cluster(c, hits, [&](int, int) { (void)f.get(key, [] { return std::string(); }); });
+    (void)unused;
+    node_conn bare(owner);
+    const std::string name = sf::detail::fleet_names::of(o.key_prefix, key).value;
+    std::vector<double> fleet_blocks;
+    std::vector<double> raw_blocks;
+    for (int b = 0; b < 50; ++b) {
+      auto t0 = clock_t_::now();
+      for (int i = 0; i < 100; ++i) (void)f.get(key, [] { return std::string(); });
+      fleet_blocks.push_back(ms_since(t0) * 10);
+      t0 = clock_t_::now();
+      for (int i = 0; i < 100; ++i) {
+        freeReplyObject(redisCommand(bare.raw(), "GET %b", name.data(), name.size()));
+      }
+      raw_blocks.push_back(ms_since(t0) * 10);
+    }
+    std::sort(fleet_blocks.begin(), fleet_blocks.end());
+    std::sort(raw_blocks.begin(), raw_blocks.end());
+    const double t = fleet_blocks[fleet_blocks.size() / 2];
+    const double raw = raw_blocks[raw_blocks.size() / 2];
+    std::printf(
+        "| hit (fleet.get, 100-byte value on a master the fleet is not pointed at) | %s | %.1f "
+        "µs; a bare hiredis GET on that master %.1f µs (%.2fx; medians of 50 alternating blocks "
+        "of 100) |\n",
+        show(counts, hits).c_str(), t, raw, t / raw);
+  }
+  std::map<std::string, long> leader_counts;
+  constexpr int misses = 200;
+  {
+    sf::fleet<std::string, std::string> f(o);
+    (void)f.get(c.key_on(o.key_prefix, owner, "warm"), [] { return std::string("v"); });
+    const auto [counts, t] = measure_cluster(c, misses, [&](int pass, int i) {
+      (void)f.get("cold" + std::to_string(pass) + ":" + std::to_string(i),
+                  [] { return std::string("v"); });
+    });
+    leader_counts = counts;
+    std::printf(
+        "| miss, leader (origin returns at once; keys on all 3 masters) | %s | %.1f µs + the "
+        "load |\n",
+        show(counts, misses).c_str(), t);
+  }
+  {
+    sf::fleet<std::string, std::string> leader(o);
+    sf::fleet<std::string, std::string> follower(o);
+    for (auto* f : {&leader, &follower}) {
+      (void)f->get(c.key_on(o.key_prefix, owner, "warm"), [] { return std::string("v"); });
+    }
+    constexpr int pairs = 50;
+    std::vector<double> wakes;
+    const auto [counts, t] = measure_cluster(c, pairs, [&](int pass, int i) {
+      const std::string key = "pair" + std::to_string(pass) + ":" + std::to_string(i);
+      std::atomic<bool> loading{false};
+      clock_t_::time_point leader_done;
+      std::jthread a([&] {
+        (void)leader.get(key, [&] {
+          loading = true;
+          std::this_thread::sleep_for(ms(30));
+          return std::string("v");
+        });
+        leader_done = clock_t_::now();
+      });
+      while (!loading) std::this_thread::yield();
+      (void)follower.get(key, [] { return std::string("dup"); });
+      const auto follower_done = clock_t_::now();
+      a.join();
+      if (pass == 1) {
+        wakes.push_back(
+            std::chrono::duration<double, std::micro>(follower_done - leader_done).count());
+      }
+    });
+    (void)t;
+    std::sort(wakes.begin(), wakes.end());
+    auto follower_counts = counts;
+    for (const auto& [k, v] : leader_counts) {
+      follower_counts[k] -= v / misses * pairs;
+      if (follower_counts[k] == 0) follower_counts.erase(k);
+    }
+    std::printf(
+        "| miss, follower in another process (leader loading 30 ms) | %s (SUBSCRIBE and "
+        "UNSUBSCRIBE on the subscriber's connection, to the node the fleet is pointed at) | "
+        "returns %.0f µs (median; p90 %.0f µs) after the leader's get() |\n",
+        show(follower_counts, pairs).c_str(), wakes[wakes.size() / 2],
+        wakes[wakes.size() * 9 / 10]);
+  }
+}
+
+void cluster_faults(cluster& c) {
+  std::printf(
+      "\n### Redis Cluster: faults (8 processes x 4 threads, lease_ttl 1 s, wait_slice 200 ms, "
+      "redis_timeout 50 ms)\n\n"
+      "| scenario | origin calls | errors surfaced | stall / extra latency | notes |\n"
+      "|---|---:|---:|---|---|\n");
+  const std::vector<std::string> base = {"lease_ms=1000", "slice_ms=200", "max_wait_ms=60000"};
+  constexpr int n = 8;
+  constexpr int t = 4;
+  {  // SIGKILL the leader mid-load; the key on a master the fleet is not pointed at
+    const std::string prefix = "cf-kill";
+    workers w(n, worker_args(c.uri(), prefix, "fleet", t, base));
+    w.round(c.key_on(prefix, c.other(0), "warm"), 0);  // the map learnt
+    w.wait_round("warm-up");
+    w.reset_origins();
+    w.round(c.key_on(prefix, c.other(0), "k"), 500);
+    w.until([&] { return !w.origins().empty(); }, "a leader");
+    const auto killed_at = clock_t_::now();
+    w.kill_hard(w.of(w.origins()[0]));
+    w.wait_round("survivors");
+    std::printf(
+        "| leader SIGKILLed 0 ms into a 500 ms load (key on a master the fleet is not "
+        "pointed at) | **%zu** | %ld | last survivor answered %.0f ms after the kill (bound: "
+        "lease 1000 + slice 200 + load 500) | |\n",
+        w.origins().size(), errors_surfaced(w), ms_since(killed_at));
+  }
+  {  // One master SIGKILLed (no replica): its keys load locally, the others' keep coalescing.
+    const std::string prefix = "cf-down";
+    const int victim = c.other(0);
+    const int live = c.other(1);
+    workers w(n, worker_args(c.uri(), prefix, "fleet", t, base));
+    w.round(c.key_on(prefix, live, "warm"), 0);
+    w.wait_round("warm-up");
+    c.kill_node(victim);
+    std::string dead_calls;
+    std::string live_calls;
+    std::string dead_extra;
+    std::string live_extra;
+    long dead_errs = 0;
+    long live_errs = 0;
+    for (int r = 0; r < 5; ++r) {
+      for (const bool dead : {true, false}) {
+        w.reset_origins();
+        w.round(c.key_on(prefix, dead ? victim : live, "k" + std::to_string(r) + "-"), 100);
+        w.wait_round("a round with a master down");
+        std::string& calls = dead ? dead_calls : live_calls;
+        std::string& extra = dead ? dead_extra : live_extra;
+        calls += (r == 0 ? "" : ", ") + std::to_string(w.origins().size());
+        char b[32];
+        std::snprintf(b, sizeof b, "%s%.0f", r == 0 ? "" : ", ",
+                      std::max(0.0, max_latency(w) - 100));
+        extra += b;
+        (dead ? dead_errs : live_errs) += errors_surfaced(w);
+      }
+    }
+    long opened = 0;
+    for (auto& p : w.procs()) opened += std::stol(w.last(p)["breaker_opens"]) > 0 ? 1 : 0;
+    std::printf(
+        "| one master SIGKILLed (no replica): its keys, 5 rounds | %s (N = %d) | %ld | extra ms "
+        "per round (max caller latency - 100 ms load): %s | that node's breaker open in %ld of "
+        "%d processes; %ld failed round trips in all |\n",
+        dead_calls.c_str(), n, dead_errs, dead_extra.c_str(), opened, n,
+        sum_field(w, "redis_errors"));
+    std::printf(
+        "| the same rounds, keys of another master | **%s** | %ld | extra ms per round: %s | "
+        "|\n",
+        live_calls.c_str(), live_errs, live_extra.c_str());
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -996,11 +1391,19 @@ int main(int argc, char** argv) {
     return worker_main(a);
   }
   bool quick = false;
+  bool on_cluster = false;
   std::string only;  // --only coalescing|faults|stores|costs
   std::string bin = "redis-server";
+#ifdef SINGLEFLIGHT_CLUSTER_SCRIPT
+  std::string script = SINGLEFLIGHT_CLUSTER_SCRIPT;
+#else
+  std::string script = "tests/support/redis_cluster.sh";
+#endif
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
+    if (a == "--cluster") on_cluster = true;
+    if (a == "--cluster-script" && i + 1 < argc) script = argv[++i];
     if (a == "--only" && i + 1 < argc) only = argv[++i];
     if (a == "--redis-server" && i + 1 < argc) bin = argv[++i];
   }
@@ -1011,6 +1414,18 @@ int main(int argc, char** argv) {
         break;
       }
     }
+  }
+  if (on_cluster) {
+    cluster c(script);
+    std::printf(
+        "fleet_driver: a Redis Cluster of 3 masters (ports %d %d %d), the fleet pointed "
+        "at %s; %u hardware threads\n",
+        c.masters()[0], c.masters()[1], c.masters()[2], c.uri().c_str(),
+        std::thread::hardware_concurrency());
+    cluster_coalescing(c, quick);
+    cluster_costs(c);
+    cluster_faults(c);  // last: it kills a master
+    return 0;
   }
   server s(bin);
   std::printf("fleet_driver: redis-server at %s; %u hardware threads\n", s.uri().c_str(),

@@ -10,6 +10,10 @@
 #
 #   bench/fleet/run.sh            # everything (~2 minutes on 2 cores)
 #   QUICK=1 bench/fleet/run.sh    # fewer rounds
+#   CLUSTER=1 bench/fleet/run.sh  # instead: fleet_driver --cluster, a Redis Cluster of 3 masters
+#                                 # it starts itself (tests/support/redis_cluster.sh; needs
+#                                 # redis-cli too): origin calls per key, hit and miss costs,
+#                                 # a leader SIGKILLed, a master SIGKILLed (~20 s)
 #   BUILD_DIR=/tmp/b bench/fleet/run.sh
 # Needs: cmake, ninja, Google Benchmark, libhiredis-dev, redis-server, perl.
 set -euo pipefail
@@ -20,6 +24,15 @@ mkdir -p "$out"
 
 echo "== building (cmake --preset bench -B $build)" >&2
 cmake --preset bench -B "$build" >"$out/fleet-cmake.log" 2>&1
+if [ -n "${CLUSTER:-}" ]; then
+  cmake --build "$build" --target fleet_driver >>"$out/fleet-cmake.log" 2>&1 ||
+    { cat "$out/fleet-cmake.log" >&2; exit 1; }
+  args=(--cluster)
+  [ -n "${QUICK:-}" ] && args+=(--quick)
+  echo "== fleet_driver --cluster" >&2
+  "$build/bench/fleet_driver" "${args[@]}" | tee "$out/fleet_driver_cluster.md"
+  exit 0
+fi
 cmake --build "$build" --target bench_fleet fleet_driver >>"$out/fleet-cmake.log" 2>&1 ||
   { cat "$out/fleet-cmake.log" >&2; exit 1; }
 
