@@ -22,7 +22,14 @@
 // µs. Afterwards, per run:
 //   - stale reads: reads that started more than 20 ms after the invalidate of version v
 //     returned and saw a version < v; those inside a gap (from a CLIENT KILL or the server's
-//     stop to the reader's next resync + 20 ms) are counted apart;
+//     stop to the reader's next resync + 20 ms) are counted apart. Those outside gaps are split
+//     by what the reader's process had heard when the read started (stats().
+//     invalidations_heard + resyncs, read before each get): *unheard*, nothing at all since the
+//     last read that started before invalidate(v) was called (the report was still on its way:
+//     the server, the socket, or the process's subscriber thread waiting for a core), and
+//     *heard*, something was (the library's bound, "a get that begins after its process heard
+//     the message returns no value stored before it", allows none; a late report of an earlier
+//     write also counts here, so this errs towards blaming the library);
 //   - the window: for each version and reader, from the invalidate's return to the start of
 //     the last read that still saw an older version (0 when none did); p50, p99, max;
 //   - new seen: from the invalidate's return to the end of the reader's first read that saw
@@ -95,6 +102,7 @@ struct shared_state {
   std::atomic<int> failed_invalidates;             // invalidate calls that threw
   std::atomic<std::uint64_t> calls[kMaxVersions];  // origin calls per version
   std::atomic<std::int64_t> ret[kMaxVersions];     // when invalidate(v) returned; 0: it threw
+  std::atomic<std::int64_t> began[kMaxVersions];   // when invalidate(v) was called
 };
 static_assert(std::atomic<std::int64_t>::is_always_lock_free);
 
@@ -112,6 +120,7 @@ struct read_rec {
   std::int64_t start;
   std::uint32_t latency_ns;
   std::uint32_t version;
+  std::uint64_t heard;  // the process's invalidations_heard + resyncs when the read started
 };
 
 sf::fleet_cache_options cache_options(const std::map<std::string, std::string>& a) {
@@ -161,6 +170,8 @@ int reader_main(const std::map<std::string, std::string>& a) {
   while (sh->phase.load() == 0) std::this_thread::sleep_for(ms(1));
   std::int64_t next = now_ns();
   while (sh->phase.load() == 1) {
+    const sf::fleet_cache_stats st = c.stats();
+    const std::uint64_t heard = st.invalidations_heard + st.resyncs;
     const std::int64_t t0 = now_ns();
     std::string v;
     try {
@@ -170,7 +181,7 @@ int reader_main(const std::map<std::string, std::string>& a) {
     }
     const std::int64_t t1 = now_ns();
     reads.push_back({t0, static_cast<std::uint32_t>(std::min<std::int64_t>(t1 - t0, UINT32_MAX)),
-                     static_cast<std::uint32_t>(std::stoul(v))});
+                     static_cast<std::uint32_t>(std::stoul(v)), heard});
     if (interval_us > 0) {
       next += interval_us * 1000;
       if (next < t1) next = t1;
@@ -205,6 +216,7 @@ int writer_main(const std::map<std::string, std::string>& a) {
     sleep_until_ns(t0 + static_cast<std::int64_t>(v) * period_ms * 1'000'000);
     if (sh->phase.load() != 1) break;
     sh->version.store(v);
+    sh->began[v].store(now_ns());
     try {
       if (unheard) {
         (void)plain.invalidate(std::string("hot"));
@@ -418,7 +430,8 @@ void run_one(server& s, const std::string& dir, const config& cfg, int run_id) {
     const std::int64_t r = sh->ret[v].load();
     if (r != 0) rets.emplace_back(r, static_cast<std::uint32_t>(v));
   }
-  long stale = 0;
+  long stale = 0;        // outside gaps, the reader's process had not heard the report yet
+  long stale_heard = 0;  // outside gaps, after it had heard something since the invalidate
   long stale_in_gap = 0;
   double worst_late_ms = 0;  // the latest stale read past the bound, from the invalidate
   std::size_t n_reads = 0;
@@ -456,6 +469,15 @@ void run_one(server& s, const std::string& dir, const config& cfg, int run_id) {
       return std::any_of(excused.begin(), excused.end(),
                          [&](const auto& e) { return t >= e.first && t <= e.second; });
     };
+    // What the reader had heard by invalidate(v)'s call: its count at the last read that
+    // started before it (0 when none did).
+    const auto heard_before = [&](std::uint32_t v) -> std::uint64_t {
+      const std::int64_t b = sh->began[v].load();
+      const auto k =
+          std::lower_bound(reads.begin(), reads.end(), b,
+                           [](const read_rec& a, std::int64_t t) { return a.start < t; });
+      return k == reads.begin() ? 0 : std::prev(k)->heard;
+    };
     for (const read_rec& r : reads) {
       // The newest version whose invalidate returned more than 20 ms before this read.
       const auto it = std::lower_bound(rets.begin(), rets.end(),
@@ -466,17 +488,22 @@ void run_one(server& s, const std::string& dir, const config& cfg, int run_id) {
       if (in_gap(r.start)) {
         ++stale_in_gap;
       } else {
-        ++stale;
-        if (std::getenv("FCB_DEBUG") != nullptr && stale < 40) {
+        const std::uint64_t before = heard_before(v);
+        const bool heard = r.heard > before;
+        ++(heard ? stale_heard : stale);
+        if (std::getenv("FCB_DEBUG") != nullptr && stale + stale_heard < 40) {
           const std::int64_t base = gaps.empty() ? t0 : gaps.front();
           std::string rs;
           for (const std::int64_t x : resyncs) rs += " " + std::to_string((x - base) / 1000000);
           std::fprintf(stderr,
                        "stale: reader %d read at %+.1f ms saw %u; v %u returned at %+.1f ms; "
-                       "resyncs at%s\n",
-                       i, (r.start - base) / 1e6, r.version, v, (ret - base) / 1e6, rs.c_str());
+                       "heard %llu, %llu when invalidate(v) was called (%s); resyncs at%s\n",
+                       i, (r.start - base) / 1e6, r.version, v, (ret - base) / 1e6,
+                       static_cast<unsigned long long>(r.heard),
+                       static_cast<unsigned long long>(before), heard ? "heard" : "unheard",
+                       rs.c_str());
         }
-        worst_late_ms = std::max(worst_late_ms, (r.start - ret) / 1e6);
+        if (!heard) worst_late_ms = std::max(worst_late_ms, (r.start - ret) / 1e6);
       }
     }
     for (std::size_t j = 0; j < rets.size(); ++j) {
@@ -503,12 +530,13 @@ void run_one(server& s, const std::string& dir, const config& cfg, int run_id) {
   }
   const double per_version = versions > 0 ? static_cast<double>(calls) / versions : 0;
   std::printf(
-      "| %s | %s | %d | %zu | %d (%d failed) | **%ld** (%.1f ms) | %ld | %.2f / %.2f / %.2f | "
-      "%.2f / %.2f | %.1f / %.1f | %.2f / %llu | %.2f | %zu / %.1f | %.1f / %.1f |\n",
+      "| %s | %s | %d | %zu | %d (%d failed) | **%ld** | %ld (%.1f ms) | %ld | "
+      "%.2f / %.2f / %.2f | %.2f / %.2f | %.1f / %.1f | %.2f / %llu | %.2f | %zu / %.1f | "
+      "%.1f / %.1f |\n",
       cfg.mode.c_str(), cfg.variant.c_str(), cfg.readers, n_reads, versions,
-      sh->failed_invalidates.load(), stale, worst_late_ms, stale_in_gap, pct(window_ms, 0.5),
-      pct(window_ms, 0.99), pct(window_ms, 1.0), pct(seen_ms, 0.5), pct(seen_ms, 0.99),
-      pct(latencies_us, 0.5), pct(latencies_us, 0.99), per_version,
+      sh->failed_invalidates.load(), stale_heard, stale, worst_late_ms, stale_in_gap,
+      pct(window_ms, 0.5), pct(window_ms, 0.99), pct(window_ms, 1.0), pct(seen_ms, 0.5),
+      pct(seen_ms, 0.99), pct(latencies_us, 0.5), pct(latencies_us, 0.99), per_version,
       static_cast<unsigned long long>(max_calls),
       static_cast<double>(gets) / cfg.readers / std::max(1, versions), gaps.size(),
       static_cast<double>(n_resyncs) / cfg.readers, pct(reconnect_ms, 0.5), pct(reconnect_ms, 1.0));
@@ -582,11 +610,12 @@ int main(int argc, char** argv) {
         base.load_us);
     std::printf(
         "| mode | variant | readers | reads | versions (invalidate threw) | stale reads past "
-        "invalidate + 20 ms, outside gaps (latest, after the invalidate) | stale reads in gaps "
-        "(gap start to resync + 20 ms) | window p50 / p99 / max ms | new seen p50 / p99 ms | "
-        "read µs p50 / p99 | origin calls per version mean / max | Redis GETs per reader per "
-        "version | gaps / resyncs per reader | reconnect ms p50 / max |\n"
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        "invalidate + 20 ms, outside gaps, after the reader heard it | the same, report not yet "
+        "heard (latest, after the invalidate) | stale reads in gaps (gap start to resync + 20 "
+        "ms) | window p50 / p99 / max ms | new seen p50 / p99 ms | read µs p50 / p99 | origin "
+        "calls per version mean / max | Redis GETs per reader per version | gaps / resyncs per "
+        "reader | reconnect ms p50 / max |\n"
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     std::fflush(stdout);
     for (const auto& variant : variants) {
       for (const auto& mode : modes) {
