@@ -669,3 +669,108 @@ TEST_CASE("expire keeps the value for stale_if_error: a failed load after it ans
   (void)c.expire("nf");
   CHECK(!c.peek("nf"));
 }
+
+// ---- expire_all: every key stale, but kept ------------------------------------
+
+TEST_CASE(
+    "expire_all makes every fresh value stale now, under new versions: readers get the old "
+    "values and one refresh per key starts",
+    "[cache][expire]") {
+  manual_clock::reset();
+  scache c(swr(60s, 1s));
+  const std::uint64_t v1 = c.put("k1", "v1");
+  const std::uint64_t v2 = c.put("k2", "v1");
+  manual_clock::advance(10s);
+  c.expire_all();
+  for (const char* k : {"k1", "k2"}) {
+    REQUIRE(c.peek(k));
+    CHECK(c.peek(k)->state == sf::freshness::stale);
+    CHECK(c.peek(k)->version > std::max(v1, v2));
+  }
+  held_origin origin;
+  for (int i = 0; i < 5; ++i) {
+    for (const char* k : {"k1", "k2"}) {
+      const sf::cached<std::string> e = c.get_entry(k, origin.fn());
+      CHECK(*e.value == "v1");
+      CHECK(e.state == sf::freshness::stale);
+    }
+  }
+  must([&] { return origin.calls.load() == 2; }, "one refresh per key started");
+  CHECK(c.stats().background_refreshes == 2);
+  CHECK(c.stats().misses == 0);
+  origin.release.open();
+  for (const char* k : {"k1", "k2"}) {
+    must([&] { return c.peek(k)->state == sf::freshness::fresh; }, "refresh published");
+    CHECK(*c.peek(k)->value == "v2");
+  }
+  CHECK(origin.calls.load() == 2);
+
+  // The windows are measured from the mark: past stale_while_revalidate after it, dead.
+  c.put("k1", "v3");
+  c.expire_all();
+  manual_clock::advance(1s);
+  CHECK(!c.peek("k1"));
+}
+
+TEST_CASE(
+    "expire_all_stops_loads_under_way_from_publishing: a miss's load, a get_fresh's load and a "
+    "stale value's refresh held across it hand their callers what they read, and store nothing",
+    "[cache][expire]") {
+  manual_clock::reset();
+  scache c(swr(60s, 60s));
+  c.put("fresh", "v1");
+  c.put("stale", "v1");
+  manual_clock::advance(90s);  // "stale" and "fresh" are past their ttl: stale
+  c.put("fresh", "v1");        // "fresh" is fresh again
+  held_origin origin;
+  result<std::string> miss;
+  result<std::string> forced;
+  sftest::jthread t1 = spawn(miss, [&] { return c.get("absent", origin.fn()); });
+  sftest::jthread t2 = spawn(forced, [&] { return c.get_fresh("fresh", origin.fn()); });
+  const sf::cached<std::string> e = c.get_entry("stale", origin.fn());  // starts its refresh
+  CHECK(e.state == sf::freshness::stale);
+  must([&] { return origin.calls.load() == 3; }, "three loads reach the origin");
+  const std::uint64_t stale_version = c.peek("stale")->version;
+
+  c.expire_all();
+  CHECK(c.peek("stale")->version > stale_version);  // already stale: a new version all the same
+  origin.release.open();
+  sftest::finish(t1, miss, "the miss's caller");
+  sftest::finish(t2, forced, "the get_fresh caller");
+  REQUIRE(miss.value);
+  CHECK(*miss.value == "v2");  // its callers receive what it loaded
+  REQUIRE(forced.value);
+  CHECK(*forced.value == "v2");
+  must([&] { return c.stats().rejected_publishes == 3; }, "the three loads end unpublished");
+  CHECK(!c.peek("absent"));
+  for (const char* k : {"fresh", "stale"}) {
+    REQUIRE(c.peek(k));
+    CHECK(*c.peek(k)->value == "v1");
+    CHECK(c.peek(k)->state == sf::freshness::stale);
+  }
+  // The refresh mark went with the mark: the next read starts a refresh that publishes.
+  CHECK(c.get_entry("stale", origin.fn()).state == sf::freshness::stale);
+  must([&] { return c.peek("stale")->state == sf::freshness::fresh; }, "a new refresh publishes");
+  CHECK(origin.calls.load() == 4);
+}
+
+TEST_CASE("expire_all without stale_while_revalidate: the next get waits on a load, as after clear",
+          "[cache][expire]") {
+  manual_clock::reset();
+  sf::cache_options o = swr(60s, 0s);
+  o.stale_if_error = 60s;
+  scache c(o);
+  c.put("k", "v1");
+  c.expire_all();
+  CHECK(!c.peek("k"));
+  const sf::cached<std::string> e = c.get_entry("k", [] { return std::string("v2"); });
+  CHECK(*e.value == "v2");
+  CHECK(e.state == sf::freshness::fresh);
+  CHECK(c.stats().misses == 1);
+  CHECK(c.stats().stale_hits == 0);
+  // The value was kept for stale_if_error, measured from the mark.
+  c.expire_all();
+  const sf::cached<std::string> f = c.get_entry("k", []() -> std::string { throw origin_error(); });
+  CHECK(*f.value == "v2");
+  CHECK(f.state == sf::freshness::stale_on_error);
+}

@@ -94,8 +94,8 @@ TEST_CASE("put on one process is what another reads once it has heard it", "[fle
   sftest::redis_client redis(uri);
   fc_t a(opts(uri, prefix, m));
   fc_t b(opts(uri, prefix, m));
-  // Each confirmation clears the local cache (what was stored before it may have missed a
-  // message): a's first one must not take its put away.
+  // Each confirmation marks the local cache stale (what was stored before it may have missed a
+  // message): a's first one must not make its put stale.
   until_listening(a, "a listens");
   until_listening(b, "b listens");
   versioned_origin origin;
@@ -179,10 +179,88 @@ TEST_CASE(
   const std::uint64_t resyncs = b.stats().resyncs;
   b_back.open();
   sftest::must([&] { return b.stats().resyncs > resyncs; }, "b resubscribed");
-  // Its local entry went with the resubscription: b reads through the fleet (a's invalidate
-  // deleted the Redis copy, so b loads).
+  // Its local entry was marked stale by the resubscription, and without stale_while_revalidate
+  // a stale entry is not served: b reads through the fleet (a's invalidate deleted the Redis
+  // copy, so b loads).
   CHECK(b.get("k", origin.loader()) == "v2");
   CHECK(ran.load() == 0);
+}
+
+TEST_CASE(
+    "gap_marks_local_entries_stale_not_gone: after CLIENT KILL TYPE pubsub and the resubscribe, "
+    "each key stored before the gap is served stale at once and read again through the fleet "
+    "once; a key written or invalidated elsewhere during the gap is not served once its refresh "
+    "completed",
+    "[fleet][fleet_cache]") {
+  const mode m = GENERATE(mode::tracking, mode::publish);
+  sftest::private_redis server;
+  auto client = server.client();
+  const std::string prefix = "gap-stale";
+  sf::fleet_cache_options o = opts(server.uri(), prefix, m);
+  o.local.stale_while_revalidate = 60s;
+  fc_t a(o);
+  until_listening(a, "a listens");
+  const std::vector<std::string> keys{"kept", "put", "gone"};
+  versioned_origin origin;
+  std::atomic<int> ran{0};
+  for (const auto& k : keys) CHECK(a.get(k, origin.loader()) == "v1");
+  // b starts after a's stores: it has nothing to hear of them (under tracking, their reports
+  // went out before b's tracker was there).
+  sftest::gate b_down;  // before b: its subscriber's hook waits on them
+  sftest::gate b_back;
+  fc_t b(o);
+  fleet_cache_engine(b).hook = [&](point p, std::string_view) {
+    if (p != point::resubscribing) return;
+    b_down.open();
+    b_back.wait("the test lets b resubscribe");
+  };
+  until_listening(b, "b listens");  // after the hook: orders it before the thread reads it
+  for (const auto& k : keys) CHECK(b.get(k, must_not_load(ran)) == "v1");  // from Redis
+  const std::uint64_t heard = b.stats().invalidations_heard;
+
+  CHECK(client->command({"CLIENT", "KILL", "TYPE", "pubsub"}).integer == 2);
+  b_down.wait("b's subscriber reconnects");
+  (void)a.put("put", std::string("p2"));
+  origin.version = 2;
+  (void)a.invalidate("gone");
+  for (const auto& k : keys) CHECK(b.get(k, must_not_load(ran)) == "v1");  // the gap
+  CHECK(b.stats().invalidations_heard == heard);
+  const sf::fleet_cache_stats before = b.stats();
+  b_back.open();
+  // Both channels (the coherence one and the expire one) confirm again, each a resync.
+  sftest::must([&] { return b.stats().resyncs >= before.resyncs + 2; }, "b resubscribed");
+  sftest::must([&] { return fleet_cache_engine(b).subscriber.confirmed_channels() == 2; },
+               "b listens again");
+
+  // Every key: the old value at once, stale (not a miss), and its one refresh starts.
+  for (const auto& k : keys) {
+    const sf::cached<std::string> e = b.get_entry(k, origin.loader());
+    REQUIRE(e.value);
+    CHECK(*e.value == "v1");
+    CHECK(e.state == sf::freshness::stale);
+  }
+  CHECK(b.stats().local.misses == before.local.misses);
+  const auto now_is = [&](const std::string& k, const char* want) {
+    const sf::cached<std::string> e = b.get_entry(k, origin.loader());
+    CHECK((e.state == sf::freshness::fresh || (e.value && *e.value == "v1")));
+    return e.state == sf::freshness::fresh && e.value && *e.value == want;
+  };
+  sftest::must([&] { return now_is("kept", "v1"); }, "kept refreshed");
+  sftest::must([&] { return now_is("put", "p2"); }, "put refreshed: a's value");
+  sftest::must([&] { return now_is("gone", "v2"); }, "gone refreshed: loaded again");
+  const sf::fleet_cache_stats after = b.stats();
+  CHECK(after.local.background_refreshes - before.local.background_refreshes == keys.size());
+  // One read through the fleet per key. Under client tracking b also hears its own refresh's
+  // store of "gone" (from the origin: Redis held nothing) and reads it once more.
+  std::uint64_t reads = keys.size();
+  if (m == mode::tracking) {
+    heard_echo(b, m, heard + 1, "b hears its refresh's store");
+    CHECK(b.get("gone", must_not_load(ran)) == "v2");
+    reads += 1;
+  }
+  CHECK(b.stats().fleet.gets - before.fleet.gets == reads);
+  CHECK(ran.load() == 0);
+  CHECK(origin.calls.load() == 4);  // a's three loads, b's refresh of "gone"
 }
 
 TEST_CASE(

@@ -19,10 +19,17 @@ const std::string self(32, 'a');
 const std::string other(32, 'b');
 
 struct applied {
-  std::vector<std::string> dropped;
+  std::vector<std::string> dropped;  // in order; "stale-all" for a whole stale mark
+  std::vector<std::string> expired;
   int clears = 0;
+  int stale_alls = 0;
   void from(d::invalidation_inbox& in) {
-    in.apply([this](const std::string& k) { dropped.push_back(k); }, [this] { clears += 1; });
+    in.apply([this](const std::string& k) { dropped.push_back(k); }, [this] { clears += 1; },
+             [this](const std::string& k) { expired.push_back(k); },
+             [this] {
+               stale_alls += 1;
+               dropped.emplace_back("stale-all");
+             });
   }
 };
 
@@ -75,21 +82,46 @@ TEST_CASE(
   CHECK(in.overflows() == 0);
 }
 
-TEST_CASE("inbox: a confirmation, or more keys than max_pending, is one clear of everything",
-          "[fleet][fleet_cache]") {
+TEST_CASE(
+    "inbox: a confirmation, or more keys than max_pending, is one stale mark of everything; "
+    "the keys recorded are still dropped, after it",
+    "[fleet][fleet_cache]") {
   d::invalidation_inbox in(self, 2);
   applied a;
   in.on_message(other + "before");
   in.on_confirmed();
+  in.on_message(other + "after");
+  a.from(in);
+  CHECK(a.stale_alls == 1);
+  CHECK(a.clears == 0);
+  CHECK(a.dropped == std::vector<std::string>{"stale-all", "before", "after"});
+  CHECK(in.resyncs() == 1);
+  CHECK(in.overflows() == 0);
+  a.dropped.clear();
+  for (const char* k : {"x", "y", "z", "w"}) in.on_message(other + k);
+  a.from(in);
+  CHECK(a.stale_alls == 2);
+  CHECK(a.clears == 0);
+  CHECK(a.dropped == std::vector<std::string>{"stale-all", "x", "y"});  // z, w: the mark
+  CHECK(in.overflows() == 1);                                           // once per apply
+  a.dropped.clear();
+  in.on_message(other + "next");
+  a.from(in);
+  CHECK(a.dropped == std::vector<std::string>{"next"});  // the mark was taken: no new one
+  CHECK(a.stale_alls == 2);
+}
+
+TEST_CASE("inbox: a FLUSHALL after a confirmation is one clear, which covers the stale mark",
+          "[fleet][fleet_cache]") {
+  d::invalidation_inbox in(self, 16, d::tracking_prefix("p:x"));
+  applied a;
+  in.on_confirmed();
+  in.on_message(d::fleet_names::of("p:x", "k").value);
+  in.on_flushed();
   a.from(in);
   CHECK(a.clears == 1);
-  CHECK(a.dropped.empty());  // the clear covers it
-  CHECK(in.resyncs() == 1);
-  for (const char* k : {"x", "y", "z"}) in.on_message(other + k);
-  a.from(in);
-  CHECK(a.clears == 2);
+  CHECK(a.stale_alls == 0);
   CHECK(a.dropped.empty());
-  CHECK(in.overflows() == 1);
 }
 
 TEST_CASE(

@@ -49,7 +49,7 @@
 // here); what a call does (lookup, refresh, a load as a flight of the cache's
 // group, close) in detail/cache/cache_calls.hpp; the shared state it works on
 // in detail/cache/cache_core.hpp (a chain of layers: detail/cache/cache_lookup.hpp,
-// the lookup decisions; detail/cache/cache_writes.hpp, put / invalidate / clear
+// the lookup decisions; detail/cache/cache_writes.hpp, put / invalidate / expire / clear
 // and eviction; detail/cache/cache_loads.hpp, the life of a load;
 // detail/cache/cache_loader.hpp, the loader traits), detail/cache/cache_table.hpp
 // (shards), detail/cache/read_gate.hpp (the lock-free hit path),
@@ -354,6 +354,24 @@ class cache {
       return calls_.state().expire(k, calls_.hash_of(k), Clock::now());
     });
   }
+
+  // expire_all()
+  //
+  // expire() for every key at once, for when which keys changed is unknown
+  // (fleet_cache after a gap in what it hears): every fresh value stored so
+  // far becomes stale now, so the next get of its key returns it
+  // (freshness::stale) within stale_while_revalidate and starts one
+  // refresh, and past that it is kept for stale_if_error, both measured
+  // from now; with stale_while_revalidate at zero the next get waits on a
+  // load, as after clear(). Every key gets a new version: no load or
+  // refresh that started before this call publishes after it (its callers
+  // still receive what it loaded), so the stale value stays until a refresh
+  // started after it publishes. A value already stale keeps its windows (a
+  // refresh of it under way is one of those that will not publish); cached
+  // not-founds and failures are dropped, as by invalidate. Shard by shard,
+  // not one atomic step: a get concurrent with it may still see a value
+  // fresh. Thread-safe.
+  void expire_all() { calls_.state().expire_all(); }
 
   // clear(): invalidate every key. Thread-safe.
   void clear() { calls_.state().clear(); }

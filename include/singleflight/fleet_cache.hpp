@@ -48,9 +48,14 @@
 // the report, its get never returns a value stored before the write. While
 // its subscription or tracker is down (a network gap, CLIENT KILL, a Redis
 // restart) reports are lost: when the subscription is confirmed again (after
-// the tracker is back), the whole local cache is cleared, so every entry
-// stored before the gap is read again through the fleet. During the gap
-// itself a process serves its local entries (up to their ttl).
+// the tracker is back), every local entry stored before the gap is marked
+// stale (cache::expire_all): the next get of its key is answered with it
+// within stale_while_revalidate while one refresh reads it again through the
+// fleet (with stale_while_revalidate at zero, it waits on that read), and no
+// load or refresh that started before the confirmation stores its value
+// locally. So a process returns a value older than a completed write for at
+// most the gap, plus one read through the fleet per key after it. During
+// the gap itself a process serves its local entries (up to their ttl).
 // docs/fleet_cache.md.
 //
 // Threads: the fleet's (subscriber, renewer, async workers) and the local
@@ -465,12 +470,14 @@ class fleet_cache {
   }
 
   // Applies what the bus told this process to the local cache: before every
-  // read, and before every local write (a clear still pending from a
-  // confirmation would otherwise take a later put away).
+  // read, and before every local write (a mark still pending from a
+  // confirmation would otherwise make a later put stale, or a FLUSHALL's
+  // clear take it away).
   void catch_up() {
     inbox_.apply([this](const std::string& text) { (void)local_.invalidate(text); },
                  [this] { local_.clear(); },
-                 [this](const std::string& text) { (void)local_.expire(text); });
+                 [this](const std::string& text) { (void)local_.expire(text); },
+                 [this] { local_.expire_all(); });
   }
 
   // catch_up(), then the key's text.

@@ -40,8 +40,9 @@ struct fleet_cache_options {
   // The fleet behind it (redis_uri, key_prefix, value_ttl, lease_ttl...).
   fleet_options fleet;
   // Keys heard on the bus and not yet dropped from the local cache (they
-  // are dropped by the next call); beyond this, the local cache is cleared
-  // instead. At least 1.
+  // are dropped by the next call); beyond this, which keys changed is lost,
+  // as in a gap: every local entry is marked stale (cache::expire_all), and
+  // the keys recorded are still dropped. At least 1.
   std::size_t max_pending_invalidations = 4096;
   // What the local cache hears (see fleet_coherence and docs/fleet_cache.md).
   fleet_coherence coherence = fleet_coherence::tracking;
@@ -54,9 +55,9 @@ struct fleet_cache_stats {
   fleet_stats fleet;                      // the fleet's (Redis, leases, origin calls)
   std::uint64_t broadcasts = 0;           // put / invalidate calls that reached the bus
   std::uint64_t invalidations_heard = 0;  // bus messages from other processes
-  std::uint64_t resyncs = 0;              // bus subscriptions (re)confirmed: local cache cleared
-  std::uint64_t overflows = 0;            // max_pending_invalidations passed: local cache cleared
-  std::uint64_t expires_heard = 0;        // expire messages from other processes
+  std::uint64_t resyncs = 0;    // bus subscriptions (re)confirmed: every local entry marked stale
+  std::uint64_t overflows = 0;  // max_pending_invalidations passed: every local entry marked stale
+  std::uint64_t expires_heard = 0;  // expire messages from other processes
   // 1 once the server refused CLIENT TRACKING (an ACL, a renamed command, no
   // REDIRECT) and the process fell back to the bus; else 0.
   std::uint64_t tracking_refused = 0;
@@ -78,7 +79,8 @@ namespace metrics {
 //   collector.add_source({{"fleet", "profiles"}}, singleflight::metrics::fleet_metrics,
 //                        [&] { return profiles.stats().fleet; });
 // A rate of resyncs above zero in steady state means the subscription or the
-// tracker keeps dropping (each one clears the local cache); overflows mean
+// tracker keeps dropping (each one marks every local entry stale: one read
+// through the fleet per key read after it); overflows mean
 // max_pending_invalidations is too small for the write rate; tracking_refused
 // at 1 means the server (an ACL, a renamed command, no REDIRECT) refused
 // client tracking: only fleet_caches' own writes are heard, through the bus.
@@ -93,10 +95,10 @@ inline constexpr std::array fleet_cache_metrics{
                                                "Expire messages heard from other processes"),
     counter<&fleet_cache_stats::resyncs>(
         "singleflight_fleet_cache_resyncs_total",
-        "Subscriptions (re)confirmed, each clearing the local cache"),
+        "Subscriptions (re)confirmed, each marking every local entry stale"),
     counter<&fleet_cache_stats::overflows>(
         "singleflight_fleet_cache_overflows_total",
-        "Times max_pending_invalidations was passed, each clearing the local cache"),
+        "Times max_pending_invalidations was passed, each marking every local entry stale"),
     gauge<&fleet_cache_stats::tracking_refused>(
         "singleflight_fleet_cache_tracking_refused",
         "1 once the server refused client tracking and the process fell back to the bus"),

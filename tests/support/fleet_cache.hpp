@@ -6,7 +6,8 @@
 //  * fleet_cache_engine(c): the fleet_cache's fleet engine, through fleet_cache_test_access;
 //  * until_listening(c, name): bounded wait until both of c's channels are confirmed (the
 //    coherence one, the bus or client tracking's, and the expire channel); each confirmation
-//    clears the local cache (a resync), which would turn a later hit into a miss. It also orders
+//    marks the local cache stale (a resync), which would turn a later hit into a stale answer
+//    (a miss without stale_while_revalidate). It also orders
 //    the test's earlier writes (a hook) before the subscriber thread's later reads: both take
 //    the subscriber's lock;
 //  * heard_echo(c, mode, n, name): under client tracking, bounded wait until c has heard n

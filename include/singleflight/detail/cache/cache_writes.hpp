@@ -12,12 +12,13 @@
 //     make_room() / take_from_other() (a slot of the budget: free, or that of
 //     an evicted entry of this shard or of one over its share), leave() (an
 //     entry's count and slot) and set_windows() (the windows of a write);
-//   * put(), invalidate(), expire(), clear(): each gives the key a new version,
-//     so that a load that started before it cannot publish over it;
+//   * put(), invalidate(), expire(), expire_all(), clear(): each gives the key
+//     (every key, for the last two) a new version, so that a load that started
+//     before it cannot publish over it;
 //   * size(), stats(): the counters, summed.
 //
-// Locking: one shard's mutex at a time (clear() and stats() take them in
-// turn), except take_from_other(), which try_locks a second shard while
+// Locking: one shard's mutex at a time (expire_all(), clear() and stats() take
+// them in turn), except take_from_other(), which try_locks a second shard while
 // holding one and never waits for it; anything a reader may look at changes with the shard's
 // readers locked out (shard_lock::write()). Nodes, values and exceptions leave under the mutex and
 // are destroyed after it (garbage_t and the `old_*` locals are declared before the lock), nodes
@@ -251,13 +252,34 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
     return v;
   }
 
-  // expire(key, mixed, now): a fresh value of key becomes stale at `now`: its
-  // windows are measured from `now` (stale_while_revalidate, stale_if_error),
-  // under a new version (returned), so that a load or refresh already
-  // running cannot publish over it and the next read starts one refresh. A
-  // value already past its fresh window, or no entry: unchanged (the key's
-  // current version, or 0 without a record). A cached not-found or failure
-  // is dropped, as by invalidate.
+  // mark_stale(s, n, now, g): what expire() and expire_all() do to one
+  // record, readers locked out: a new version (returned), so that a load or
+  // refresh registered before it cannot publish over it, and the refresh
+  // mark cleared, so that the next read may start one refresh; a fresh value
+  // becomes stale at `now` (stale_while_revalidate and stale_if_error
+  // measured from `now`), a value already stale keeps its windows, and a
+  // cached not-found or failure is dropped, as by invalidate (`g` frees the
+  // record after the lock when nobody holds it).
+  std::uint64_t mark_stale(shard_t& s, node_t* n, time_point now, garbage_t& g) noexcept {
+    n->version = s.next_version();
+    n->refresh_id.store(0, std::memory_order_relaxed);
+    const std::uint64_t v = n->version;
+    if (n->kind == detail::held::value) {
+      if (now < n->fresh_until) {
+        n->fresh_until = now;
+        n->stale_until = detail::sat_add(now, stale_while_revalidate);
+        n->error_until = detail::sat_add(now, stale_if_error);
+      }
+      return v;
+    }
+    drop(s, n);
+    erase_if_unused(s, n, g);
+    return v;
+  }
+
+  // expire(key, mixed, now): mark_stale() for key's record, unless it holds a
+  // value already past its fresh window (then unchanged, its version
+  // returned). 0 without a record.
   template <class P>
   std::uint64_t expire(const P& key, std::uint64_t mixed, time_point now) {
     garbage_t g;
@@ -268,18 +290,32 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
     if (n == nullptr) return 0;
     if (n->kind == detail::held::value && !(now < n->fresh_until)) return n->version;
     lk.write();
-    n->version = s.next_version();
-    n->refresh_id.store(0, std::memory_order_relaxed);
-    if (n->kind == detail::held::value) {
-      n->fresh_until = now;
-      n->stale_until = detail::sat_add(now, stale_while_revalidate);
-      n->error_until = detail::sat_add(now, stale_if_error);
-      return n->version;
+    return mark_stale(s, n, now, g);
+  }
+
+  // expire_all(): mark_stale() for every record, values already stale
+  // included (their windows unchanged, their version new: a refresh of one
+  // already under way read the origin before the mark and must not publish).
+  // Shard by shard, each under its mutex, at Clock::now() read there: not
+  // one atomic step across shards, but a load registered before the call
+  // began publishes nothing fresh once it returned (its shard was visited
+  // either after it published, or before it could).
+  void expire_all() {
+    for (std::size_t si = 0; si < table.shard_total(); ++si) {
+      garbage_t g;
+      auto& s = table.at(si);
+      shard_lock lk(table, si);
+      if (s.nodes == 0) continue;
+      lk.write();
+      const time_point now = Clock::now();
+      for (std::size_t b = 0; s.buckets != nullptr && b <= s.mask; ++b) {
+        for (node_t* n = s.buckets[b]; n != nullptr;) {
+          node_t* next = n->chain;  // n may be unlinked
+          (void)mark_stale(s, n, now, g);
+          n = next;
+        }
+      }
     }
-    const std::uint64_t v = n->version;
-    drop(s, n);
-    erase_if_unused(s, n, g);
-    return v;
   }
 
   // clear(): invalidate() for every key, shard by shard (each shard's mutex

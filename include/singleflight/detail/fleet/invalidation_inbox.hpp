@@ -27,15 +27,23 @@
 //     bus_listener() (the subscriber's fallback channel), and expires are
 //     handled as on the bus (no deletion report will follow them).
 //   * A confirmation (the first, and each after a reconnect: pub/sub loses
-//     what was published while the connection was down) marks everything:
-//     apply clears the local cache, so every entry stored before the gap is
-//     read again through the fleet.
+//     what was published while the connection was down) marks everything
+//     stale: apply calls stale_all() (the local cache's expire_all), so every
+//     entry stored before the gap is read again through the fleet, once per
+//     key, while readers are answered with it within stale_while_revalidate.
+//     Keys heard before it are still dropped (a drop is more than a stale
+//     mark), after the mark.
 //   * More than max_pending keys waiting, or a key that could not be
-//     recorded (out of memory): everything is marked, as for a confirmation.
+//     recorded (out of memory): which keys changed is lost, as in a gap:
+//     everything is marked stale, as for a confirmation (counted once per
+//     apply: overflows), and the keys recorded are still dropped.
+//   * A FLUSHALL reported (on_flushed), or a drop or mark that threw in
+//     apply: everything is marked for a clear (every value is known gone, or
+//     what was taken could not be applied), which covers the keys waiting.
 //
 // Locking: `mu_` (a leaf: nothing is called while it is held) guards keys_,
-// expiring_, clear_all_, draining_ and the writes of posted_, applied_ and fell_back_; posted_ and
-// applied_ are also read without it (the fast path: nothing to apply). One
+// expiring_, clear_all_, stale_all_, overflowed_, draining_ and the writes of posted_, applied_ and
+// fell_back_; posted_ and applied_ are also read without it (the fast path: nothing to apply). One
 // caller at a time applies (draining_), without the lock; callers that need
 // what it applies wait on `cv_` until it is done, and apply what was posted
 // after it themselves (but the applying thread itself, re-entering through a
@@ -144,12 +152,12 @@ class invalidation_inbox final : public fleet_subscriber::listener {
     if (own && !tracking) return;
     if (tracking) {
       if (expiring_.size() >= max_pending_) {
-        mark_all();
+        lost_track();
       } else {
         try {
           expiring_.emplace(text);
-        } catch (...) {  // bad_alloc: a clear loses nothing
-          mark_all();
+        } catch (...) {  // bad_alloc: the stale mark covers the key
+          lost_track();
         }
       }
     }
@@ -160,12 +168,11 @@ class invalidation_inbox final : public fleet_subscriber::listener {
   }
 
   // on_confirmed(): the bus subscription is (again) in place; what was
-  // published before is lost.
+  // published before is lost: everything is marked stale.
   void on_confirmed() noexcept override {
     const std::lock_guard<std::mutex> lk(mu_);
     resyncs_.fetch_add(1, std::memory_order_relaxed);  // a counter
-    clear_all_ = true;
-    keys_.clear();
+    stale_all_ = true;
     expiring_.clear();  // reports sent during the gap are lost with their expires
     posted_.store(posted_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
   }
@@ -179,17 +186,20 @@ class invalidation_inbox final : public fleet_subscriber::listener {
     posted_.store(posted_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
   }
 
-  // apply(drop, clear[, stale]): once it returns, everything posted before
-  // it began is applied, in the order heard: drop(key text) for each key
-  // dropped, stale(key text) for each key expired (drop without `stale`), or
-  // clear() for everything. Throws what they throw (then what was taken is
-  // marked as "everything", for the next caller).
+  // apply(drop, clear[, stale, stale_all]): once it returns, everything
+  // posted before it began is applied: clear() for everything; else
+  // stale_all() when everything was marked stale (a confirmation, an
+  // overflow), then, in the order heard, drop(key text) for each key
+  // dropped and stale(key text) for each key expired. Without `stale` and
+  // `stale_all`, drop and clear stand for them. Throws what they throw (then
+  // everything is marked for a clear, for the next caller: what was taken is
+  // lost).
   template <class Drop, class Clear>
   void apply(Drop&& drop, Clear&& clear) {
-    apply(drop, clear, drop);
+    apply(drop, clear, drop, clear);
   }
-  template <class Drop, class Clear, class Stale>
-  void apply(Drop&& drop, Clear&& clear, Stale&& stale) {
+  template <class Drop, class Clear, class Stale, class StaleAll>
+  void apply(Drop&& drop, Clear&& clear, Stale&& stale, StaleAll&& stale_all) {
     // Acquire: pairs with the release of posted_ (a post before this load is
     // seen as posted) and of applied_ (what was applied is visible).
     const std::uint64_t want = posted_.load(std::memory_order_acquire);
@@ -206,6 +216,8 @@ class invalidation_inbox final : public fleet_subscriber::listener {
       std::vector<std::pair<std::string, bool>> keys;
       keys.swap(keys_);
       const bool all = std::exchange(clear_all_, false);
+      const bool stale_all_keys = std::exchange(stale_all_, false);
+      overflowed_ = false;
       const std::uint64_t upto = posted_.load(std::memory_order_relaxed);
       draining_ = true;
       drainer_ = std::this_thread::get_id();
@@ -214,6 +226,7 @@ class invalidation_inbox final : public fleet_subscriber::listener {
         if (all) {
           clear();
         } else {
+          if (stale_all_keys) stale_all();
           for (const auto& [k, expired] : keys) {
             if (expired) {
               stale(k);
@@ -224,7 +237,9 @@ class invalidation_inbox final : public fleet_subscriber::listener {
         }
       } catch (...) {
         lk.lock();
-        mark_all();
+        overflows_.fetch_add(1, std::memory_order_relaxed);
+        clear_all_ = true;
+        keys_.clear();
         draining_ = false;
         drainer_ = std::thread::id();
         cv_.notify_all();
@@ -271,22 +286,24 @@ class invalidation_inbox final : public fleet_subscriber::listener {
   void post(std::string_view text, bool stale) noexcept {
     if (!clear_all_) {
       if (keys_.size() >= max_pending_) {
-        mark_all();
+        lost_track();
       } else {
         try {
           keys_.emplace_back(std::string(text), stale);
-        } catch (...) {  // bad_alloc: a clear loses nothing
-          mark_all();
+        } catch (...) {  // bad_alloc: the stale mark covers the key
+          lost_track();
         }
       }
     }
     posted_.store(posted_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
   }
 
-  void mark_all() noexcept {  // mu_ held
-    overflows_.fetch_add(1, std::memory_order_relaxed);
-    clear_all_ = true;
-    keys_.clear();
+  // lost_track(): a key heard could not be recorded: everything is marked
+  // stale (counted once until the next apply takes the mark). mu_ held.
+  void lost_track() noexcept {
+    if (!overflowed_) overflows_.fetch_add(1, std::memory_order_relaxed);
+    overflowed_ = true;
+    stale_all_ = true;
   }
 
   const std::string self_;
@@ -298,10 +315,12 @@ class invalidation_inbox final : public fleet_subscriber::listener {
   std::vector<std::pair<std::string, bool>> keys_;  // guarded by mu_; true: expired
   std::unordered_set<std::string> expiring_;        // guarded by mu_; tracking only
   bool clear_all_ = false;                          // guarded by mu_
-  bool draining_ = false;                           // guarded by mu_
-  std::thread::id drainer_;                         // guarded by mu_: who applies while draining_
-  std::atomic<std::uint64_t> posted_{0};            // written under mu_
-  std::atomic<std::uint64_t> applied_{0};           // written under mu_
+  bool stale_all_ = false;                          // guarded by mu_
+  bool overflowed_ = false;  // guarded by mu_: lost_track() counted since the last apply
+  bool draining_ = false;    // guarded by mu_
+  std::thread::id drainer_;  // guarded by mu_: who applies while draining_
+  std::atomic<std::uint64_t> posted_{0};   // written under mu_
+  std::atomic<std::uint64_t> applied_{0};  // written under mu_
   std::atomic<std::uint64_t> received_{0};
   std::atomic<std::uint64_t> resyncs_{0};
   std::atomic<std::uint64_t> overflows_{0};
