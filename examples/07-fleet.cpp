@@ -168,9 +168,9 @@ int worker(const std::string& uri, const std::string& prefix, bool use_fleet, in
   // for a background refresh: capture the key by value.
   singleflight::fleet_cache<std::string, std::string> profiles(o);
   // --- end snippet ---
-  // Each confirmation of the bus subscription drops what the local cache holds (nothing is
-  // missed while a process is not listening): wait for the first ones before the cold start,
-  // so that they cannot drop what it loads. Bounded.
+  // Each confirmation of the bus subscription marks what the local cache holds stale (nothing
+  // is missed while a process is not listening): wait for the first ones before the cold start,
+  // so that they cannot make what it loads stale. Bounded.
   const auto until = steady::now() + 30s;
   while (profiles.stats().resyncs < 2) {
     if (steady::now() > until) return 3;
