@@ -249,7 +249,8 @@ TEST_CASE("a fleet on a cluster learns the slot map and renews leases on their o
 //  * mid-migration, a value already moved to B is read there: A answers ASK, the fleet sends
 //    ASKING + GET to B (a hit, no load);
 //  * mid-migration, a cold key of that slot: ASK, then B cannot run the race's script with
-//    keys missing (TRYAGAIN): the key loads locally, no Redis error, breaker closed;
+//    keys missing (TRYAGAIN, asked again until redis_timeout while the migration stays as it
+//    is): the key loads locally, no Redis error, breaker closed;
 //  * after the migration, A answers MOVED: the fleet learns the slot's new owner, reads the
 //    slot map again and reads the value on B (a hit, no load).
 TEST_CASE("a slot migrated between two gets: ASK, TRYAGAIN and MOVED are followed",
@@ -337,6 +338,84 @@ TEST_CASE("a slot migrated between two gets: ASK, TRYAGAIN and MOVED are followe
   CHECK(s.breaker_opens == 0);
   CHECK(s.local_fallback == 1);  // the cold key's TRYAGAIN, nothing else
   CHECK(f.healthy());
+}
+
+// TRYAGAIN counted by a node (INFO errorstats: errorstat_TRYAGAIN:count=N; 0 before any).
+long long tryagain_count(sftest::redis_client& c) {
+  const std::string info = c.command({"INFO", "errorstats"}).str;
+  const auto at = info.find("errorstat_TRYAGAIN:count=");
+  return at == std::string::npos ? 0 : std::stoll(info.substr(at + 25));
+}
+
+// A slot being migrated answers TRYAGAIN for a cold key's race (the importing node cannot run a
+// script whose names it does not all have), for as long as the migration lasts: a few
+// milliseconds per slot in redis-cli --cluster reshard. A flight that loaded locally at the
+// first TRYAGAIN cost every process of the fleet an origin call for a hot key that went cold
+// just then (8 calls instead of 1 for 8 processes, in fleet_driver --cluster --trials). The
+// race is asked again until redis_timeout: here the migration ends after the first TRYAGAIN
+// (seen in the importing node's errorstats), and the race then runs on the new owner.
+TEST_CASE("a cold key's race that gets TRYAGAIN mid-migration runs once the migration ends",
+          "[cluster][migrate]") {
+  const std::string uri = need_cluster_or_warn();
+  if (uri.empty()) return;
+  const std::string prefix = sftest::unique_prefix("tryagain");
+  sftest::redis_client seed(uri);
+  const std::string key = "cold";
+  const d::fleet_names names = d::fleet_names::of(prefix, key);
+  const std::size_t slot = d::cluster_slot(names.value);
+  const int a_port = owner_port(seed, names.value);
+  const std::set<int> masters = master_ports(seed);
+  REQUIRE(masters.size() == 3);
+  int b_port = -1;
+  for (const int p : masters) {
+    if (p != a_port && b_port < 0) b_port = p;
+  }
+  sftest::redis_client a(node_uri(a_port));
+  sftest::redis_client b(node_uri(b_port));
+  const std::string a_id = a.command({"CLUSTER", "MYID"}).str;
+  const std::string b_id = b.command({"CLUSTER", "MYID"}).str;
+  const std::string slot_text = std::to_string(slot);
+
+  fleet_t f(sftest::fleet_opts(uri, prefix));
+  std::atomic<int> ran{0};
+  // The fleet learns the slot map: a key on a master other than the seed (a MOVED), of another
+  // slot (nothing to migrate).
+  std::string warm;
+  for (int i = 0; warm.empty(); ++i) {
+    const std::string k = "warm-" + std::to_string(i);
+    const std::string n = d::fleet_names::of(prefix, k).value;
+    if (d::cluster_slot(n) != slot && owner_port(seed, n) != port_of(uri)) warm = k;
+  }
+  (void)f.get(warm, [] { return std::string("warm"); });
+  REQUIRE(sftest::fleet_engine(f).router.cluster());
+
+  REQUIRE(b.command({"CLUSTER", "SETSLOT", slot_text, "IMPORTING", a_id}).str == "OK");
+  REQUIRE(a.command({"CLUSTER", "SETSLOT", slot_text, "MIGRATING", b_id}).str == "OK");
+  const long long tryagain_before = tryagain_count(b);
+  std::atomic<int> calls{0};
+  sftest::result<std::string> got;
+  auto t = sftest::spawn(got, [&] {
+    return f.get(key, [&] {
+      calls.fetch_add(1);
+      return std::string("cold value");
+    });
+  });
+  sftest::must([&] { return tryagain_count(b) > tryagain_before; }, "B's first TRYAGAIN");
+  for (const int p : masters) {  // the migration ends: the (empty) slot is B's
+    sftest::redis_client m(node_uri(p));
+    REQUIRE(m.command({"CLUSTER", "SETSLOT", slot_text, "NODE", b_id}).str == "OK");
+  }
+  sftest::finish(t, got, "the cold key's get");
+
+  REQUIRE(got.value.has_value());
+  CHECK(*got.value == "cold value");
+  CHECK(calls.load() == 1);
+  const sf::fleet_stats s = f.stats();
+  CHECK(s.local_fallback == 0);  // the race ran: no local load
+  CHECK(s.redis_errors == 0);
+  CHECK(b.get(names.value).has_value());  // stored on the slot's new owner
+  CHECK(f.get(key, sftest::must_not_load(ran)) == "cold value");
+  CHECK(ran.load() == 0);
 }
 
 TEST_CASE(

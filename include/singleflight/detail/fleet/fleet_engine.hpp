@@ -325,8 +325,8 @@ class fleet_engine {
       }
     } catch (const redis_failure& e) {
       if (e.redirected()) {
-        // TRYAGAIN, CLUSTERDOWN, or a slot that moved twice: the cluster did not run it; no
-        // failure of the node.
+        // TRYAGAIN for longer than redis_timeout, CLUSTERDOWN, or a slot that moved twice: the
+        // cluster did not run it; no failure of the node.
         throw fleet_error(who + ": the Redis Cluster did not run it (" + e.what() + "); try again");
       }
       fleet_counters::bump(counters.redis_errors);

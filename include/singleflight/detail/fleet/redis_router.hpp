@@ -36,8 +36,13 @@
 // owner; on MOVED, once more on the new owner; on ASK, once more on the node
 // named, after ASKING (the slot is being migrated: the key may already be
 // there; the connection stays with the caller, ASKING before each of its
-// commands, until it goes back to the pool); TRYAGAIN, CLUSTERDOWN, or a second redirect are thrown
-// back to the caller (redis_failure::redirected: a local load, not a breaker failure).
+// commands, until it goes back to the pool); on TRYAGAIN (a slot being migrated whose node
+// cannot run a step on names it does not all have: the names of one key split between the two
+// nodes, or a cold key's race on the importing node, for as long as the migration lasts), again
+// 1, 2, 4, 8, 8... ms later, until redis_timeout after the first attempt (the migration of a
+// slot usually takes milliseconds: a wait instead of a local load); CLUSTERDOWN, a second
+// redirect, or TRYAGAIN past that are thrown back to the caller (redis_failure::redirected: a
+// local load, not a breaker failure).
 //
 // Locking: `mu_` guards `nodes_` (append-only: a node lives as long as the
 // router, so the references route() returns stay valid) and every write of a
@@ -58,6 +63,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -236,10 +242,36 @@ class redis_router {
   // redirected as the file comment says; returns what the step returns (not void). `node` and
   // `conn` are updated to where the step ran (after an ASK, `conn` sends ASKING before each
   // command until it is given back). Throws what the step throws; redis_failure with
-  // redirected() when the cluster could not run it (TRYAGAIN, CLUSTERDOWN, a second
-  // redirect): load locally, it is no failure of the node.
+  // redirected() when the cluster could not run it (CLUSTERDOWN, a second redirect, TRYAGAIN
+  // for longer than redis_timeout): load locally, it is no failure of the node. Sleeps
+  // between TRYAGAIN attempts (no lock held).
   template <class Step>
   auto run(redis_node*& node, std::optional<pooled>& conn, Step& step) {
+    const auto give_up = clock::now() + timeout_;
+    auto pause = std::chrono::milliseconds(1);
+    for (;;) {
+      try {
+        return run_redirected(node, conn, step);
+      } catch (const redis_failure& f) {
+        if (!f.redirected() ||
+            cluster_redirect::parse(f.what()).kind != cluster_redirect::tryagain ||
+            clock::now() + pause >= give_up) {
+          throw;
+        }
+      }
+      // TRYAGAIN: asked again on the same node and connection (still in step: the reply was
+      // read), with ASKING if it had it. Once the migration ends the importing node serves
+      // the step, or the migrating one answers MOVED (or ASK, every name having moved).
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::milliseconds(8));
+    }
+  }
+
+ private:
+  // run_redirected: run()'s one attempt: MOVED and ASK followed once, TRYAGAIN and the rest
+  // thrown.
+  template <class Step>
+  auto run_redirected(redis_node*& node, std::optional<pooled>& conn, Step& step) {
     for (int attempt = 0;; ++attempt) {
       if (!conn) conn.emplace(node->pool.acquire());
       try {
@@ -264,6 +296,7 @@ class redis_router {
     }
   }
 
+ public:
   // moved(r, from): a MOVED reply `from` a node: r.slot is r's node's now (learnt at once),
   // and the slot map is read again (the first time: the router learns the whole cluster).
   // Returns the slot's new owner. Never throws (a failed map read leaves the slot's new
