@@ -2,6 +2,7 @@
 //
 //   fleet_driver [--quick] [--only coalescing|faults|stores|costs] [--redis-server PATH]
 //   fleet_driver --cluster [--quick] [--cluster-script PATH]
+//   fleet_driver --cluster --trials N [--only reshard|force|kill] [--cluster-script PATH]
 //
 // Starts its own redis-server (a free loopback port, a temporary directory, a pidfile;
 // stopped by pid), then N worker processes (fork/exec of this program with --worker) with T
@@ -26,6 +27,20 @@
 //      the cost of a hit (against a bare GET on the key's master) and of a miss (leader,
 //      follower; round trips seen by MONITOR on every master); a leader SIGKILLed; one master
 //      SIGKILLed (no replica): its keys and the other masters'.
+// With --cluster --trials N, instead: a Redis Cluster of 3 masters with one replica each, every
+// worker given every node as a seed, and
+//   6. N trials of each event on the master of a hot key: its slot resharded to another master
+//      (SETSLOT IMPORTING/MIGRATING, MIGRATE key by key, SETSLOT NODE on every master),
+//      CLUSTER FAILOVER FORCE on its replica, the master SIGKILLed (then restarted: it rejoins
+//      as a replica, in sync before the next trial). 8 processes x 4 threads call get() on a
+//      cold key in a loop; the event lands 0-210 ms into its first (200 ms) load. Per event:
+//      the key's origin calls, errors surfaced, fence rejections, stale overwrites (a watcher
+//      polls the key's record on every node every 2 ms: a record with an older fence after a
+//      newer one, or a final record older than one seen, is one; each origin call returns a
+//      version from a counter every worker shares, so the record names its load), whether every
+//      caller ends on the stored record, and the time to coalesce again (probe rounds on fresh
+//      keys of the same slot, back to back from the event's start: when the last one that
+//      did not coalesce ended).
 // Origin calls are counted on a pipe the loader writes to (fd 3 in every worker).
 #include <singleflight/fleet.hpp>
 
@@ -34,6 +49,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -54,6 +70,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "../../tests/support/fault_proxy.hpp"
@@ -135,17 +152,111 @@ int worker_main(const std::map<std::string, std::string>& a) {
   sf::fleet<std::string, std::string> fleet(o);
   sf::group<std::string, std::string> group;
   std::atomic<long> load_ms{100};
-  const auto load = [&] {
-    write_all(3, "O " + std::to_string(::getpid()) + "\n");
-    std::this_thread::sleep_for(ms(load_ms.load()));  // the origin's latency
-    std::string v = "v-" + std::to_string(::getpid());
-    if (v.size() < value_bytes) v.resize(value_bytes, '.');
-    return v;
+  // versions=PATH: every origin call takes the next number of a counter shared by every worker
+  // (an 8-byte file each maps), and returns it in its value, "v<version>-<pid>": the later the
+  // call, the higher the version (the stale-overwrite check of the cluster trials).
+  std::atomic<long long>* versions = nullptr;
+  if (a.count("versions") != 0) {
+    const int fd = ::open(a.at("versions").c_str(), O_RDWR);
+    void* m = fd < 0
+                  ? MAP_FAILED
+                  : ::mmap(nullptr, sizeof(long long), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) std::_Exit(4);
+    ::close(fd);
+    versions = static_cast<std::atomic<long long>*>(m);
+  }
+  // load_of(key, latency): the origin of `key`, taking `latency` ms (the round's load_ms when
+  // null).
+  const auto load_of = [&](const std::string& key, const std::atomic<long>* latency = nullptr) {
+    return [&, key, latency] {
+      const long long ver = versions != nullptr ? versions->fetch_add(1) + 1 : 0;
+      write_all(3,
+                "O " + std::to_string(::getpid()) + " " + std::to_string(ver) + " " + key + "\n");
+      // the origin's latency
+      std::this_thread::sleep_for(ms(latency != nullptr ? latency->load() : load_ms.load()));
+      std::string v = (versions != nullptr ? "v" + std::to_string(ver) : std::string("v")) + "-" +
+                      std::to_string(::getpid());
+      if (v.size() < value_bytes) v.resize(value_bytes, '.');
+      return v;
+    };
   };
+  // "hammer key=K load_ms=L pause_ms=P": every thread calls fleet.get(K) in a loop (P ms apart)
+  // until "stop", which answers "hammered ...", with the lowest and highest version the threads'
+  // last calls returned (last_min, last_max: after the event every caller reads the record Redis
+  // holds); rounds run meanwhile.
+  std::atomic<bool> hammering{false};
+  std::atomic<long> h_load_ms{200};
+  std::vector<std::jthread> hammer;
+  std::atomic<long> h_ok{0};
+  std::atomic<long> h_err{0};
+  std::vector<std::atomic<long long>> h_last(static_cast<std::size_t>(threads));
+  std::atomic<long> h_max_us{0};
+  std::mutex h_mu;
+  std::string h_first_error;
   write_all(1, "ready\n");
   for (;;) {
     const std::string cmd = read_line(0);
     if (cmd == "quit") break;
+    if (cmd.rfind("hammer ", 0) == 0) {
+      const auto w = parse_words(cmd, 1);
+      const std::string key = w.at("key");
+      const long pause = std::stol(w.at("pause_ms"));
+      h_load_ms = std::stol(w.at("load_ms"));
+      h_ok = 0;
+      h_err = 0;
+      for (auto& l : h_last) l = 0;
+      h_max_us = 0;
+      h_first_error.clear();
+      hammering = true;
+      for (int t = 0; t < threads; ++t) {
+        hammer.emplace_back([&, key, pause, t] {
+          while (hammering.load()) {
+            const auto t0 = clock_t_::now();
+            try {
+              const std::string v = fleet.get(key, load_of(key, &h_load_ms));
+              const long long ver = v.size() > 1 ? std::atoll(v.c_str() + 1) : 0;
+              h_last[static_cast<std::size_t>(t)] = ver;
+              h_ok.fetch_add(1);
+            } catch (const std::exception& e) {
+              h_err.fetch_add(1);
+              const std::lock_guard<std::mutex> lk(h_mu);
+              if (h_first_error.empty()) h_first_error = e.what();
+            }
+            const long took =
+                static_cast<long>(std::chrono::duration_cast<us>(clock_t_::now() - t0).count());
+            long m = h_max_us.load();
+            while (took > m && !h_max_us.compare_exchange_weak(m, took)) {
+            }
+            std::this_thread::sleep_for(ms(pause));
+          }
+        });
+      }
+      continue;
+    }
+    if (cmd == "stop") {
+      hammering = false;
+      hammer.clear();  // joins
+      const auto s = fleet.stats();
+      long long last_min = LLONG_MAX;
+      long long last_max = 0;
+      for (const auto& l : h_last) {
+        last_min = std::min(last_min, l.load());
+        last_max = std::max(last_max, l.load());
+      }
+      std::string why = h_first_error.substr(0, 80);
+      std::replace(why.begin(), why.end(), ' ', '_');
+      char line[512];
+      std::snprintf(
+          line, sizeof line,
+          "hammered ok=%ld err=%ld last_min=%lld last_max=%lld max_ms=%.1f fence_rejections=%llu "
+          "redis_errors=%llu local_fallback=%llu error=%s\n",
+          h_ok.load(), h_err.load(), last_min, last_max, h_max_us.load() / 1000.0,
+          static_cast<unsigned long long>(s.fence_rejections),
+          static_cast<unsigned long long>(s.redis_errors),
+          static_cast<unsigned long long>(s.local_fallback), why.empty() ? "-" : why.c_str());
+      write_all(1, line);
+      continue;
+    }
     const auto w = parse_words(cmd, 1);  // "round key=K load_ms=L"
     load_ms = std::stol(w.at("load_ms"));
     const std::string key = w.at("key");
@@ -155,6 +266,7 @@ int worker_main(const std::map<std::string, std::string>& a) {
     double max_ms = 0;
     std::string value = "-";
     std::latch start(threads);
+    const auto load = load_of(key);
     {
       std::vector<std::jthread> ts;
       for (int t = 0; t < threads; ++t) {
@@ -202,6 +314,8 @@ int worker_main(const std::map<std::string, std::string>& a) {
                   static_cast<unsigned long long>(s.publish_failures));
     write_all(1, line);
   }
+  hammering = false;
+  hammer.clear();  // joins
   fleet.close();
   return 0;
 }
@@ -348,6 +462,13 @@ class server {
 // ---------------------------------------------------------------------------------------------
 // Worker processes, from the driver's side.
 
+// One origin call, as the loader reported it on fd 3.
+struct origin_call {
+  pid_t pid = -1;
+  long long version = 0;
+  std::string key;
+};
+
 struct proc {
   pid_t pid = -1;
   int in = -1;
@@ -395,6 +516,27 @@ class workers {
   // Origin calls (pids) since the last reset_origins().
   const std::vector<pid_t>& origins() const { return origins_; }
   void reset_origins() { origins_.clear(); }
+  // Every origin call since the workers started, in the order the pipe delivered them.
+  const std::vector<origin_call>& calls() const { return calls_; }
+  // Origin calls of `key` since the workers started.
+  std::size_t calls_of(const std::string& key) const {
+    return static_cast<std::size_t>(std::count_if(
+        calls_.begin(), calls_.end(), [&](const origin_call& o) { return o.key == key; }));
+  }
+  // Sends a line to every live worker.
+  void tell(const std::string& line) {
+    for (auto& p : procs_) {
+      if (!p.dead) (void)::write(p.in, (line + "\n").data(), line.size() + 1);
+    }
+  }
+  // The latest line of one worker that starts with `prefix`, its fields.
+  std::map<std::string, std::string> last_of(const proc& p, const std::string& prefix) const {
+    for (auto it = p.lines.rbegin(); it != p.lines.rend(); ++it) {
+      if (it->rfind(prefix, 0) == 0) return parse_words(*it, 1);
+    }
+    return {};
+  }
+  std::size_t count_of(const std::string& prefix) const { return count(prefix); }
 
   void round(const std::string& key, long load_ms) {
     ++round_;
@@ -492,7 +634,12 @@ class workers {
       if (n > 0) origin_buf_.append(b, static_cast<std::size_t>(n));
       std::size_t eol = 0;
       while ((eol = origin_buf_.find('\n')) != std::string::npos) {
-        origins_.push_back(static_cast<pid_t>(std::stol(origin_buf_.substr(2, eol - 2))));
+        // "O <pid> <version> <key>"
+        std::istringstream in(origin_buf_.substr(2, eol - 2));
+        origin_call o;
+        in >> o.pid >> o.version >> o.key;
+        origins_.push_back(o.pid);
+        calls_.push_back(std::move(o));
         origin_buf_.erase(0, eol + 1);
       }
     }
@@ -516,6 +663,7 @@ class workers {
   int origin_ = -1;
   std::string origin_buf_;
   std::vector<pid_t> origins_;
+  std::vector<origin_call> calls_;
   std::size_t round_ = 0;
 };
 
@@ -1013,9 +1161,10 @@ void costs(server& s) {
 // A redis-server connection of the driver's own (one cluster node).
 class node_conn {
  public:
-  explicit node_conn(int port) : c_(redisConnect("127.0.0.1", port)) {
+  explicit node_conn(int port) : c_(redisConnectWithTimeout("127.0.0.1", port, timeval{2, 0})) {
     if (c_ == nullptr || c_->err != 0)
       die("cannot connect to cluster node " + std::to_string(port));
+    redisSetTimeout(c_, timeval{10, 0});  // MIGRATE's own timeout is 5 s
   }
   node_conn(const node_conn&) = delete;
   node_conn& operator=(const node_conn&) = delete;
@@ -1046,13 +1195,14 @@ class node_conn {
 // slots only) and stopped by the same script, by pid.
 class cluster {
  public:
-  explicit cluster(const std::string& script) {
+  explicit cluster(const std::string& script, int replicas = 0) {
     std::string tmpl = (std::filesystem::temp_directory_path() / "fleet-cluster.XXXXXX").string();
     if (::mkdtemp(tmpl.data()) == nullptr) die("mkdtemp");
     dir_ = tmpl + "/nodes";
     ::unsetenv("SINGLEFLIGHT_TEST_REDIS_CLUSTER");  // the script would start nothing
     cluster_stop_command = "'" + script + "' stop '" + dir_ + "' >&2; rmdir '" + tmpl + "'";
-    if (std::system(("'" + script + "' start '" + dir_ + "' >&2").c_str()) != 0) {
+    if (std::system(("'" + script + "' start '" + dir_ + "' " + std::to_string(replicas) + " >&2")
+                        .c_str()) != 0) {
       die("the cluster did not start (" + script + ")");
     }
     std::FILE* f = std::fopen((dir_ + "/uri").c_str(), "r");
@@ -1064,20 +1214,99 @@ class cluster {
     uri_ = buf;
     while (!uri_.empty() && (uri_.back() == '\n' || uri_.back() == '\r')) uri_.pop_back();
     seed_ = std::stoi(uri_.substr(uri_.rfind(':') + 1));
-    node_conn c(seed_);
-    redisReply* r = c.cmd({"CLUSTER", "SLOTS"});
-    if (r == nullptr || r->type != REDIS_REPLY_ARRAY) die("CLUSTER SLOTS");
-    for (std::size_t i = 0; i < r->elements; ++i) {
-      const redisReply* e = r->element[i];
-      ranges_.push_back({e->element[0]->integer, e->element[1]->integer,
-                         static_cast<int>(e->element[2]->element[1]->integer)});
-      if (std::find(masters_.begin(), masters_.end(), ranges_.back().port) == masters_.end()) {
-        masters_.push_back(ranges_.back().port);
-      }
+    for (const auto& e : std::filesystem::directory_iterator(dir_)) {
+      if (e.path().extension() == ".pid") nodes_.push_back(std::stoi(e.path().stem().string()));
     }
-    freeReplyObject(r);
-    std::sort(masters_.begin(), masters_.end());
+    std::sort(nodes_.begin(), nodes_.end());
+    refresh();
     if (masters_.size() != 3) die("expected 3 masters");
+  }
+  // Reads the slot map again (CLUSTER SLOTS on the first node that answers): owner(),
+  // masters() and key_on() follow a reshard or a failover.
+  void refresh() {
+    for (const int port : nodes_) {
+      if (role(port) != "master") continue;
+      node_conn c(port);
+      redisReply* r = c.cmd({"CLUSTER", "SLOTS"});
+      if (r == nullptr || r->type != REDIS_REPLY_ARRAY) {
+        if (r != nullptr) freeReplyObject(r);
+        continue;
+      }
+      ranges_.clear();
+      masters_.clear();
+      for (std::size_t i = 0; i < r->elements; ++i) {
+        const redisReply* e = r->element[i];
+        ranges_.push_back({e->element[0]->integer, e->element[1]->integer,
+                           static_cast<int>(e->element[2]->element[1]->integer)});
+        if (std::find(masters_.begin(), masters_.end(), ranges_.back().port) == masters_.end()) {
+          masters_.push_back(ranges_.back().port);
+        }
+      }
+      freeReplyObject(r);
+      std::sort(masters_.begin(), masters_.end());
+      return;
+    }
+    die("no master answered CLUSTER SLOTS");
+  }
+  // Every node's port (masters and replicas), and every node as a seed list.
+  const std::vector<int>& nodes() const { return nodes_; }
+  std::string seeds() const {
+    std::string out = "tcp://";
+    for (const int p : nodes_)
+      out += (out.size() > 6 ? ",127.0.0.1:" : "127.0.0.1:") + std::to_string(p);
+    return out;
+  }
+  // INFO replication of a node: "master", "slave" (in sync with a master: link up, no sync in
+  // progress), "syncing" (a replica not in sync yet), "" (no answer within 200 ms).
+  static std::string role(int port) {
+    redisContext* c = redisConnectWithTimeout("127.0.0.1", port, timeval{0, 200000});
+    std::string out;
+    if (c != nullptr && c->err == 0) {
+      redisSetTimeout(c, timeval{0, 200000});
+      auto* r = static_cast<redisReply*>(redisCommand(c, "INFO replication"));
+      if (r != nullptr && r->type == REDIS_REPLY_STRING) {
+        const std::string info(r->str, r->len);
+        if (info.find("role:master") != std::string::npos) {
+          out = "master";
+        } else {
+          out = info.find("master_link_status:up") != std::string::npos &&
+                        info.find("master_sync_in_progress:0") != std::string::npos
+                    ? "slave"
+                    : "syncing";
+        }
+      }
+      if (r != nullptr) freeReplyObject(r);
+    }
+    if (c != nullptr) redisFree(c);
+    return out;
+  }
+  // The replica of the master at `port` (its INFO replication's slave0), or -1.
+  static int replica_of(int port) {
+    node_conn c(port);
+    redisReply* r = c.cmd({"INFO", "replication"});
+    int out = -1;
+    if (r != nullptr && r->type == REDIS_REPLY_STRING) {
+      const std::string info(r->str, r->len);
+      const auto at = info.find("slave0:");
+      const auto p = info.find("port=", at);
+      if (at != std::string::npos && p != std::string::npos) out = std::stoi(info.substr(p + 5));
+    }
+    if (r != nullptr) freeReplyObject(r);
+    return out;
+  }
+  // Starts the node at `port` again after kill_node() (its config file, so it rejoins the
+  // cluster; a master that was failed over comes back as a replica), as the script does.
+  void restart(int port) {
+    const std::string p = std::to_string(port);
+    const std::string cmd = "redis-server --port " + p +
+                            " --bind 127.0.0.1 --cluster-enabled yes --cluster-config-file '" +
+                            dir_ + "/nodes-" + p +
+                            ".conf' --cluster-node-timeout 1000 --repl-diskless-sync-delay 0 "
+                            "--shutdown-timeout 0 --cluster-require-full-coverage no --save '' "
+                            "--appendonly no --daemonize yes --pidfile '" +
+                            dir_ + "/" + p + ".pid' --logfile '" + dir_ + "/" + p +
+                            ".log' --dir '" + dir_ + "' >/dev/null 2>&1";
+    if (std::system(cmd.c_str()) != 0) die("could not restart node " + p);
   }
   cluster(const cluster&) = delete;
   cluster& operator=(const cluster&) = delete;
@@ -1112,6 +1341,14 @@ class cluster {
       if (owner(sf::detail::fleet_names::of(prefix, k).value) == port) return k;
     }
   }
+  // A fleet key (under `prefix`) whose names hash to `slot`.
+  static std::string key_in_slot(const std::string& prefix, std::size_t slot,
+                                 const std::string& stem) {
+    for (int i = 0;; ++i) {
+      std::string k = stem + std::to_string(i);
+      if (sf::detail::cluster_slot(sf::detail::fleet_names::of(prefix, k).value) == slot) return k;
+    }
+  }
   // SIGKILL the master at `port` (its pidfile: the script's).
   void kill_node(int port) {
     std::FILE* f = std::fopen((dir_ + "/" + std::to_string(port) + ".pid").c_str(), "r");
@@ -1130,6 +1367,7 @@ class cluster {
   std::string dir_;
   std::string uri_;
   int seed_ = 0;
+  std::vector<int> nodes_;
   std::vector<range> ranges_;
   std::vector<int> masters_;
 };
@@ -1379,6 +1617,361 @@ void cluster_faults(cluster& c) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// 6. Redis Cluster trials (--cluster --trials N): a reshard, a forced failover, a master
+// SIGKILLed, each N times, on a cluster of 3 masters with one replica each.
+
+// What the driver's watcher saw of one key's record: every master and replica polled (GET,
+// every 2 ms; a node that does not own the slot answers MOVED or ASK, a dead one nothing).
+struct record_watch {
+  long long max_fence = 0;
+  long long max_version = 0;
+  long long final_fence = 0;
+  long long final_version = 0;
+  long went_back = 0;  // a record read after one with a higher fence: a stale overwrite
+};
+
+// A record's fence and the origin version in its payload ("SF1|v|tag|fence|gen|sum|v<ver>-pid").
+std::optional<std::pair<long long, long long>> parse_record(const std::string& rec) {
+  std::size_t at = 0;
+  std::vector<std::string> f;
+  for (int i = 0; i < 6; ++i) {
+    const auto bar = rec.find('|', at);
+    if (bar == std::string::npos) return std::nullopt;
+    f.push_back(rec.substr(at, bar - at));
+    at = bar + 1;
+  }
+  if (f[0] != "SF1" || f[1] != "v" || at >= rec.size() || rec[at] != 'v') return std::nullopt;
+  return std::pair{std::atoll(f[3].c_str()), std::atoll(rec.c_str() + at + 1)};
+}
+
+// Polls `name` on every node until stop, then once more (the final record: the one on the
+// node that answers the GET with a value).
+class watcher {
+ public:
+  watcher(std::vector<int> ports, std::string name)
+      : ports_(std::move(ports)),
+        name_(std::move(name)),
+        conns_(ports_.size()),
+        retry_(ports_.size()),
+        thread_([this] { run(); }) {}
+  watcher(const watcher&) = delete;
+  watcher& operator=(const watcher&) = delete;
+  ~watcher() { finish(); }
+  record_watch finish() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    for (auto* c : conns_) {
+      if (c != nullptr) redisFree(c);
+    }
+    conns_.assign(conns_.size(), nullptr);
+    return w_;
+  }
+
+ private:
+  void pass(bool last) {
+    bool found = false;
+    for (std::size_t i = 0; i < ports_.size(); ++i) {
+      if (conns_[i] == nullptr) {
+        if (clock_t_::now() < retry_[i]) continue;
+        retry_[i] = clock_t_::now() + ms(200);
+        redisContext* c = redisConnectWithTimeout("127.0.0.1", ports_[i], timeval{0, 50000});
+        if (c == nullptr || c->err != 0) {
+          if (c != nullptr) redisFree(c);
+          continue;
+        }
+        redisSetTimeout(c, timeval{0, 100000});
+        conns_[i] = c;
+      }
+      auto* r =
+          static_cast<redisReply*>(redisCommand(conns_[i], "GET %b", name_.data(), name_.size()));
+      if (r == nullptr) {
+        redisFree(conns_[i]);
+        conns_[i] = nullptr;
+        continue;
+      }
+      if (r->type == REDIS_REPLY_STRING) {
+        if (const auto rec = parse_record(std::string(r->str, r->len))) {
+          if (rec->first < w_.max_fence) ++w_.went_back;
+          w_.max_fence = std::max(w_.max_fence, rec->first);
+          w_.max_version = std::max(w_.max_version, rec->second);
+          if (last && !found) {
+            found = true;
+            w_.final_fence = rec->first;
+            w_.final_version = rec->second;
+          }
+        }
+      }
+      freeReplyObject(r);
+    }
+  }
+  void run() {
+    while (!stop_.load()) {
+      pass(false);
+      std::this_thread::sleep_for(ms(2));  // the polling period
+    }
+    std::fill(retry_.begin(), retry_.end(), clock_t_::time_point{});
+    pass(true);
+  }
+  std::vector<int> ports_;
+  std::string name_;
+  std::vector<redisContext*> conns_;
+  std::vector<clock_t_::time_point> retry_;
+  record_watch w_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+enum class cluster_event { reshard, force, kill };
+
+struct trial_result {
+  std::size_t calls = 0;  // origin calls of the hot key
+  long errors = 0;        // surfaced to callers: hammer and probes
+  long fence_rejections = 0;
+  long stale = 0;           // records replaced by an older fence (watcher), final included
+  bool diverged = false;    // a caller's last read is not the record Redis holds at the end
+  double event_ms = 0;      // the event, start to end
+  double coalesced_ms = 0;  // the last probe that did not coalesce ended (0: every one did)
+  double max_ms = 0;        // the hot key callers' worst latency
+  std::string error;        // the first error a caller saw
+};
+
+// Waits (bounded) until `pred`; false on the deadline.
+template <class Pred>
+bool wait_for(Pred pred, ms limit) {
+  const auto deadline = clock_t_::now() + limit;
+  while (!pred()) {
+    if (clock_t_::now() > deadline) return false;
+    std::this_thread::sleep_for(ms(20));  // polling the cluster's state
+  }
+  return true;
+}
+
+// Moves `slot` from the master at `a` to the master at `b` (the steps of redis-cli --cluster
+// reshard, one key at a time); "" or what failed.
+std::string reshard(const cluster& c, std::size_t slot, int a, int b) {
+  node_conn ac(a);
+  node_conn bc(b);
+  const auto str = [](node_conn& n, const std::vector<std::string>& args) {
+    redisReply* r = n.cmd(args);
+    std::string out = r == nullptr        ? "(no reply)"
+                      : r->str != nullptr ? std::string(r->str, r->len)
+                                          : "";
+    if (r != nullptr && r->type == REDIS_REPLY_INTEGER) out = std::to_string(r->integer);
+    if (r != nullptr) freeReplyObject(r);
+    return out;
+  };
+  const std::string a_id = str(ac, {"CLUSTER", "MYID"});
+  const std::string b_id = str(bc, {"CLUSTER", "MYID"});
+  const std::string st = std::to_string(slot);
+  if (str(bc, {"CLUSTER", "SETSLOT", st, "IMPORTING", a_id}) != "OK") return "IMPORTING";
+  if (str(ac, {"CLUSTER", "SETSLOT", st, "MIGRATING", b_id}) != "OK") return "MIGRATING";
+  for (int i = 0; i < 1000; ++i) {
+    redisReply* r = ac.cmd({"CLUSTER", "GETKEYSINSLOT", st, "100"});
+    if (r == nullptr || r->type != REDIS_REPLY_ARRAY) return "GETKEYSINSLOT";
+    std::vector<std::string> keys;
+    for (std::size_t k = 0; k < r->elements; ++k) {
+      keys.emplace_back(r->element[k]->str, r->element[k]->len);
+    }
+    freeReplyObject(r);
+    if (keys.empty()) break;
+    for (const auto& k : keys) {
+      const std::string m = str(ac, {"MIGRATE", "127.0.0.1", std::to_string(b), k, "0", "5000"});
+      if (m != "OK" && m != "NOKEY") return "MIGRATE: " + m;
+    }
+  }
+  std::vector<int> order = {b, a};
+  for (const int p : c.masters()) {
+    if (p != a && p != b) order.push_back(p);
+  }
+  for (const int p : order) {
+    node_conn m(p);
+    if (str(m, {"CLUSTER", "SETSLOT", st, "NODE", b_id}) != "OK") return "SETSLOT NODE";
+  }
+  return "";
+}
+
+trial_result cluster_trial(cluster& c, workers& w, const std::string& prefix, cluster_event ev,
+                           int trial) {
+  c.refresh();
+  const int victim = c.masters()[static_cast<std::size_t>(trial) % 3];
+  const int target = c.masters()[static_cast<std::size_t>(trial + 1) % 3];
+  const int replica = ev == cluster_event::reshard ? -1 : cluster::replica_of(victim);
+  if (ev != cluster_event::reshard && replica < 0) die("a master without a replica");
+  const std::string key = c.key_on(prefix, victim, "hot" + std::to_string(trial) + "-");
+  const std::string name = sf::detail::fleet_names::of(prefix, key).value;
+  const std::size_t slot = sf::detail::cluster_slot(name);
+  std::map<pid_t, long> rejections_before;
+  for (auto& p : w.procs()) {
+    const auto l = w.last_of(p, "hammered ");
+    rejections_before[p.pid] =
+        l.count("fence_rejections") != 0 ? std::stol(l.at("fence_rejections")) : 0;
+  }
+  const std::size_t hammered_before = w.count_of("hammered ");
+  trial_result out;
+  watcher watch(c.nodes(), name);
+  w.tell("hammer key=" + key + " load_ms=200 pause_ms=2");
+  w.until([&] { return w.calls_of(key) >= 1; }, "the hot key's first origin call");
+  // The event lands 0..210 ms into the leader's 200 ms load (before, during or after its store).
+  const auto fire_at = clock_t_::now() + ms((trial % 8) * 30);
+  w.until([&] { return clock_t_::now() >= fire_at; }, "the event's time");
+  const auto t0 = clock_t_::now();
+  std::atomic<bool> done{false};
+  std::string failed;
+  clock_t_::time_point ended;
+  std::thread event([&] {
+    if (ev == cluster_event::reshard) {
+      failed = reshard(c, slot, victim, target);
+    } else {
+      if (ev == cluster_event::force) {
+        node_conn r(replica);
+        r.run({"CLUSTER", "FAILOVER", "FORCE"});
+      } else {
+        c.kill_node(victim);
+      }
+      if (!wait_for([&] { return cluster::role(replica) == "master"; }, ms(20000))) {
+        failed = "the replica was not promoted within 20 s";
+      }
+    }
+    ended = clock_t_::now();
+    done = true;
+  });
+  // Probe rounds, back to back, from the event's start until 1 s after its end: each a fresh
+  // key of the hot key's slot, 50 ms load, every thread of every process at once.
+  std::optional<clock_t_::time_point> settle;
+  for (int i = 0;; ++i) {
+    if (done.load() && !settle) settle = clock_t_::now() + ms(1000);
+    if (settle && clock_t_::now() >= *settle) break;
+    if (ms_since(t0) > 30000) break;
+    const std::string probe = cluster::key_in_slot(
+        prefix, slot, "p" + std::to_string(trial) + "-" + std::to_string(i) + "-");
+    w.round(probe, 50);
+    w.wait_round("a probe round");
+    const long errs = errors_surfaced(w);
+    out.errors += errs;
+    if (w.calls_of(probe) != 1 || errs != 0) out.coalesced_ms = ms_since(t0);
+  }
+  event.join();
+  if (!failed.empty()) die("the event failed: " + failed);
+  out.event_ms = std::chrono::duration<double, std::milli>(ended - t0).count();
+  w.tell("stop");
+  w.until([&] { return w.count_of("hammered ") == hammered_before + w.alive(); }, "hammer stop");
+  const record_watch seen = watch.finish();
+  for (auto& p : w.procs()) {
+    const auto l = w.last_of(p, "hammered ");
+    out.errors += std::stol(l.at("err"));
+    if (std::stoll(l.at("last_min")) != seen.final_version ||
+        std::stoll(l.at("last_max")) != seen.final_version) {
+      out.diverged = true;
+    }
+    out.max_ms = std::max(out.max_ms, std::stod(l.at("max_ms")));
+    out.fence_rejections += std::stol(l.at("fence_rejections")) - rejections_before[p.pid];
+    if (out.error.empty() && l.at("error") != "-") out.error = l.at("error");
+  }
+  out.calls = w.calls_of(key);
+  out.stale = seen.went_back + (seen.final_fence < seen.max_fence ? 1 : 0);
+  if (seen.final_fence == 0) out.error += " (no final record)";
+  // The cluster restored for the next trial: a killed master back as a replica, in sync.
+  if (ev == cluster_event::kill) c.restart(victim);
+  if (ev != cluster_event::reshard &&
+      !wait_for([&] { return cluster::role(victim) == "slave"; }, ms(30000))) {
+    die("the old master did not come back as a replica in sync within 30 s");
+  }
+  return out;
+}
+
+void cluster_trials(cluster& c, int trials, const std::string& only) {
+  constexpr int n = 8;
+  constexpr int t = 4;
+  std::printf(
+      "\n### Redis Cluster trials: the hot key's master resharded or failed over (3 masters + 3 "
+      "replicas, %d processes x %d threads hammering one key, every 2 ms per thread, lease_ttl 1 "
+      "s, wait_slice 200 ms, redis_timeout 50 ms, 200 ms origin; the event 0-210 ms into its "
+      "first load)\n\n",
+      n, t);
+  std::printf(
+      "| event | trials | errors surfaced | origin calls of the hot key per event, mean / max "
+      "(trials over 2) | fence rejections (the hot key and the probes) | stale overwrites | trials whose callers did not end on "
+      "the stored record | event ms, "
+      "median / max | time to coalesce again ms, median / max | callers' max latency ms |\n"
+      "|---|---:|---:|---|---:|---:|---:|---|---|---:|\n");
+  std::fflush(stdout);
+  std::string vdir = (std::filesystem::temp_directory_path() / "fleet-versions.XXXXXX").string();
+  if (::mkdtemp(vdir.data()) == nullptr) die("mkdtemp");
+  const std::string vfile = vdir + "/v";
+  for (const auto& [ev, label, name] :
+       {std::tuple{cluster_event::reshard,
+                   "slot resharded to another master (SETSLOT "
+                   "IMPORTING/MIGRATING, MIGRATE key by key, SETSLOT NODE)",
+                   "reshard"},
+        std::tuple{cluster_event::force, "CLUSTER FAILOVER FORCE on the master's replica", "force"},
+        std::tuple{cluster_event::kill,
+                   "master SIGKILLed (its replica promoted after cluster-node-timeout 1 s; the "
+                   "node restarted as a replica between trials)",
+                   "kill"}}) {
+    if (!only.empty() && only != name) continue;
+    {
+      std::FILE* f = std::fopen(vfile.c_str(), "w");
+      const long long zero = 0;
+      if (f == nullptr || std::fwrite(&zero, sizeof zero, 1, f) != 1) die("versions file");
+      std::fclose(f);
+    }
+    const std::string prefix = std::string("ct-") + name;
+    workers w(n, worker_args(
+                     c.seeds(), prefix, "fleet", t,
+                     {"lease_ms=1000", "slice_ms=200", "max_wait_ms=60000", "versions=" + vfile}));
+    for (const int port : c.masters()) {  // the slot map learnt
+      w.round(c.key_on(prefix, port, "warm"), 0);
+      w.wait_round("warm-up");
+    }
+    std::vector<trial_result> rs;
+    for (int i = 0; i < trials; ++i) {
+      rs.push_back(cluster_trial(c, w, prefix, ev, i));
+      const auto& r = rs.back();
+      std::fprintf(
+          stderr,
+          "  %s trial %d: calls %zu, errors %ld, fence rejections %ld, stale %ld, diverged "
+          "%ld, event %.0f ms, coalesced again %.0f ms, max %.0f ms %s\n",
+          name, i, r.calls, r.errors, r.fence_rejections, r.stale, r.diverged ? 1L : 0L, r.event_ms,
+          r.coalesced_ms, r.max_ms, r.error.c_str());
+    }
+    double calls = 0;
+    std::size_t calls_max = 0;
+    long over = 0;
+    long errs = 0;
+    long rej = 0;
+    long stale = 0;
+    long diverged = 0;
+    double worst = 0;
+    std::vector<double> evs;
+    std::vector<double> coal;
+    std::string first_error;
+    for (const auto& r : rs) {
+      calls += static_cast<double>(r.calls);
+      calls_max = std::max(calls_max, r.calls);
+      over += r.calls > 2 ? 1 : 0;
+      errs += r.errors;
+      rej += r.fence_rejections;
+      stale += r.stale;
+      diverged += r.diverged ? 1 : 0;
+      worst = std::max(worst, r.max_ms);
+      evs.push_back(r.event_ms);
+      coal.push_back(r.coalesced_ms);
+      if (first_error.empty()) first_error = r.error;
+    }
+    std::sort(evs.begin(), evs.end());
+    std::sort(coal.begin(), coal.end());
+    std::printf(
+        "| %s | %d | **%ld**%s | **%.1f / %zu** (%ld) | %ld | **%ld** | %ld | %.0f / %.0f | "
+        "%.0f / %.0f | %.0f |\n",
+        label, trials, errs, first_error.empty() ? "" : (" (" + first_error + ")").c_str(),
+        calls / trials, calls_max, over, rej, stale, diverged, evs[evs.size() / 2], evs.back(),
+        coal[coal.size() / 2], coal.back(), worst);
+    std::fflush(stdout);
+  }
+  std::filesystem::remove_all(vdir);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1392,6 +1985,7 @@ int main(int argc, char** argv) {
   }
   bool quick = false;
   bool on_cluster = false;
+  int trials = 0;    // --cluster --trials N: the reshard and failover trials instead
   std::string only;  // --only coalescing|faults|stores|costs
   std::string bin = "redis-server";
 #ifdef SINGLEFLIGHT_CLUSTER_SCRIPT
@@ -1403,6 +1997,7 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
     if (a == "--cluster") on_cluster = true;
+    if (a == "--trials" && i + 1 < argc) trials = std::stoi(argv[++i]);
     if (a == "--cluster-script" && i + 1 < argc) script = argv[++i];
     if (a == "--only" && i + 1 < argc) only = argv[++i];
     if (a == "--redis-server" && i + 1 < argc) bin = argv[++i];
@@ -1414,6 +2009,15 @@ int main(int argc, char** argv) {
         break;
       }
     }
+  }
+  if (on_cluster && trials > 0) {
+    cluster c(script, 1);
+    std::printf(
+        "fleet_driver: a Redis Cluster of 3 masters (ports %d %d %d) with one replica each, "
+        "the fleet given every node as a seed; %u hardware threads\n",
+        c.masters()[0], c.masters()[1], c.masters()[2], std::thread::hardware_concurrency());
+    cluster_trials(c, trials, only);
+    return 0;
   }
   if (on_cluster) {
     cluster c(script);

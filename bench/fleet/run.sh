@@ -13,7 +13,11 @@
 #   CLUSTER=1 bench/fleet/run.sh  # instead: fleet_driver --cluster, a Redis Cluster of 3 masters
 #                                 # it starts itself (tests/support/redis_cluster.sh; needs
 #                                 # redis-cli too): origin calls per key, hit and miss costs,
-#                                 # a leader SIGKILLed, a master SIGKILLed (~20 s)
+#                                 # a leader SIGKILLed, a master SIGKILLed (~20 s); then
+#                                 # fleet_driver --cluster --trials 20 (QUICK: 3; TRIALS=N to
+#                                 # choose, 0 to skip), 3 masters + 3 replicas: the hot key's
+#                                 # slot resharded, its master failed over (FORCE) and SIGKILLed,
+#                                 # N times each (~4 minutes for 20)
 #   BUILD_DIR=/tmp/b bench/fleet/run.sh
 # Needs: cmake, ninja, Google Benchmark, libhiredis-dev, redis-server, perl.
 set -euo pipefail
@@ -31,6 +35,13 @@ if [ -n "${CLUSTER:-}" ]; then
   [ -n "${QUICK:-}" ] && args+=(--quick)
   echo "== fleet_driver --cluster" >&2
   "$build/bench/fleet_driver" "${args[@]}" | tee "$out/fleet_driver_cluster.md"
+  trials=${TRIALS:-20}
+  [ -n "${QUICK:-}" ] && [ -z "${TRIALS:-}" ] && trials=3
+  if [ "$trials" -gt 0 ]; then
+    echo "== fleet_driver --cluster --trials $trials" >&2
+    "$build/bench/fleet_driver" --cluster --trials "$trials" |
+      tee "$out/fleet_driver_cluster_trials.md"
+  fi
   exit 0
 fi
 cmake --build "$build" --target bench_fleet fleet_driver >>"$out/fleet-cmake.log" 2>&1 ||
