@@ -9,8 +9,9 @@
 // is read from /proc/self/statm before the cache is made and after it is filled; the
 // difference over the entries held is the figure. The accounting line adds what each entry
 // allocates: its node (rounded up to glibc's 16-byte chunks, with their 8-byte header), its value's
-// box (std::shared_ptr<const T>'s control block and T, likewise rounded) and its share of the
-// bucket arrays (one pointer per bucket, between one and two buckets per node).
+// box if it has one (std::shared_ptr<const T>'s control block and T, likewise rounded; none for
+// uint64_t, which the node holds: detail::value_in_node) and its share of the bucket arrays (one
+// pointer per bucket, between one and two buckets per node).
 #include <unistd.h>
 #include <cstdint>
 #include <cstdio>
@@ -60,8 +61,10 @@ int main(int argc, char** argv) {
   for (std::uint64_t k = 0; k < writes; ++k) c->put(k, k);
   const std::size_t after = rss_bytes();
   const std::size_t held = c->size();
-  // An empty std::shared_ptr control block of make_shared: two counts and a vtable pointer.
-  const std::size_t box = chunk(16 + sizeof(std::uint64_t));
+  // A value in a box of its own: make_shared's control block (two counts and a vtable
+  // pointer) and T; none when the node holds the value.
+  const std::size_t box =
+      sf::detail::value_in_node<std::uint64_t> ? 0 : chunk(16 + sizeof(std::uint64_t));
   std::printf(
       "%s cache<uint64_t, uint64_t>, %zu entries held: %.1f bytes per entry by RSS "
       "(empty cache %.1f KiB); sizeof(node) %zu, node chunk %zu + value box %zu + "

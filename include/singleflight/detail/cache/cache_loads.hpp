@@ -69,9 +69,11 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
   using base::drop;
   using base::erase_if_unused;
   using base::error_ttl;
+  using base::error_until;
   using base::find_or_make;
   using base::not_found_ttl;
   using base::set_windows;
+  using base::stale_until;
   using base::table;
   using base::throttle;
   using base::ttl;
@@ -148,13 +150,17 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
     node_t* n = find_or_make(key, mixed, lk, g);
     auto& s = table.at(table.shard_index(mixed));
     const time_point now = Clock::now();
+    // The double check's answer first: share() may allocate (and throw) before anything
+    // is registered.
+    const bool shortcut = foreground && n->kind == detail::held::value && now < n->fresh_until &&
+                          n->fresh_waiters == 0;
+    std::shared_ptr<const T> answer = shortcut ? n->value.share() : nullptr;
     registration r(this, n, n->version, now);
     ++n->pins;
     ++n->loading;
-    n->load_version = n->version;
-    if (foreground && n->kind == detail::held::value && now < n->fresh_until &&
-        n->fresh_waiters == 0) {
-      r.set_shortcut(loaded_t{n->value, n->version, n->written});
+    n->load_outdated = false;
+    if (shortcut) {
+      r.set_shortcut(loaded_t{std::move(answer), n->version, n->written});
     } else {
       ++s.loads;
     }
@@ -189,12 +195,12 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
       ++s.load_failures;
       // A value not yet dead stays, and the failure throttles the key's
       // loads; with none, the failure itself may be cached.
-      if (n->kind == detail::held::value && (t1 < n->stale_until || t1 < n->error_until)) {
+      if (n->kind == detail::held::value && (t1 < stale_until(*n) || t1 < error_until(*n))) {
         old_error = std::exchange(n->error, e);
         n->throttle_until = detail::sat_add(t1, throttle);
       } else if (error_ttl > duration::zero()) {
         drop(s, n);
-        box = std::exchange(n->value, nullptr);  // freed after the lock
+        n->value.clear(box);  // freed after the lock
         old_error = std::exchange(n->error, e);
         n->kind = detail::held::error;
         n->written = t1;
@@ -206,7 +212,7 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
       // on arrival, it would push out a live value). The key keeps what it had.
     } else if (found) {
       n->kind = detail::held::value;
-      n->value.swap(box);  // the old value leaves with `box`, after the lock
+      n->value.store(box);  // the old value leaves with `box`, after the lock
       old_error = std::exchange(n->error, nullptr);
       n->cost = t1 > t0 ? t1 - t0 : duration::zero();
       set_windows(s, n, t1, ttl_override ? detail::to_duration<duration>(*ttl_override) : ttl);
@@ -215,13 +221,12 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
       const duration nf =
           ttl_override ? detail::to_duration<duration>(*ttl_override) : not_found_ttl;
       drop(s, n);
-      box = std::exchange(n->value, nullptr);
+      n->value.clear(box);
       old_error = std::exchange(n->error, nullptr);
       if (nf > duration::zero()) {
         n->kind = detail::held::not_found;
         n->cost = t1 > t0 ? t1 - t0 : duration::zero();
         set_windows(s, n, t1, nf);
-        n->stale_until = n->error_until = n->fresh_until;
         admit(s, n, t1, g);
       }
     }
@@ -294,8 +299,8 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
     {
       const std::size_t si = table.shard_index(n->fingerprint);
       shard_lock lk(table, si);
-      if (n->kind != detail::held::value || now >= n->error_until) return std::nullopt;
-      v = n->value;
+      if (n->kind != detail::held::value || now >= error_until(*n)) return std::nullopt;
+      take(*n, v, out);
       out.version = n->version;
       out.age = std::chrono::duration_cast<std::chrono::nanoseconds>(
           now > n->written ? now - n->written : duration::zero());
@@ -307,7 +312,7 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
     }
     auto& sc = table.stripe(table.gate().my_stripe());
     sc.add(sc.stale_on_error);
-    out.value.emplace(*v);  // user code: no lock
+    if (v) out.value.emplace(*v);  // user code: no lock
     out.state = freshness::stale_on_error;
     return out;
   }
@@ -318,7 +323,7 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
     if (n == nullptr) return false;
     const time_point now = Clock::now();
     shard_lock lk(table, table.shard_index(n->fingerprint));
-    return n->kind == detail::held::value && now < n->error_until;
+    return n->kind == detail::held::value && now < error_until(*n);
   }
 
   // serve_on_timeout(n): the soft-timeout answer for a caller that stopped
@@ -332,17 +337,28 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
     cached<T> out;
     {
       shard_lock lk(table, table.shard_index(n->fingerprint));
-      if (n->kind != detail::held::value || now >= n->error_until) return std::nullopt;
-      v = n->value;
+      if (n->kind != detail::held::value || now >= error_until(*n)) return std::nullopt;
+      take(*n, v, out);
       out.version = n->version;
       out.age = std::chrono::duration_cast<std::chrono::nanoseconds>(
           now > n->written ? now - n->written : duration::zero());
     }
-    out.value.emplace(*v);  // user code: no lock
+    if (v) out.value.emplace(*v);  // user code: no lock
     out.state = freshness::stale_on_timeout;
     auto& sc = table.stripe(table.gate().my_stripe());
     sc.add(sc.stale_on_timeout);
     return out;
+  }
+
+  // take(n, v, out): n's value for a caller, under the mutex: copied into
+  // `out` at once if it sits in the node (a memcpy), else its box into `v`,
+  // for T's copy after the lock.
+  static void take(const node_t& n, std::shared_ptr<const T>& v, cached<T>& out) {
+    if constexpr (detail::value_in_node<T>) {
+      out.value.emplace(n.value.get());
+    } else {
+      v = n.value.share();
+    }
   }
 
   // Failures a stale value may stand in for: anything but the caller's own

@@ -161,10 +161,21 @@ class cache_lookup {
 
   // -- classification (read section or mutex) --
 
-  static bool is_dead(const node_t& n, time_point now) noexcept {
+  // stale_until(n), error_until(n): the end of n's stale window and of its
+  // stale-if-error window, fixed offsets from fresh_until (set_windows and
+  // expire measure both from it), so the node does not store them. For
+  // kind == value only.
+  time_point stale_until(const node_t& n) const noexcept {
+    return detail::sat_add(n.fresh_until, stale_while_revalidate);
+  }
+  time_point error_until(const node_t& n) const noexcept {
+    return detail::sat_add(n.fresh_until, stale_if_error);
+  }
+
+  bool is_dead(const node_t& n, time_point now) const noexcept {
     switch (n.kind) {
       case detail::held::value:
-        return now >= n.stale_until && now >= n.error_until;
+        return now >= stale_until(n) && now >= error_until(n);
       case detail::held::not_found:
         return now >= n.fresh_until;
       case detail::held::error:
@@ -186,8 +197,8 @@ class cache_lookup {
         if (now < n.fresh_until) {
           return may_refresh && beta > 0.0 && draw() ? verdict::fresh_refresh : verdict::fresh;
         }
-        if (now < n.stale_until) return may_refresh ? verdict::stale_refresh : verdict::stale;
-        if (n.error && now < n.throttle_until && now < n.error_until) {
+        if (now < stale_until(n)) return may_refresh ? verdict::stale_refresh : verdict::stale;
+        if (n.error && now < n.throttle_until && now < error_until(n)) {
           return verdict::stale_on_error;
         }
         return verdict::load;
@@ -206,9 +217,9 @@ class cache_lookup {
     d.what = decision::act::serve;
     d.state = st;
     if constexpr (copy_inside) {
-      d.copy.emplace(*n.value);  // a memcpy: no user code
+      d.copy.emplace(n.value.get());  // a memcpy: no user code
     } else {
-      d.pin = n.value;  // one reference count: T's copy runs after the section
+      d.pin = n.value.share();  // one reference count: T's copy runs after the section
     }
     d.age = now > n.written ? now - n.written : duration::zero();
     d.version = n.version;
@@ -304,9 +315,9 @@ class cache_lookup {
       return false;
     }
     if constexpr (copy_inside) {
-      copy.emplace(*n->value);  // a memcpy: no user code
+      copy.emplace(n->value.get());  // a memcpy: no user code
     } else {
-      pin = n->value;  // one reference count: T's copy runs after the section
+      pin = n->value.share();  // one reference count: T's copy runs after the section
     }
     age = now > n->written ? now - n->written : duration::zero();
     version = n->version;
@@ -363,11 +374,11 @@ class cache_lookup {
     sc.add(sc.misses);
     d.seen = n->version;
     if (stale_if_error > duration::zero() && n->kind == detail::held::value &&
-        now < n->error_until) {
+        now < error_until(*n)) {
       ++n->pins;
       d.pinned = n;
     }
-    if (n->loading > 0 && n->load_version != n->version) d.what = decision::act::load_fresh;
+    if (n->loading > 0 && n->load_outdated) d.what = decision::act::load_fresh;
     return d;
   }
 

@@ -13,8 +13,9 @@
 //     changes what a reader may look at: links, outcomes, times, versions)
 //     also locks the shard's readers out (shard_lock::write()).
 //   * A hit reads inside a read section (read_gate::try_enter): the bucket
-//     chain, the node's key, outcome and times, and the value's shared_ptr
-//     (copied, which only increments its reference count). Readers write only
+//     chain, the node's key, outcome and times, and its value (value_slot: a
+//     small trivially copyable T copied out of the node, any other T's
+//     shared_ptr copied, which only increments its reference count). Readers write only
 //     atomics: the node's `freq` and `refresh_id` hint, and their stripe's
 //     counters.
 //   * Fields marked "mutex" are never read by a reader and change under the
@@ -33,6 +34,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <utility>
 
 #include "cache_clock.hpp"
@@ -59,8 +61,58 @@ enum class held : std::uint8_t {
   error,      // a cached failure (error_ttl), with no usable value
 };
 
+// value_slot<T>: where a node keeps its value (kind == value). A small
+// trivially copyable T (no larger than a std::shared_ptr, as aligned as a
+// pointer at most) sits in the node itself: a hit copies it (a memcpy) inside
+// its read section, and an entry costs no allocation of its own. Any other T
+// lives in a shared box, so that a hit takes one reference count and copies T
+// after the section. Written by writers with the readers locked out; read
+// inside read sections or under the mutex.
+template <class T>
+inline constexpr bool value_in_node = std::is_trivially_copyable_v<T> &&
+                                      sizeof(T) <= sizeof(std::shared_ptr<const T>) &&
+                                      alignof(T) <= alignof(void*);
+
+template <class T, bool Inline = value_in_node<T>>
+struct value_slot {
+  std::shared_ptr<const T> box;
+
+  const T& get() const noexcept { return *box; }
+  // share(): the value in a box of its own (a reference count).
+  std::shared_ptr<const T> share() const noexcept { return box; }
+  // store(b): the slot holds *b; `b` leaves with the old box, to be released
+  // after the lock.
+  void store(std::shared_ptr<const T>& b) noexcept { box.swap(b); }
+  // clear(old): the slot holds nothing; `old` leaves with the box, to be
+  // released after the lock.
+  void clear(std::shared_ptr<const T>& old) noexcept { old = std::exchange(box, nullptr); }
+};
+
+template <class T>
+struct value_slot<T, true> {
+  union {
+    char none;
+    T v;
+  };
+  value_slot() noexcept : none() {}
+
+  const T& get() const noexcept { return v; }
+  // share(): a copy in a new box (an allocation, no user code: T is trivially copyable).
+  std::shared_ptr<const T> share() const { return std::make_shared<const T>(v); }
+  // store(b): the slot holds a copy of *b (a memcpy); `b` keeps its box.
+  void store(std::shared_ptr<const T>& b) noexcept { std::construct_at(&v, *b); }
+  // clear(old): nothing to release (T's destructor is trivial).
+  void clear(std::shared_ptr<const T>&) noexcept {}
+};
+
 // One key's record. Lives from the first load, put or refresh of its key
 // until it holds nothing and nobody holds its address (pins == 0).
+// Layout: kind, load_outdated and pins fill policy_hook's tail padding (the
+// hook is not a POD, so the Itanium ABI lays them out there), and the
+// windows derived from fresh_until by a fixed option (stale_while_revalidate,
+// stale_if_error) are computed, not stored (cache_lookup: stale_until(),
+// error_until()): 120 bytes for uint64_t keys and values, one 128-byte
+// malloc chunk and no value box (bench/bench_memory.cpp).
 template <class Key, class T, class Clock>
 struct cache_node : policy_hook {
   using time_point = typename Clock::time_point;
@@ -71,20 +123,25 @@ struct cache_node : policy_hook {
     fingerprint = mixed;
   }
 
+  // Read by hits; written with the readers locked out.
+  held kind = held::nothing;
+  // Mutex only: the key's version changed since the last load registered
+  // (begin_load clears it; every write of `version` sets it). With
+  // loading > 0: a load is running that cannot publish (get_fresh's cue).
+  bool load_outdated = false;
+  std::uint32_t pins = 0;  // mutex only: holders of this node's address
+
   cache_node* chain = nullptr;  // next in the bucket (or in a garbage list)
   const Key key;
 
   // Read by hits; written with the readers locked out.
-  held kind = held::nothing;
-  std::shared_ptr<const T> value;  // kind == value
-  std::exception_ptr error;        // kind == error, or the failure behind throttle_until
-  std::uint64_t version = 0;       // the key's version: bumped by put / invalidate / clear
-  time_point written{};            // when the value (or not_found) was stored
-  time_point fresh_until{};        // written + jittered ttl
-  time_point stale_until{};        // fresh_until + stale_while_revalidate
-  time_point error_until{};        // fresh_until + stale_if_error
-  time_point throttle_until{};     // no load before this (after a failure)
-  duration cost{};                 // the last load's duration (XFetch's delta)
+  value_slot<T> value;          // kind == value
+  std::uint64_t version = 0;    // the key's version: bumped by put / invalidate / clear
+  time_point written{};         // when the value (or not_found) was stored
+  time_point fresh_until{};     // written + jittered ttl
+  time_point throttle_until{};  // no load before this (after a failure)
+  std::exception_ptr error;     // kind == error, or the failure behind throttle_until
+  duration cost{};              // the last load's duration (XFetch's delta)
 
   // A hint for hits ("a refresh is already under way"), set and cleared
   // under the mutex. Relaxed: a hit that reads a stale hint either skips a
@@ -92,10 +149,14 @@ struct cache_node : policy_hook {
   std::atomic<std::uint64_t> refresh_id{0};
 
   // Mutex only.
-  std::uint32_t pins = 0;           // holders of this node's address
   std::uint32_t loading = 0;        // loads registered and not yet finished
   std::uint32_t fresh_waiters = 0;  // get_fresh callers waiting on this key
-  std::uint64_t load_version = 0;   // the version the last registered load saw
+
+  // set_version(v): the key's version is now v. Readers locked out.
+  void set_version(std::uint64_t v) noexcept {
+    version = v;
+    load_outdated = true;
+  }
 };
 
 // A shard. Aligned so that two shards' mutexes never share a cache line.

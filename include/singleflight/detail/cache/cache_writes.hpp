@@ -123,7 +123,7 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
   // sweep removes dead entries it finds within its budget of looks (no
   // timer does it; wtinylfu::sweep).
   void admit(shard_t& s, node_t* n, time_point now, garbage_t& g) {
-    const auto dead = [now](const detail::policy_hook* h) {
+    const auto dead = [this, now](const detail::policy_hook* h) {
       return is_dead(*static_cast<const node_t*>(h), now);
     };
     if (n->queue == detail::wtinylfu::none) {
@@ -205,8 +205,6 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
   void set_windows(shard_t& s, node_t* n, time_point now, duration d) noexcept {
     n->written = now;
     n->fresh_until = detail::sat_add(now, detail::jittered(d, jitter, s.rng.next()));
-    n->stale_until = detail::sat_add(n->fresh_until, stale_while_revalidate);
-    n->error_until = detail::sat_add(n->fresh_until, stale_if_error);
     n->throttle_until = time_point::min();
   }
 
@@ -220,9 +218,9 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
     node_t* n = find_or_make(key, mixed, lk, g);
     auto& s = table.at(table.shard_index(mixed));
     const time_point now = Clock::now();
-    n->version = s.next_version();
+    n->set_version(s.next_version());
     n->kind = detail::held::value;
-    n->value.swap(box);  // the old value leaves with `box`, after the lock
+    n->value.store(box);  // the old value leaves with `box`, after the lock
     old_error = std::exchange(n->error, nullptr);
     set_windows(s, n, now, ttl);
     n->refresh_id.store(0, std::memory_order_relaxed);  // let a new refresh start
@@ -244,7 +242,7 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
     const std::uint64_t v = s.next_version();
     if (node_t* n = s.find(key, mixed, eq)) {
       lk.write();
-      n->version = v;
+      n->set_version(v);
       n->refresh_id.store(0, std::memory_order_relaxed);
       drop(s, n);
       erase_if_unused(s, n, g);
@@ -261,14 +259,12 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
   // cached not-found or failure is dropped, as by invalidate (`g` frees the
   // record after the lock when nobody holds it).
   std::uint64_t mark_stale(shard_t& s, node_t* n, time_point now, garbage_t& g) noexcept {
-    n->version = s.next_version();
+    n->set_version(s.next_version());
     n->refresh_id.store(0, std::memory_order_relaxed);
     const std::uint64_t v = n->version;
     if (n->kind == detail::held::value) {
       if (now < n->fresh_until) {
-        n->fresh_until = now;
-        n->stale_until = detail::sat_add(now, stale_while_revalidate);
-        n->error_until = detail::sat_add(now, stale_if_error);
+        n->fresh_until = now;  // the stale windows follow (stale_until(), error_until())
       }
       return v;
     }
@@ -329,7 +325,7 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
       for (std::size_t b = 0; s.buckets != nullptr && b <= s.mask; ++b) {
         for (node_t* n = s.buckets[b]; n != nullptr;) {
           node_t* next = n->chain;
-          n->version = s.next_version();
+          n->set_version(s.next_version());
           n->refresh_id.store(0, std::memory_order_relaxed);
           drop(s, n);
           erase_if_unused(s, n, g);
