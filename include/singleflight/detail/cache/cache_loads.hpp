@@ -60,6 +60,7 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
   using typename base::garbage_t;
   using typename base::node_t;
   using typename base::shard_lock;
+  using typename base::side_t;
   using typename base::time_point;
   using loaded_t = loaded<T, Clock>;
 
@@ -145,7 +146,8 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
   // flight).
   template <class P>
   registration begin_load(const P& key, std::uint64_t mixed, bool foreground) {
-    garbage_t g;  // a node made for nothing, freed after the lock
+    auto spare = std::make_unique<side_t>();  // the load's count, if the node has no side record
+    garbage_t g;                              // a node made for nothing, freed after the lock
     shard_lock lk(table, table.shard_index(mixed));
     node_t* n = find_or_make(key, mixed, lk, g);
     auto& s = table.at(table.shard_index(mixed));
@@ -153,11 +155,11 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
     // The double check's answer first: share() may allocate (and throw) before anything
     // is registered.
     const bool shortcut = foreground && n->kind == detail::held::value && now < n->fresh_until &&
-                          n->fresh_waiters == 0;
+                          n->fresh_waiters() == 0;
     std::shared_ptr<const T> answer = shortcut ? n->value.share() : nullptr;
     registration r(this, n, n->version, now);
     ++n->pins;
-    ++n->loading;
+    ++n->attach(spare).loading;
     n->load_outdated = false;
     if (shortcut) {
       r.set_shortcut(loaded_t{std::move(answer), n->version, n->written});
@@ -179,12 +181,14 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
     const time_point t1 = Clock::now();
     loaded_t out{box, v, t1};
     std::exception_ptr old_error;
+    std::unique_ptr<side_t> old_side;
     garbage_t g;
     const std::size_t si = table.shard_index(n->fingerprint);
     auto& s = table.at(si);
     shard_lock lk(table, si);
     lk.write();
-    --n->loading;
+    side_t& side = *n->side;  // attached by the load's registration (begin_load)
+    --side.loading;
     --n->pins;
     if (abandoned) {
       // Stopped, dropped or unwound: nothing to record.
@@ -196,15 +200,15 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
       // A value not yet dead stays, and the failure throttles the key's
       // loads; with none, the failure itself may be cached.
       if (n->kind == detail::held::value && (t1 < stale_until(*n) || t1 < error_until(*n))) {
-        old_error = std::exchange(n->error, e);
-        n->throttle_until = detail::sat_add(t1, throttle);
+        old_error = std::exchange(side.error, e);
+        side.throttle_until = detail::sat_add(t1, throttle);
       } else if (error_ttl > duration::zero()) {
         drop(s, n);
         n->value.clear(box);  // freed after the lock
-        old_error = std::exchange(n->error, e);
+        old_error = std::exchange(side.error, e);
         n->kind = detail::held::error;
         n->written = t1;
-        n->throttle_until = detail::sat_add(t1, error_ttl);
+        side.throttle_until = detail::sat_add(t1, error_ttl);
         admit(s, n, t1, g);
       }
     } else if (found && ttl_override && *ttl_override <= std::chrono::nanoseconds::zero()) {
@@ -213,7 +217,7 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
     } else if (found) {
       n->kind = detail::held::value;
       n->value.store(box);  // the old value leaves with `box`, after the lock
-      old_error = std::exchange(n->error, nullptr);
+      old_error = std::exchange(side.error, nullptr);
       n->cost = t1 > t0 ? t1 - t0 : duration::zero();
       set_windows(s, n, t1, ttl_override ? detail::to_duration<duration>(*ttl_override) : ttl);
       admit(s, n, t1, g);
@@ -222,7 +226,7 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
           ttl_override ? detail::to_duration<duration>(*ttl_override) : not_found_ttl;
       drop(s, n);
       n->value.clear(box);
-      old_error = std::exchange(n->error, nullptr);
+      old_error = std::exchange(side.error, nullptr);
       if (nf > duration::zero()) {
         n->kind = detail::held::not_found;
         n->cost = t1 > t0 ? t1 - t0 : duration::zero();
@@ -230,6 +234,7 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
         admit(s, n, t1, g);
       }
     }
+    n->settle(old_side);
     erase_if_unused(s, n, g);
     return out;
   }
@@ -258,17 +263,18 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
    public:
     template <class P>
     fresh_waiter(cache_loads* c, const P& key, std::uint64_t mixed) : c_(c) {
-      garbage_t g;  // a node made for nothing, freed after the lock
+      auto spare = std::make_unique<side_t>();  // the count, if the node has no side record
+      garbage_t g;                              // a node made for nothing, freed after the lock
       shard_lock lk(c->table, c->table.shard_index(mixed));
       n_ = c->find_or_make(key, mixed, lk, g);
       ++n_->pins;
-      ++n_->fresh_waiters;
+      ++n_->attach(spare).fresh_waiters;
     }
     fresh_waiter(const fresh_waiter&) = delete;
     fresh_waiter& operator=(const fresh_waiter&) = delete;
     ~fresh_waiter() {
       node_t* n = n_;
-      c_->unpin(n, [n]() noexcept { --n->fresh_waiters; });
+      c_->unpin(n, [n]() noexcept { --n->side->fresh_waiters; });
     }
 
    private:
@@ -295,6 +301,7 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
     const time_point now = Clock::now();
     std::shared_ptr<const T> v;
     std::exception_ptr old_error;
+    auto spare = std::make_unique<side_t>();  // for the throttle, if n has no side record
     cached<T> out;
     {
       const std::size_t si = table.shard_index(n->fingerprint);
@@ -304,10 +311,11 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
       out.version = n->version;
       out.age = std::chrono::duration_cast<std::chrono::nanoseconds>(
           now > n->written ? now - n->written : duration::zero());
-      if (now >= n->throttle_until) {
+      if (now >= n->throttle_until()) {
         lk.write();
-        n->throttle_until = detail::sat_add(now, throttle);
-        old_error = std::exchange(n->error, e);
+        side_t& side = n->attach(spare);
+        side.throttle_until = detail::sat_add(now, throttle);
+        old_error = std::exchange(side.error, e);
       }
     }
     auto& sc = table.stripe(table.gate().my_stripe());

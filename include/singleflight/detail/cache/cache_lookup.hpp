@@ -53,6 +53,7 @@ class cache_lookup {
   using shard_t = typename table_t::shard;
   using shard_lock = typename table_t::shard_lock;
   using garbage_t = garbage<node_t>;
+  using side_t = node_side<Clock>;
 
   // verdict: what an entry's state at a given moment calls for (classify()):
   // serve it (fresh, stale, stale_on_error; the *_refresh ones also start a
@@ -179,7 +180,7 @@ class cache_lookup {
       case detail::held::not_found:
         return now >= n.fresh_until;
       case detail::held::error:
-        return now >= n.throttle_until;
+        return now >= n.throttle_until();
       case detail::held::nothing:
         break;
     }
@@ -193,12 +194,12 @@ class cache_lookup {
     switch (n.kind) {
       case detail::held::value: {
         const bool may_refresh =
-            n.refresh_id.load(std::memory_order_relaxed) == 0 && now >= n.throttle_until;
+            n.refresh_id.load(std::memory_order_relaxed) == 0 && now >= n.throttle_until();
         if (now < n.fresh_until) {
           return may_refresh && beta > 0.0 && draw() ? verdict::fresh_refresh : verdict::fresh;
         }
         if (now < stale_until(n)) return may_refresh ? verdict::stale_refresh : verdict::stale;
-        if (n.error && now < n.throttle_until && now < error_until(n)) {
+        if (n.failed() && now < n.throttle_until() && now < error_until(n)) {
           return verdict::stale_on_error;
         }
         return verdict::load;
@@ -206,7 +207,7 @@ class cache_lookup {
       case detail::held::not_found:
         return now < n.fresh_until ? verdict::not_found : verdict::load;
       case detail::held::error:
-        return now < n.throttle_until ? verdict::failed : verdict::load;
+        return now < n.throttle_until() ? verdict::failed : verdict::load;
       case detail::held::nothing:
         break;
     }
@@ -259,7 +260,7 @@ class cache_lookup {
         return true;
       case verdict::failed:
         d.what = decision::act::failed;
-        d.error = n.error;
+        d.error = n.error();
         sc.add(sc.negative_hits);
         return true;
       default:
@@ -310,7 +311,7 @@ class cache_lookup {
     node_t* n = table.at(si).find(key, mixed, eq);
     if (n == nullptr || n->kind != detail::held::value || !(now < n->fresh_until)) return false;
     if (beta > 0.0 && n->refresh_id.load(std::memory_order_relaxed) == 0 &&
-        now >= n->throttle_until && draws(*n, now, table.stripe(stripe))) {
+        now >= n->throttle_until() && draws(*n, now, table.stripe(stripe))) {
       fired = true;
       return false;
     }
@@ -378,7 +379,7 @@ class cache_lookup {
       ++n->pins;
       d.pinned = n;
     }
-    if (n->loading > 0 && n->load_outdated) d.what = decision::act::load_fresh;
+    if (n->loading() > 0 && n->load_outdated) d.what = decision::act::load_fresh;
     return d;
   }
 

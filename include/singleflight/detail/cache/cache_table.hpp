@@ -105,14 +105,51 @@ struct value_slot<T, true> {
   void clear(std::shared_ptr<const T>&) noexcept {}
 };
 
+// node_side: what a node needs only while a load runs or a get_fresh caller
+// waits on its key, or after a failure: allocated then (by the writer that
+// needs it, before its lock), released (after the lock) when none of it is
+// left (idle()). A node without one has no failure and throttles nothing.
+// error and throttle_until are read by hits and written, like the node's
+// `side` pointer itself, with the readers locked out; loading and
+// fresh_waiters: mutex only.
+template <class Clock>
+struct node_side {
+  using time_point = typename Clock::time_point;
+  std::exception_ptr error;                       // the failure (see cache_node::side)
+  time_point throttle_until = time_point::min();  // no load before this (after a failure)
+  std::uint32_t loading = 0;                      // loads registered and not yet finished
+  std::uint32_t fresh_waiters = 0;                // get_fresh callers waiting on this key
+  bool idle() const noexcept {
+    return !error && throttle_until == time_point::min() && loading == 0 && fresh_waiters == 0;
+  }
+};
+
+// pin_count: a node's count of holders, changed and read under the shard's
+// mutex only. It shares a word with policy_hook::freq, which hits store to
+// without the mutex: its accesses are relaxed atomic loads and stores (plain
+// moves; never a read-modify-write, the mutex orders them), so that the
+// compiler never merges one with a neighbour's into a wider plain access
+// that covers `freq` (a race under TSan, though none on the hardware).
+struct pin_count {
+  std::atomic<std::uint32_t> n{0};
+  void operator++() noexcept {
+    n.store(n.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  }
+  void operator--() noexcept {
+    n.store(n.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
+  }
+  bool zero() const noexcept { return n.load(std::memory_order_relaxed) == 0; }
+};
+
 // One key's record. Lives from the first load, put or refresh of its key
 // until it holds nothing and nobody holds its address (pins == 0).
 // Layout: kind, load_outdated and pins fill policy_hook's tail padding (the
 // hook is not a POD, so the Itanium ABI lays them out there), and the
 // windows derived from fresh_until by a fixed option (stale_while_revalidate,
 // stale_if_error) are computed, not stored (cache_lookup: stale_until(),
-// error_until()): 120 bytes for uint64_t keys and values, one 128-byte
-// malloc chunk and no value box (bench/bench_memory.cpp).
+// error_until()); what only loads, get_fresh callers and failures need is in
+// a node_side allocated then. 104 bytes for uint64_t keys and values, one
+// 112-byte malloc chunk and no value box (bench/bench_memory.cpp).
 template <class Key, class T, class Clock>
 struct cache_node : policy_hook {
   using time_point = typename Clock::time_point;
@@ -129,33 +166,51 @@ struct cache_node : policy_hook {
   // (begin_load clears it; every write of `version` sets it). With
   // loading > 0: a load is running that cannot publish (get_fresh's cue).
   bool load_outdated = false;
-  std::uint32_t pins = 0;  // mutex only: holders of this node's address
+  pin_count pins;  // mutex only: holders of this node's address
 
   cache_node* chain = nullptr;  // next in the bucket (or in a garbage list)
   const Key key;
 
   // Read by hits; written with the readers locked out.
-  value_slot<T> value;          // kind == value
-  std::uint64_t version = 0;    // the key's version: bumped by put / invalidate / clear
-  time_point written{};         // when the value (or not_found) was stored
-  time_point fresh_until{};     // written + jittered ttl
-  time_point throttle_until{};  // no load before this (after a failure)
-  std::exception_ptr error;     // kind == error, or the failure behind throttle_until
-  duration cost{};              // the last load's duration (XFetch's delta)
+  value_slot<T> value;        // kind == value
+  std::uint64_t version = 0;  // the key's version: bumped by put / invalidate / clear
+  time_point written{};       // when the value (or not_found) was stored
+  time_point fresh_until{};   // written + jittered ttl
+  duration cost{};            // the last load's duration (XFetch's delta)
+  // The failure (kind == error, or the one behind the throttle), the
+  // throttle and the load counters; null while there are none.
+  std::unique_ptr<node_side<Clock>> side;
 
   // A hint for hits ("a refresh is already under way"), set and cleared
   // under the mutex. Relaxed: a hit that reads a stale hint either skips a
   // refresh another one is doing, or takes the mutex and checks again.
   std::atomic<std::uint64_t> refresh_id{0};
 
-  // Mutex only.
-  std::uint32_t loading = 0;        // loads registered and not yet finished
-  std::uint32_t fresh_waiters = 0;  // get_fresh callers waiting on this key
-
   // set_version(v): the key's version is now v. Readers locked out.
   void set_version(std::uint64_t v) noexcept {
     version = v;
     load_outdated = true;
+  }
+
+  // Read sections or mutex.
+  time_point throttle_until() const noexcept {
+    return side ? side->throttle_until : time_point::min();
+  }
+  bool failed() const noexcept { return side && side->error; }
+  std::exception_ptr error() const noexcept { return side ? side->error : nullptr; }
+  // Mutex only.
+  std::uint32_t loading() const noexcept { return side ? side->loading : 0; }
+  std::uint32_t fresh_waiters() const noexcept { return side ? side->fresh_waiters : 0; }
+  // attach(spare): the side record, `spare` (then null) if the node had none.
+  // Readers locked out.
+  node_side<Clock>& attach(std::unique_ptr<node_side<Clock>>& spare) noexcept {
+    if (!side) side = std::move(spare);
+    return *side;
+  }
+  // settle(out): an idle side record leaves, into `out` (released after the
+  // lock). Readers locked out.
+  void settle(std::unique_ptr<node_side<Clock>>& out) noexcept {
+    if (side && side->idle()) out = std::move(side);
   }
 };
 

@@ -52,6 +52,7 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
   using typename base::node_t;
   using typename base::shard_lock;
   using typename base::shard_t;
+  using typename base::side_t;
   using typename base::time_point;
 
   using base::base;
@@ -87,7 +88,6 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
     }
     s.reserve_one();
     made->version = s.versions.load(std::memory_order_relaxed);  // only grows, per key too
-    made->throttle_until = time_point::min();
     node_t* n = made.release();
     s.link(n);
     return n;
@@ -104,7 +104,7 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
   // erase_if_unused(s, n, g): unlinks n if it holds nothing and nobody holds
   // its address; `g` frees it after the lock. Readers locked out.
   static void erase_if_unused(shard_t& s, node_t* n, garbage_t& g) noexcept {
-    if (n->kind == detail::held::nothing && n->pins == 0) {
+    if (n->kind == detail::held::nothing && n->pins.zero()) {
       s.unlink(n);
       g.add(n);
     }
@@ -205,7 +205,7 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
   void set_windows(shard_t& s, node_t* n, time_point now, duration d) noexcept {
     n->written = now;
     n->fresh_until = detail::sat_add(now, detail::jittered(d, jitter, s.rng.next()));
-    n->throttle_until = time_point::min();
+    if (n->side) n->side->throttle_until = time_point::min();
   }
 
   // put(key, mixed, box): key holds `box`, fresh from now, under a new version
@@ -213,6 +213,7 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
   template <class P>
   std::uint64_t put(const P& key, std::uint64_t mixed, std::shared_ptr<const T> box) {
     std::exception_ptr old_error;  // destroyed after the lock (declared before it)
+    std::unique_ptr<side_t> old_side;
     garbage_t g;
     shard_lock lk(table, table.shard_index(mixed));
     node_t* n = find_or_make(key, mixed, lk, g);
@@ -221,8 +222,9 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
     n->set_version(s.next_version());
     n->kind = detail::held::value;
     n->value.store(box);  // the old value leaves with `box`, after the lock
-    old_error = std::exchange(n->error, nullptr);
+    if (n->side) old_error = std::exchange(n->side->error, nullptr);
     set_windows(s, n, now, ttl);
+    n->settle(old_side);
     n->refresh_id.store(0, std::memory_order_relaxed);  // let a new refresh start
     admit(s, n, now, g);
     const std::uint64_t v = n->version;
@@ -386,13 +388,18 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
   }
   template <class Also>
   void unpin(node_t* n, Also also) noexcept {
+    std::unique_ptr<side_t> old_side;  // released after the lock
     garbage_t g;
     const std::size_t si = table.shard_index(n->fingerprint);
     auto& s = table.at(si);
     shard_lock lk(table, si);
     also();
     --n->pins;
-    if (n->kind == detail::held::nothing && n->pins == 0) {
+    if (n->side && n->side->idle()) {
+      lk.write();
+      n->settle(old_side);
+    }
+    if (n->kind == detail::held::nothing && n->pins.zero()) {
       lk.write();
       erase_if_unused(s, n, g);
     }
