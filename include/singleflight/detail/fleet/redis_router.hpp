@@ -120,7 +120,8 @@ struct cluster_redirect {
   std::string host;      // moved, ask: may be empty (the node does not know its address)
   int port = 0;          // moved, ask
 
-  // parse("MOVED 3999 127.0.0.1:6381"); `none` for anything else.
+  // parse("MOVED 3999 127.0.0.1:6381"); `none` for anything else (a slot past the last, a
+  // port outside 1-65535: redis_router::run then loads locally, as for CLUSTERDOWN).
   static cluster_redirect parse(std::string_view text) {
     cluster_redirect r;
     if (text.starts_with("TRYAGAIN")) {
@@ -158,6 +159,7 @@ struct cluster_redirect {
       port = port * 10 + (c - '0');
       if (port > 65535) return r;
     }
+    if (port == 0) return r;  // no server listens there: a malformed address
     std::string_view host = where.substr(0, colon);
     if (host.starts_with('[') && host.ends_with(']')) host = host.substr(1, host.size() - 2);
     r.kind = k;
@@ -459,7 +461,8 @@ class redis_router {
 
   // parse_slots(r, host, ranges, owners): CLUSTER SLOTS' reply as (first, last) slot ranges and
   // their masters' (host, port); an empty host is `host` (the node asked). False for an
-  // error or an unexpected shape.
+  // error or an unexpected shape (a slot past the last, a port outside 1-65535): the whole
+  // map is then ignored, never half taken.
   static bool parse_slots(const redisReply* r, const std::string& host,
                           std::vector<std::pair<std::size_t, std::size_t>>& ranges,
                           std::vector<std::pair<std::string, int>>& owners) {
@@ -472,7 +475,8 @@ class redis_router {
       const redisReply* master = e->element[2];
       if (first->type != REDIS_REPLY_INTEGER || last->type != REDIS_REPLY_INTEGER ||
           master->type != REDIS_REPLY_ARRAY || master->elements < 2 ||
-          master->element[1]->type != REDIS_REPLY_INTEGER || first->integer < 0 ||
+          master->element[1]->type != REDIS_REPLY_INTEGER || master->element[1]->integer < 1 ||
+          master->element[1]->integer > 65535 || first->integer < 0 ||
           last->integer < first->integer ||
           last->integer >= static_cast<long long>(cluster_slots)) {
         return false;
