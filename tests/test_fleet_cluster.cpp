@@ -184,6 +184,8 @@ TEST_CASE("cluster_redirect parses MOVED, ASK, TRYAGAIN and CLUSTERDOWN", "[clus
   CHECK(r::parse("CLUSTERDOWN The cluster is down").kind == r::clusterdown);
   CHECK(r::parse("MOVED 16384 127.0.0.1:1").kind == r::none);  // no such slot
   CHECK(r::parse("MOVED x 127.0.0.1:1").kind == r::none);
+  CHECK(r::parse("MOVED 12 127.0.0.1:0").kind == r::none);  // no server listens on port 0
+  CHECK(r::parse("ASK 12 127.0.0.1:65536").kind == r::none);
   CHECK(r::parse("ERR unknown command").kind == r::none);
 }
 
