@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/fault_proxy.hpp"
 #include "support/fleet.hpp"
 #include "support/fleet_cache.hpp"
 #include "support/jthread.hpp"
@@ -184,6 +185,60 @@ TEST_CASE(
   // copy, so b loads).
   CHECK(b.get("k", origin.loader()) == "v2");
   CHECK(ran.load() == 0);
+}
+
+TEST_CASE(
+    "reconnect_is_one_stale_mark: a get between the two channels' confirmations (the replies "
+    "slowed down) starts no refresh the second would waste: one read through the fleet per key "
+    "per gap",
+    "[fleet][fleet_cache]") {
+  const mode m = GENERATE(mode::tracking, mode::publish);
+  sftest::private_redis server;
+  auto client = server.client();
+  sftest::fault_proxy proxy(server.port());
+  sf::fleet_cache_options o = opts(proxy.uri(), "gap-once", m);
+  o.local.stale_while_revalidate = 60s;
+  fc_t b(o);
+  std::atomic<bool> slow{false};
+  // On the reconnect, once the tracker (if any) is in place: the server's replies, the two
+  // SUBSCRIBE confirmations included, come one byte every 10 ms, so the first is heard about
+  // half a second before the second.
+  fleet_cache_engine(b).hook = [&](point p, std::string_view) {
+    if (p == point::resubscribing && slow.load()) proxy.trickle(sftest::fault_proxy::down, 10ms);
+  };
+  until_listening(b, "b listens");  // after the hook: orders it before the thread reads it
+  versioned_origin origin;
+  std::atomic<int> ran{0};
+  CHECK(b.get("k", origin.loader()) == "v1");
+  heard_echo(b, m, 1, "b hears its own store");  // tracking: dropped; read from Redis next
+  CHECK(b.get("k", must_not_load(ran)) == "v1");
+  REQUIRE(b.peek("k"));
+  CHECK(b.peek("k")->state == sf::freshness::fresh);
+  const sf::fleet_cache_stats before = b.stats();
+
+  slow = true;
+  CHECK(client->command({"CLIENT", "KILL", "TYPE", "pubsub"}).integer == 1);
+  sftest::must([&] { return b.stats().resyncs > before.resyncs; }, "a confirmation");
+  // Between the confirmations (or after both): the old value, at once.
+  const sf::cached<std::string> between = b.get_entry("k", must_not_load(ran));
+  REQUIRE(between.value);
+  CHECK(*between.value == "v1");
+  sftest::must([&] { return b.stats().resyncs >= before.resyncs + 2; }, "both confirmed");
+  proxy.clear();
+  sftest::must([&] { return fleet_cache_engine(b).subscriber.confirmed_channels() == 2; },
+               "b listens again");
+  sftest::must(
+      [&] {
+        const sf::cached<std::string> e = b.get_entry("k", must_not_load(ran));
+        CHECK((e.value && *e.value == "v1"));
+        return e.state == sf::freshness::fresh;
+      },
+      "k refreshed");
+  const sf::fleet_cache_stats after = b.stats();
+  CHECK(after.fleet.gets - before.fleet.gets == 1);
+  CHECK(after.local.background_refreshes - before.local.background_refreshes == 1);
+  CHECK(ran.load() == 0);
+  CHECK(origin.calls.load() == 1);
 }
 
 TEST_CASE(

@@ -1,6 +1,6 @@
 // detail::invalidation_inbox (detail/fleet/invalidation_inbox.hpp): what fleet_cache's bus told a
 // process and its local cache has not applied yet. No Redis: the test plays the subscriber's
-// thread (on_message, on_confirmed) and the callers (apply).
+// thread (on_message, on_confirmed, on_settled) and the callers (apply).
 #include <singleflight/detail/fleet/invalidation_inbox.hpp>
 
 #include <atomic>
@@ -90,6 +90,7 @@ TEST_CASE(
   applied a;
   in.on_message(other + "before");
   in.on_confirmed();
+  in.on_settled();
   in.on_message(other + "after");
   a.from(in);
   CHECK(a.stale_alls == 1);
@@ -111,11 +112,38 @@ TEST_CASE(
   CHECK(a.stale_alls == 2);
 }
 
+TEST_CASE(
+    "inbox: the confirmations of one reconnect (the coherence channel's, the expire channel's) "
+    "are one stale mark, posted once they are settled; an apply between them marks nothing",
+    "[fleet][fleet_cache]") {
+  d::invalidation_inbox in(self, 16);
+  applied a;
+  in.on_confirmed();
+  in.on_message(other + "k");  // heard on the channel already confirmed
+  a.from(in);
+  CHECK(a.dropped == std::vector<std::string>{"k"});
+  CHECK(a.stale_alls == 0);
+  CHECK(in.resyncs() == 0);
+  in.expire_listener()->on_confirmed();
+  a.from(in);
+  CHECK(a.stale_alls == 0);
+  in.on_settled();
+  in.expire_listener()->on_settled();  // the subscriber tells each listener: one mark
+  a.from(in);
+  CHECK(a.stale_alls == 1);
+  CHECK(in.resyncs() == 2);  // each confirmation counted
+  in.on_settled();           // nothing new confirmed
+  a.from(in);
+  CHECK(a.stale_alls == 1);
+  CHECK(in.resyncs() == 2);
+}
+
 TEST_CASE("inbox: a FLUSHALL after a confirmation is one clear, which covers the stale mark",
           "[fleet][fleet_cache]") {
   d::invalidation_inbox in(self, 16, d::tracking_prefix("p:x"));
   applied a;
   in.on_confirmed();
+  in.on_settled();
   in.on_message(d::fleet_names::of("p:x", "k").value);
   in.on_flushed();
   a.from(in);

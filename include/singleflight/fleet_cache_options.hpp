@@ -55,7 +55,8 @@ struct fleet_cache_stats {
   fleet_stats fleet;                      // the fleet's (Redis, leases, origin calls)
   std::uint64_t broadcasts = 0;           // put / invalidate calls that reached the bus
   std::uint64_t invalidations_heard = 0;  // bus messages from other processes
-  std::uint64_t resyncs = 0;    // bus subscriptions (re)confirmed: every local entry marked stale
+  std::uint64_t resyncs = 0;    // channel subscriptions (re)confirmed; those of one connection,
+                                // together: every local entry marked stale
   std::uint64_t overflows = 0;  // max_pending_invalidations passed: every local entry marked stale
   std::uint64_t expires_heard = 0;  // expire messages from other processes
   // 1 once the server refused CLIENT TRACKING (an ACL, a renamed command, no
@@ -79,8 +80,8 @@ namespace metrics {
 //   collector.add_source({{"fleet", "profiles"}}, singleflight::metrics::fleet_metrics,
 //                        [&] { return profiles.stats().fleet; });
 // A rate of resyncs above zero in steady state means the subscription or the
-// tracker keeps dropping (each one marks every local entry stale: one read
-// through the fleet per key read after it); overflows mean
+// tracker keeps dropping (the two of each connection mark every local entry
+// stale, once: one read through the fleet per key read after it); overflows mean
 // max_pending_invalidations is too small for the write rate; tracking_refused
 // at 1 means the server (an ACL, a renamed command, no REDIRECT) refused
 // client tracking: only fleet_caches' own writes are heard, through the bus.
@@ -95,7 +96,7 @@ inline constexpr std::array fleet_cache_metrics{
                                                "Expire messages heard from other processes"),
     counter<&fleet_cache_stats::resyncs>(
         "singleflight_fleet_cache_resyncs_total",
-        "Subscriptions (re)confirmed, each marking every local entry stale"),
+        "Subscriptions (re)confirmed; those of one connection mark every local entry stale"),
     counter<&fleet_cache_stats::overflows>(
         "singleflight_fleet_cache_overflows_total",
         "Times max_pending_invalidations was passed, each marking every local entry stale"),

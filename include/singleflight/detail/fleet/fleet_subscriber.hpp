@@ -107,6 +107,12 @@ class fleet_subscriber {
   struct listener {
     virtual void on_message(std::string_view payload) noexcept = 0;
     virtual void on_confirmed() noexcept = 0;
+    // The confirmations of one (re)subscription are all in: called once no
+    // listened channel of the connection awaits its confirmation any more,
+    // after the on_confirmed calls it follows, for each listened channel
+    // confirmed on the connection. A listener of several channels (one
+    // fleet_cache's) acts on their confirmations once, here.
+    virtual void on_settled() noexcept {}
     // A message with a nil payload: client tracking's report of a FLUSHALL
     // (or FLUSHDB): every key changed.
     virtual void on_flushed() noexcept = 0;
@@ -490,6 +496,7 @@ class fleet_subscriber {
 
       lk.lock();
       for (const redis_reply& r : replies) apply(*r);
+      settle();
       if (!replies.empty()) {
         answered = true;  // the server talks pub/sub on this connection
         backoff = std::chrono::milliseconds(0);
@@ -644,7 +651,10 @@ class fleet_subscriber {
       if (kind == "unsubscribe" || ch.pending != 0 || !ch.on_server || ch.confirmed) return;
       ch.confirmed = true;
       ch.confirmations += 1;
-      if (ch.heard != nullptr) ch.heard->on_confirmed();
+      if (ch.heard != nullptr) {
+        ch.heard->on_confirmed();
+        unsettled_ = true;
+      }
       ch.cv.notify_all();
     } else if (kind == "message") {
       const redisReply* m = r.element[2];
@@ -668,6 +678,20 @@ class fleet_subscriber {
     // A forgotten channel (no watch, nothing pending) is erased by the thread's next pass.
   }
 
+  // settle(): once no listened channel of the connection awaits its
+  // confirmation (a SUBSCRIBE sent, its reply not in yet), tells the
+  // listeners of the confirmed ones (listener::on_settled). mu_ held.
+  void settle() noexcept {
+    if (!unsettled_) return;
+    for (const auto& [name, ch] : channels_) {
+      if (ch->heard != nullptr && live(*ch) && ch->on_server && !ch->confirmed) return;
+    }
+    unsettled_ = false;
+    for (const auto& [name, ch] : channels_) {
+      if (ch->heard != nullptr && ch->confirmed) ch->heard->on_settled();
+    }
+  }
+
   const redis_pool& pool_;
   std::atomic<std::uint64_t>& errors_;
   const fleet_hook& hook_;
@@ -679,8 +703,9 @@ class fleet_subscriber {
   std::unordered_map<std::string, std::unique_ptr<channel_state>> channels_;  // guarded by mu_
   bool closing_ = false;                                                      // guarded by mu_
   bool dirty_ = false;                                                        // guarded by mu_
-  std::string tracked_;   // guarded by mu_: the prefix each connection tracks ("" none)
-  bool refused_ = false;  // guarded by mu_: the server refused tracking (tracked_ then "")
+  std::string tracked_;     // guarded by mu_: the prefix each connection tracks ("" none)
+  bool refused_ = false;    // guarded by mu_: the server refused tracking (tracked_ then "")
+  bool unsettled_ = false;  // guarded by mu_: a listener was confirmed, not yet settled
 };
 
 }  // namespace singleflight::detail

@@ -31,6 +31,11 @@
 //     stale: apply calls stale_all() (the local cache's expire_all), so every
 //     entry stored before the gap is read again through the fleet, once per
 //     key, while readers are answered with it within stale_while_revalidate.
+//     The confirmations of one (re)subscription (the coherence channel's and
+//     the expire channel's, which may come in separate reads) are one mark,
+//     posted once all are in (on_settled): a mark per confirmation would make
+//     a reader's refresh started between them void (the second mark's new
+//     version) and the key read through the fleet twice per gap.
 //     Keys heard before it are still dropped (a drop is more than a stale
 //     mark), after the mark.
 //   * More than max_pending keys waiting, or a key that could not be
@@ -42,14 +47,13 @@
 //     what was taken could not be applied), which covers the keys waiting.
 //
 // Locking: `mu_` (a leaf: nothing is called while it is held) guards keys_,
-// expiring_, clear_all_, stale_all_, overflowed_, draining_ and the writes of posted_, applied_ and
-// fell_back_; posted_ and applied_ are also read without it (the fast path: nothing to apply). One
-// caller at a time applies (draining_), without the lock; callers that need
-// what it applies wait on `cv_` until it is done, and apply what was posted
-// after it themselves (but the applying thread itself, re-entering through a
-// T destroyed by its own drop, returns at once: waiting would wait for
-// itself; what it wanted is applied by the next call). A caller that finds applied_ >= the posted_
-// it read returns at once: two acquire loads on the hit path.
+// expiring_, clear_all_, stale_all_, confirmed_, overflowed_, draining_ and the writes of posted_,
+// applied_ and fell_back_; posted_ and applied_ are also read without it (the fast path: nothing to
+// apply). One caller at a time applies (draining_), without the lock; callers that need what it
+// applies wait on `cv_` until it is done, and apply what was posted after it themselves (but the
+// applying thread itself, re-entering through a T destroyed by its own drop, returns at once:
+// waiting would wait for itself; what it wanted is applied by the next call). A caller that finds
+// applied_ >= the posted_ it read returns at once: two acquire loads on the hit path.
 #pragma once
 
 #include <atomic>
@@ -167,13 +171,24 @@ class invalidation_inbox final : public fleet_subscriber::listener {
     }
   }
 
-  // on_confirmed(): the bus subscription is (again) in place; what was
-  // published before is lost: everything is marked stale.
+  // on_confirmed(): one of the inbox's channels is (again) subscribed; what
+  // was published on it before is lost. Recorded, not posted yet: the
+  // confirmations of one reconnect (the coherence channel's, the expire
+  // channel's) are one stale mark, posted by on_settled once all are in.
   void on_confirmed() noexcept override {
     const std::lock_guard<std::mutex> lk(mu_);
-    resyncs_.fetch_add(1, std::memory_order_relaxed);  // a counter
-    stale_all_ = true;
+    confirmed_ += 1;
     expiring_.clear();  // reports sent during the gap are lost with their expires
+  }
+
+  // on_settled(): the subscriber's confirmations are all in: if any came
+  // since the last call, everything is marked stale, once, and they are
+  // counted (resyncs). Idempotent.
+  void on_settled() noexcept override {
+    const std::lock_guard<std::mutex> lk(mu_);
+    if (confirmed_ == 0) return;
+    resyncs_.fetch_add(std::exchange(confirmed_, 0), std::memory_order_relaxed);  // a counter
+    stale_all_ = true;
     posted_.store(posted_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
   }
 
@@ -267,6 +282,7 @@ class invalidation_inbox final : public fleet_subscriber::listener {
     explicit expire_relay(invalidation_inbox* in) noexcept : inbox(in) {}
     void on_message(std::string_view payload) noexcept override { inbox->on_expire(payload); }
     void on_confirmed() noexcept override { inbox->on_confirmed(); }
+    void on_settled() noexcept override { inbox->on_settled(); }
     void on_flushed() noexcept override {}
     invalidation_inbox* inbox;
   };
@@ -277,6 +293,7 @@ class invalidation_inbox final : public fleet_subscriber::listener {
     explicit bus_relay(invalidation_inbox* in) noexcept : inbox(in) {}
     void on_message(std::string_view payload) noexcept override { inbox->on_bus(payload); }
     void on_confirmed() noexcept override { inbox->on_confirmed(); }
+    void on_settled() noexcept override { inbox->on_settled(); }
     void on_flushed() noexcept override {}
     void on_tracking_refused() noexcept override { inbox->on_tracking_refused(); }
     invalidation_inbox* inbox;
@@ -316,6 +333,7 @@ class invalidation_inbox final : public fleet_subscriber::listener {
   std::unordered_set<std::string> expiring_;        // guarded by mu_; tracking only
   bool clear_all_ = false;                          // guarded by mu_
   bool stale_all_ = false;                          // guarded by mu_
+  std::uint64_t confirmed_ = 0;                     // guarded by mu_: confirmations not yet settled
   bool overflowed_ = false;  // guarded by mu_: lost_track() counted since the last apply
   bool draining_ = false;    // guarded by mu_
   std::thread::id drainer_;  // guarded by mu_: who applies while draining_
