@@ -2,18 +2,23 @@
 // against a real redis-server (docs/fleet_cache.md, "The bound, measured").
 //
 //   fleet_cache_driver [--seconds S] [--readers 4,8] [--modes tracking,publish]
-//                      [--variants steady,kill,restart,unheard] [--read-interval-us U]
-//                      [--load-us L] [--redis-server PATH]
+//                      [--variants steady,kill,kill-quiet,restart,unheard]
+//                      [--read-interval-us U] [--load-us L] [--swr-ms W] [--ttl-s T]
+//                      [--redis-server PATH]
 //
 // Starts its own redis-server (a free loopback port, a temporary directory, a pidfile;
 // stopped by pid), then, for each variant, coherence mode and reader count:
 //   - one writer process: every 100 ms it bumps the origin's version (shared memory) and
 //     calls fleet_cache::invalidate on the hot key, recording when invalidate returned
 //     (CLOCK_MONOTONIC, shared by the processes of one machine);
-//   - N reader processes (local ttl 60 s): each loops get(hot key) every U µs, recording the
-//     read's start, the version it saw and its latency, and, from a thread polling stats()
+//   - N reader processes (local ttl T s, 60 by default; stale_while_revalidate W ms, 0 by
+//     default): each loops get_entry(hot key) every U µs, recording the read's start, the
+//     version it saw, whether it was answered stale, its latency, and its process's
+//     stats().resyncs and stats().fleet.gets before it, and, from a thread polling stats()
 //     every 1 ms, when its subscription was (re)confirmed (stats().resyncs);
-//   - variants: steady; kill (`CLIENT KILL TYPE pubsub` every 200 ms, from the driver);
+//   - variants: steady; kill (`CLIENT KILL TYPE pubsub` every 200 ms, from the driver, at
+//     every second invalidate: the gap hides it); kill-quiet (the same 50 ms after an
+//     invalidate: the gap hides no write);
 //     restart (the redis-server stopped at half time, by pid, and restarted 300 ms later on
 //     the same port); unheard, the measurement's control: the writer invalidates through a
 //     plain fleet on the same prefix, which publishes nothing on the bus (under publish, every
@@ -36,6 +41,19 @@
 //     the new version; p50, p99;
 //   - reconnect: from a gap's start to each reader's next resync (p50, max; sampled every
 //     1 ms, so up to ~1 ms late, which widens the gap's excuse by as much);
+//   - past reconnect + 20 ms (issue 19's goal for gaps): per reader and gap, the reads that
+//     started more than 20 ms after its resync and before the next gap, and saw a version
+//     below v, the newest whose invalidate returned before the read started and either before
+//     the resync (the gap may have hidden its report) or more than 20 ms before the read (the
+//     steady bound); in parentheses, those whose v returned before the resync;
+//   - per reader and gap, from the first read that applied a confirmation (its resyncs count
+//     grew): the reads answered stale (stale_while_revalidate), how long after that read the
+//     last stale answer ended (the refresh replaced the value just after), and the reads
+//     through the fleet (stats().fleet.gets, each one Redis GET first) up to and including the
+//     first read answered fresh after the last confirmation: the gap's reload (it includes
+//     the reload of a write the gap hid, and under tracking the reload after the report of
+//     the process's own store); FCB_DEBUG_GAPS=1 prints the first gaps that took more than one,
+//     read by read;
 //   - median and p99 read latency; origin calls per version (mean, max); Redis reads (GET and
 //     GETRANGE, INFO commandstats) per reader per version (a gap's cost: against steady).
 // Prints a markdown table.
@@ -120,12 +138,17 @@ struct read_rec {
   std::int64_t start;
   std::uint32_t latency_ns;
   std::uint32_t version;
-  std::uint64_t heard;  // the process's invalidations_heard + resyncs when the read started
+  std::uint64_t heard;       // the process's invalidations_heard + resyncs when the read started
+  std::uint32_t fleet_gets;  // its stats().fleet.gets then (reads through the fleet so far)
+  std::uint16_t resyncs;     // its stats().resyncs then (confirmations so far)
+  std::uint8_t stale;        // 1: answered freshness::stale (within stale_while_revalidate)
+  std::uint8_t pad;
 };
 
 sf::fleet_cache_options cache_options(const std::map<std::string, std::string>& a) {
   sf::fleet_cache_options o;
-  o.local.ttl = std::chrono::seconds(60);
+  o.local.ttl = std::chrono::seconds(std::stol(a.at("ttl_s")));
+  o.local.stale_while_revalidate = ms(std::stol(a.at("swr_ms")));
   o.fleet.redis_uri = a.at("uri");
   o.fleet.key_prefix = a.at("prefix");
   o.fleet.redis_timeout = ms(50);
@@ -174,14 +197,19 @@ int reader_main(const std::map<std::string, std::string>& a) {
     const std::uint64_t heard = st.invalidations_heard + st.resyncs;
     const std::int64_t t0 = now_ns();
     std::string v;
+    bool stale = false;
     try {
-      v = c.get(std::string("hot"), load);
+      sf::cached<std::string> e = c.get_entry(std::string("hot"), load);
+      v = e.value.value_or("0");
+      stale = e.state == sf::freshness::stale;
     } catch (...) {
       v = "0";  // counted as version 0: stale if anything was invalidated
     }
     const std::int64_t t1 = now_ns();
     reads.push_back({t0, static_cast<std::uint32_t>(std::min<std::int64_t>(t1 - t0, UINT32_MAX)),
-                     static_cast<std::uint32_t>(std::stoul(v)), heard});
+                     static_cast<std::uint32_t>(std::stoul(v)), heard,
+                     static_cast<std::uint32_t>(st.fleet.gets),
+                     static_cast<std::uint16_t>(st.resyncs), static_cast<std::uint8_t>(stale), 0});
     if (interval_us > 0) {
       next += interval_us * 1000;
       if (next < t1) next = t1;
@@ -351,6 +379,8 @@ struct config {
   int seconds = 10;
   long interval_us = 500;
   long load_us = 1000;
+  long swr_ms = 0;  // the readers' local stale_while_revalidate
+  long ttl_s = 60;  // the readers' local ttl
 };
 
 double pct(std::vector<double> v, double p) {
@@ -360,12 +390,22 @@ double pct(std::vector<double> v, double p) {
   return v[std::min(i, v.size() - 1)];
 }
 
+double mean(const std::vector<double>& v) {
+  double sum = 0;
+  for (const double x : v) sum += x;
+  return v.empty() ? 0 : sum / static_cast<double>(v.size());
+}
+
 void run_one(server& s, const std::string& dir, const config& cfg, int run_id) {
   const std::string shm = dir + "/shm-" + std::to_string(run_id);
   shared_state* sh = map_shared(shm, true);
   const std::string prefix = "fcb" + std::to_string(run_id);
-  const std::vector<std::string> common = {"uri=" + s.uri(), "prefix=" + prefix, "mode=" + cfg.mode,
-                                           "shm=" + shm};
+  const std::vector<std::string> common = {"uri=" + s.uri(),
+                                           "prefix=" + prefix,
+                                           "mode=" + cfg.mode,
+                                           "shm=" + shm,
+                                           "swr_ms=" + std::to_string(cfg.swr_ms),
+                                           "ttl_s=" + std::to_string(cfg.ttl_s)};
   std::vector<pid_t> pids;
   std::vector<std::string> outs;
   for (int i = 0; i < cfg.readers; ++i) {
@@ -395,8 +435,11 @@ void run_one(server& s, const std::string& dir, const config& cfg, int run_id) {
   sh->phase.store(1);
   const std::int64_t t0 = now_ns();
   const std::int64_t end = t0 + static_cast<std::int64_t>(cfg.seconds) * 1'000'000'000;
-  if (cfg.variant == "kill") {
-    for (std::int64_t t = t0 + 200'000'000; t < end; t += 200'000'000) {
+  if (cfg.variant == "kill" || cfg.variant == "kill-quiet") {
+    // kill: at every second invalidate (the gap hides it); kill-quiet: 50 ms after one (the
+    // gap hides no write: what it costs by itself).
+    const std::int64_t offset = cfg.variant == "kill" ? 0 : 50'000'000;
+    for (std::int64_t t = t0 + 200'000'000 + offset; t < end; t += 200'000'000) {
       sleep_until_ns(t);
       gaps.push_back(now_ns());
       s.run("CLIENT KILL TYPE pubsub");
@@ -438,8 +481,14 @@ void run_one(server& s, const std::string& dir, const config& cfg, int run_id) {
   std::size_t n_resyncs = 0;         // during the run, all readers
   std::vector<double> reconnect_ms;  // per (reader, gap): gap start to the next resync
   std::vector<double> latencies_us;
-  std::vector<double> window_ms;  // per (reader, version): last old read's start - return
-  std::vector<double> seen_ms;    // per (reader, version): first new read's end - return
+  std::vector<double> window_ms;     // per (reader, version): last old read's start - return
+  std::vector<double> seen_ms;       // per (reader, version): first new read's end - return
+  long past_reconnect = 0;           // stale reads past the reader's resync + 20 ms (see below)
+  long past_reconnect_gap = 0;       // ... of a version whose invalidate returned before the resync
+  std::vector<double> served_stale;  // per (reader, gap): reads answered freshness::stale
+  std::vector<double> stale_for_ms;  // per confirmation applied: until the last stale answer
+  std::vector<double> gap_gets;      // per (reader, gap): reads through the fleet to reload
+  int debug_gaps = 0;                // FCB_DEBUG_GAPS: gaps printed
   for (int i = 0; i < cfg.readers; ++i) {
     std::ifstream in(outs[static_cast<std::size_t>(i)], std::ios::binary);
     std::uint64_t n = 0;
@@ -506,6 +555,85 @@ void run_one(server& s, const std::string& dir, const config& cfg, int run_id) {
         if (!heard) worst_late_ms = std::max(worst_late_ms, (r.start - ret) / 1e6);
       }
     }
+    // After each gap, up to the next one: the reconnect's bound and its cost.
+    const auto read_at = [&](std::int64_t t) {
+      return static_cast<std::size_t>(
+          std::lower_bound(reads.begin(), reads.end(), t,
+                           [](const read_rec& a, std::int64_t x) { return a.start < x; }) -
+          reads.begin());
+    };
+    for (std::size_t gi = 0; gi < gaps.size(); ++gi) {
+      const std::int64_t g = gaps[gi];
+      const std::int64_t g_next = gi + 1 < gaps.size() ? gaps[gi + 1] : INT64_MAX;
+      const auto rs = std::lower_bound(resyncs.begin(), resyncs.end(), g);
+      if (rs == resyncs.end() || *rs >= g_next) continue;  // not back before the next gap
+      const std::int64_t resync = *rs;
+      const std::size_t first = read_at(g);
+      const std::size_t last = read_at(g_next);
+      // Past reconnect + 20 ms: a read that started more than 20 ms after the resync and saw a
+      // version below v, the newest whose invalidate returned before the read started and
+      // either before the resync (the gap may have hidden its report: the resync's mark must
+      // cover it) or more than 20 ms before the read (the steady bound).
+      for (std::size_t k = read_at(resync + kBoundNs + 1); k < last; ++k) {
+        const read_rec& r = reads[k];
+        const std::int64_t before = std::max(resync + 1, r.start - kBoundNs);
+        const auto it =
+            std::lower_bound(rets.begin(), rets.end(), std::make_pair(before, std::uint32_t{0}));
+        if (it == rets.begin() || r.version >= std::prev(it)->second) continue;
+        ++past_reconnect;
+        if (std::prev(it)->first <= resync) ++past_reconnect_gap;
+        if (std::getenv("FCB_DEBUG") != nullptr && past_reconnect < 40) {
+          std::fprintf(stderr,
+                       "past reconnect: reader %d read at +%.1f ms after the resync saw %u "
+                       "(stale answer: %d); v %u returned %+.1f ms from the resync\n",
+                       i, (r.start - resync) / 1e6, r.version, r.stale, std::prev(it)->second,
+                       (std::prev(it)->first - resync) / 1e6);
+        }
+      }
+      // The confirmations this reader applied (its resyncs count grew between two reads).
+      std::vector<std::size_t> marks;
+      for (std::size_t k = std::max<std::size_t>(first, 1); k < last; ++k) {
+        if (reads[k].resyncs > reads[k - 1].resyncs) marks.push_back(k);
+      }
+      if (marks.empty()) continue;
+      long served = 0;
+      for (std::size_t j = 0; j < marks.size(); ++j) {
+        const std::size_t until = j + 1 < marks.size() ? marks[j + 1] : last;
+        double for_ms = 0;
+        for (std::size_t k = marks[j]; k < until; ++k) {
+          if (reads[k].stale == 0) continue;
+          ++served;
+          for_ms = (reads[k].start + reads[k].latency_ns - reads[marks[j]].start) / 1e6;
+        }
+        stale_for_ms.push_back(for_ms);
+      }
+      served_stale.push_back(static_cast<double>(served));
+      // The reload: reads through the fleet from the first confirmation's read to the first
+      // read answered fresh after the last one (that read's own included).
+      std::size_t e = marks.back() + 1;
+      while (e < reads.size() && reads[e - 1].stale != 0) ++e;
+      const bool costly =
+          e < reads.size() && reads[e].fleet_gets > reads[marks.front()].fleet_gets + 1;
+      if (std::getenv("FCB_DEBUG_GAPS") != nullptr && costly && ++debug_gaps <= 6) {
+        std::fprintf(stderr, "gap %zu reader %d: resync +%.2f ms\n", gi, i, (resync - g) / 1e6);
+        for (std::size_t k = first; k < std::min(e + 2, last); ++k) {
+          if (k > first && k + 1 < e && reads[k].fleet_gets == reads[k - 1].fleet_gets &&
+              reads[k].heard == reads[k - 1].heard && reads[k].stale == reads[k - 1].stale &&
+              reads[k].version == reads[k - 1].version) {
+            continue;
+          }
+          std::fprintf(stderr,
+                       "  +%.2f ms v%u stale %d resyncs %u heard %llu gets %u lat %.2f ms\n",
+                       (reads[k].start - g) / 1e6, reads[k].version, reads[k].stale,
+                       reads[k].resyncs, static_cast<unsigned long long>(reads[k].heard),
+                       reads[k].fleet_gets, reads[k].latency_ns / 1e6);
+        }
+      }
+      if (e < reads.size()) {
+        gap_gets.push_back(static_cast<double>(reads[e].fleet_gets) -
+                           static_cast<double>(reads[marks.front()].fleet_gets));
+      }
+    }
     for (std::size_t j = 0; j < rets.size(); ++j) {
       const auto [ret, v] = rets[j];
       if (in_gap(ret)) continue;
@@ -530,11 +658,14 @@ void run_one(server& s, const std::string& dir, const config& cfg, int run_id) {
   }
   const double per_version = versions > 0 ? static_cast<double>(calls) / versions : 0;
   std::printf(
-      "| %s | %s | %d | %zu | %d (%d failed) | **%ld** | %ld (%.1f ms) | %ld | "
+      "| %s | %s | %d | %zu | %d (%d failed) | **%ld** | %ld (%.1f ms) | %ld | **%ld** (%ld) | "
+      "%.1f / %.0f | %.2f / %.2f | %.2f / %.0f | "
       "%.2f / %.2f / %.2f | %.2f / %.2f | %.1f / %.1f | %.2f / %llu | %.2f | %zu / %.1f | "
       "%.1f / %.1f |\n",
       cfg.mode.c_str(), cfg.variant.c_str(), cfg.readers, n_reads, versions,
       sh->failed_invalidates.load(), stale_heard, stale, worst_late_ms, stale_in_gap,
+      past_reconnect, past_reconnect_gap, mean(served_stale), pct(served_stale, 1.0),
+      pct(stale_for_ms, 0.5), pct(stale_for_ms, 1.0), mean(gap_gets), pct(gap_gets, 1.0),
       pct(window_ms, 0.5), pct(window_ms, 0.99), pct(window_ms, 1.0), pct(seen_ms, 0.5),
       pct(seen_ms, 0.99), pct(latencies_us, 0.5), pct(latencies_us, 0.99), per_version,
       static_cast<unsigned long long>(max_calls),
@@ -583,6 +714,10 @@ int main(int argc, char** argv) {
       base.interval_us = std::stol(v);
     else if (k == "--load-us")
       base.load_us = std::stol(v);
+    else if (k == "--swr-ms")
+      base.swr_ms = std::stol(v);
+    else if (k == "--ttl-s")
+      base.ttl_s = std::stol(v);
     else if (k == "--redis-server")
       bin = v;
     else
@@ -605,17 +740,23 @@ int main(int argc, char** argv) {
     server s(bin, dir);
     std::printf(
         "fleet_cache_driver: redis-server at %s; %u hardware threads; %d s per run; a read "
-        "every %ld µs per reader; origin %ld µs; invalidate every 100 ms\n\n",
+        "every %ld µs per reader; origin %ld µs; invalidate every 100 ms; readers' local ttl "
+        "%ld s, stale_while_revalidate %ld ms\n\n",
         s.uri().c_str(), std::thread::hardware_concurrency(), base.seconds, base.interval_us,
-        base.load_us);
+        base.load_us, base.ttl_s, base.swr_ms);
     std::printf(
         "| mode | variant | readers | reads | versions (invalidate threw) | stale reads past "
         "invalidate + 20 ms, outside gaps, after the reader heard it | the same, report not yet "
         "heard (latest, after the invalidate) | stale reads in gaps (gap start to resync + 20 "
-        "ms) | window p50 / p99 / max ms | new seen p50 / p99 ms | read µs p50 / p99 | origin "
+        "ms) | stale reads past reconnect + 20 ms (of an invalidate before the resync) | reads "
+        "answered stale per gap mean / max | answered stale until, ms after the confirmation "
+        "p50 / max | reads through the fleet per reader per gap mean / max | window p50 / p99 / "
+        "max ms | new seen p50 / p99 ms | read µs p50 / p99 | origin "
         "calls per version mean / max | Redis GETs per reader per version | gaps / resyncs per "
         "reader | reconnect ms p50 / max |\n"
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|-"
+        "--:|"
+        "\n");
     std::fflush(stdout);
     for (const auto& variant : variants) {
       for (const auto& mode : modes) {
