@@ -5,6 +5,7 @@
 # unordered_map:
 #   group.cpp  one call of group<std::string, int>::do_     baseline naive_group.cpp
 #   cache.cpp  one call of cache<std::string, int>::get     baseline naive_cache.cpp
+#   cache_loaders.cpp  eight gets, eight loader types       baseline naive_cache.cpp
 # Columns: wall-clock seconds, CPU seconds (user + sys: what a parallel build pays; less
 # disturbed than wall time by other work on the machine), peak RSS (from /usr/bin/time, when
 # it is installed), and each program's ratio to its baseline (of the CPU seconds).
@@ -64,7 +65,7 @@ for cxx in "${compilers[@]}"; do
     echo "$cxx: not found, skipped"
     continue
   fi
-  for pair in "group naive_group" "cache naive_cache"; do
+  for pair in "group naive_group" "cache naive_cache" "cache_loaders naive_cache"; do
     read -r prog naive <<<"$pair"
     read -r nw nc nr <<<"$(measure "$cxx" "$src/$naive.cpp")"
     read -r pw pc pr <<<"$(measure "$cxx" "$src/$prog.cpp")"

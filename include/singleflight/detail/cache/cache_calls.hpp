@@ -65,6 +65,7 @@
 #include "../../stop_token.hpp"
 #include "../../wait_bound.hpp"
 #include "../after.hpp"
+#include "../group/placement.hpp"
 #include "../resume_gate.hpp"
 #include "../unwind.hpp"
 #include "../worker_threads.hpp"
@@ -490,10 +491,13 @@ class cache_calls {
         c->run_async(key, mixed, loader, st, done, foreground);
       };
     } else {
-      return [c, key, mixed, foreground,
-              loader = Ld(std::forward<L>(loader))](stop_token st) mutable -> loaded_t {
+      // task_only (placement.hpp): a sync owned_fn runs on flight.executor (load_blocking,
+      // start_erased_refresh) or is started by async_do, never inline by a blocked leader.
+      auto body = [c, key, mixed, foreground,
+                   loader = Ld(std::forward<L>(loader))](stop_token st) mutable -> loaded_t {
         return c->run_sync(key, mixed, loader, st, foreground);
       };
+      return task_only<decltype(body)>{std::move(body)};
     }
   }
 
@@ -622,10 +626,12 @@ class cache_calls {
             // Inline: the leader runs the loader on this thread and cannot leave before it
             // returns, so the body may refer to this frame.
             const auto run_inline = [&](const auto& k) {
+              // inline_only (placement.hpp): the group has no executor here; it compiles no task.
               auto body = [c, &k, mixed, &loader, fresh_flight](stop_token st) -> loaded_t {
                 return c->run_sync(k, mixed, static_cast<Ld&>(loader), st, !fresh_flight);
               };
-              return flight(key, body, caller, w.wait, fresh_flight, info);
+              return flight(key, inline_only<decltype(body)>{body}, caller, w.wait, fresh_flight,
+                            info);
             };
             if constexpr (traits::takes_key && !std::same_as<P, Key>) {
               return run_inline(key_of(key));  // the loader receives a Key

@@ -18,6 +18,7 @@
 // fn runs, before sleeping, and before any stop or notification.
 #pragma once
 
+#include <cassert>
 #include <chrono>
 #include <exception>
 #include <functional>
@@ -38,6 +39,7 @@
 #include "execution.hpp"
 #include "hooks.hpp"
 #include "outcomes.hpp"
+#include "placement.hpp"
 
 namespace singleflight::detail {
 
@@ -412,46 +414,57 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
     if (info != nullptr) *info = call_info{role::leader, this->number(*f)};
     ref_t mine = ref_t::share(f);
 
-    if constexpr (!async_fn<Fn, T>) {
-      if (!this->opts().executor)
-        return lead_inline(lk, s, std::move(mine), fn, caller, w, local, bound);
-    }
+    if constexpr (is_inline_only<Fn>) {
+      // Only ever passed to a group without an executor (placement.hpp): the task path below,
+      // and the task it would compile for fn, is never taken.
+      assert(!this->opts().executor &&
+             "singleflight: inline_only body in a group with an executor");
+      return lead_inline(lk, s, std::move(mine), fn, caller, w, local, bound);
+    } else {
+      // task_only: only ever passed to a group with an executor; lead_inline is never taken.
+      assert((!is_task_only<Fn> || this->opts().executor) &&
+             "singleflight: task_only body in a group without an executor");
+      if constexpr (!async_fn<Fn, T> && !is_task_only<Fn>) {
+        if (!this->opts().executor)
+          return lead_inline(lk, s, std::move(mine), fn, caller, w, local, bound);
+      }
 
-    // Executor, or an async fn: package fn into a task, hand it off (to the
-    // executor; an async fn without one is started right here) and wait like
-    // everyone else. The leader counts in f->waiters from the start, but
-    // links its waiter only once the hand-off is over: a waiter claimed while
-    // this thread still had to come back for the lock would be counted out
-    // too early (found by the spin model: close() could return while the
-    // leader was in here).
-    ticket t;
-    {
-      // The executor (or an async fn started here) is user code run while
-      // this caller's count is held: close() from it must not wait for it.
-      frame fr;
-      s.frames.push(fr);
-      // A synchronous executor's fn may end this thread: run_task fails the
-      // flight; this caller's count goes here (call_with rethrows untouched).
-      on_unwind unwind([&] {
-        if (!lk.owns_lock()) lk.lock();
+      // Executor, or an async fn: package fn into a task, hand it off (to the
+      // executor; an async fn without one is started right here) and wait like
+      // everyone else. The leader counts in f->waiters from the start, but
+      // links its waiter only once the hand-off is over: a waiter claimed while
+      // this thread still had to come back for the lock would be counted out
+      // too early (found by the spin model: close() could return while the
+      // leader was in here).
+      ticket t;
+      {
+        // The executor (or an async fn started here) is user code run while
+        // this caller's count is held: close() from it must not wait for it.
+        frame fr;
+        s.frames.push(fr);
+        // A synchronous executor's fn may end this thread: run_task fails the
+        // flight; this caller's count goes here (call_with rethrows untouched).
+        on_unwind unwind([&] {
+          if (!lk.owns_lock()) lk.lock();
+          s.frames.erase(fr);
+          this->exit_user(s);
+          lk.unlock();
+        });
+        t.stop = this->hand_off(lk, f, std::forward<F>(fn), t.wake);
+        unwind.disarm();
         s.frames.erase(fr);
-        this->exit_user(s);
-        lk.unlock();
-      });
-      t.stop = this->hand_off(lk, f, std::forward<F>(fn), t.wake);
-      unwind.disarm();
-      s.frames.erase(fr);
+      }
+      if (f->kind != kind::pending) {
+        // Settled while we were submitting (the task ran, the deadline, close,
+        // or the failure above): take the outcome directly.
+        t.outcome = f->kind;
+        t.f = std::move(mine);
+        return t;  // lock held: the caller does the bookkeeping
+      }
+      w.reset(/*as_observer=*/false);
+      f->list.push(w);
+      return wait_outcome(lk, s, std::move(mine), caller, w, /*is_leader=*/true, bound);
     }
-    if (f->kind != kind::pending) {
-      // Settled while we were submitting (the task ran, the deadline, close,
-      // or the failure above): take the outcome directly.
-      t.outcome = f->kind;
-      t.f = std::move(mine);
-      return t;  // lock held: the caller does the bookkeeping
-    }
-    w.reset(/*as_observer=*/false);
-    f->list.push(w);
-    return wait_outcome(lk, s, std::move(mine), caller, w, /*is_leader=*/true, bound);
   }
 
   // Runs fn on the leader's own thread. The leader counts as a waiter and
