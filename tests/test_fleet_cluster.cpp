@@ -11,6 +11,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/catch.hpp"
@@ -485,4 +486,190 @@ TEST_CASE(
     for (const auto& k : key)
       CHECK(e.router.route(d::fleet_names::of(prefix, k).value).ep.port != dead);
   }
+}
+
+namespace {
+
+// The first master that is neither `a` nor `b`.
+int other_master(const std::set<int>& masters, int a, int b = -1) {
+  for (const int p : masters) {
+    if (p != a && p != b) return p;
+  }
+  return -1;
+}
+
+// A key (under `prefix`) whose slot a master other than `avoid` owns.
+std::string key_off(sftest::redis_client& seed, const std::string& prefix, int avoid,
+                    const std::string& stem) {
+  for (int i = 0;; ++i) {
+    const std::string k = stem + std::to_string(i);
+    if (owner_port(seed, d::fleet_names::of(prefix, k).value) != avoid) return k;
+    if (i > 100'000) FAIL("no key found off port " << avoid);
+  }
+}
+
+// Polls `pred` every 2 ms, bounded (sftest::must).
+template <class Pred>
+void poll_until(Pred pred, const char* what) {
+  sftest::must(
+      [&] {
+        if (pred()) return true;
+        std::this_thread::sleep_for(2ms);
+        return false;
+      },
+      what);
+}
+
+}  // namespace
+
+// On a cluster a follower watches its key's shard channel (SSUBSCRIBE) on the key's master,
+// where the leader's store script SPUBLISHes: nothing travels over the cluster bus, and the
+// node the fleets are pointed at hears nothing. wait_slice is 10 s, so a follower woken
+// within 3 s of the store was woken by the message, not by its poll.
+TEST_CASE("a follower in another fleet is woken by the shard notification on the key's master",
+          "[cluster][sharded]") {
+  const std::string uri = need_cluster_or_warn();
+  if (uri.empty()) return;
+  const std::string prefix = sftest::unique_prefix("sharded");
+  sftest::redis_client seed(uri);
+  const std::string key = key_off(seed, prefix, port_of(uri), "far-");
+  const d::fleet_names names = d::fleet_names::of(prefix, key);
+  sftest::redis_client owner(node_uri(owner_port(seed, names.value)));
+
+  sf::fleet_options o = sftest::fleet_opts(uri, prefix);
+  o.wait_slice = 10s;
+  fleet_t leader_fleet(o);
+  fleet_t follower_fleet(o);
+  sftest::fleet_points points;
+  points.attach(follower_fleet);
+  sftest::held_origin origin("shard value");
+  std::atomic<int> follower_loads{0};
+
+  const long long ssubscribes = owner.command_calls("ssubscribe");
+  const long long sunsubscribes = owner.command_calls("sunsubscribe");
+  sftest::result<std::string> led;
+  auto leader = sftest::spawn(led, [&] { return leader_fleet.get(key, origin.loader()); });
+  origin.started.wait("leader loading");
+  sftest::result<std::string> followed;
+  auto follower = sftest::spawn(
+      followed, [&] { return follower_fleet.get(key, sftest::must_not_load(follower_loads)); });
+  sftest::must([&] { return points.waiting.load() > 0; }, "follower waiting");
+  // Its watch is a shard subscription on the key's master; the seed has no classic one.
+  poll_until([&] { return owner.shardnumsub(names.channel) == 1; }, "SSUBSCRIBE on the owner");
+  CHECK(seed.numsub(names.channel) == 0);
+  CHECK(owner.numsub(names.channel) == 0);
+
+  const auto released = std::chrono::steady_clock::now();
+  origin.release.open();
+  sftest::finish(leader, led, "leader");
+  CHECK(sftest::becomes([&] { return followed.done.load(std::memory_order_acquire); }, 3s));
+  sftest::finish(follower, followed, "follower");
+  const auto took = std::chrono::steady_clock::now() - released;
+  CHECK(took < 3s);
+
+  REQUIRE(followed.value.has_value());
+  CHECK(*followed.value == "shard value");
+  CHECK(origin.calls.load() == 1);
+  CHECK(follower_loads.load() == 0);
+  const sf::fleet_stats s = follower_fleet.stats();
+  CHECK(s.follower_woken == 1);
+  CHECK(s.redis_errors == 0);
+  CHECK(leader_fleet.stats().publish_failures == 0);
+  // Unwatched once the follower returned: SUNSUBSCRIBE.
+  poll_until([&] { return owner.shardnumsub(names.channel) == 0; }, "SUNSUBSCRIBE on the owner");
+  // The wait cost one SSUBSCRIBE and one SUNSUBSCRIBE, on the owner's shard subscriber.
+  CHECK(owner.command_calls("ssubscribe") - ssubscribes == 1);
+  CHECK(owner.command_calls("sunsubscribe") - sunsubscribes == 1);
+}
+
+// A slot migrated while a follower waits on its shard channel: the old owner pushes
+// `sunsubscribe`; the follower races again (on the new owner: MOVED), loses to the lease that
+// migrated with the slot, watches the shard channel there and is woken by the leader's store
+// (which follows the slot too). One origin call; wait_slice is 10 s, the follower is woken
+// within 3 s of the store.
+TEST_CASE("a slot migrated while a follower waits: it races again and watches the new owner",
+          "[cluster][sharded][migrate]") {
+  const std::string uri = need_cluster_or_warn();
+  if (uri.empty()) return;
+  const std::string prefix = sftest::unique_prefix("shardmove");
+  sftest::redis_client seed(uri);
+  const std::string key = "moving";
+  const d::fleet_names names = d::fleet_names::of(prefix, key);
+  const std::string slot_text = std::to_string(d::cluster_slot(names.value));
+  const int a_port = owner_port(seed, names.value);
+  const std::set<int> masters = master_ports(seed);
+  REQUIRE(masters.size() == 3);
+  const int b_port = other_master(masters, a_port);
+  sftest::redis_client a(node_uri(a_port));
+  sftest::redis_client b(node_uri(b_port));
+  const std::string a_id = a.command({"CLUSTER", "MYID"}).str;
+  const std::string b_id = b.command({"CLUSTER", "MYID"}).str;
+
+  sf::fleet_options o = sftest::fleet_opts(uri, prefix);
+  o.wait_slice = 10s;
+  fleet_t leader_fleet(o);
+  fleet_t follower_fleet(o);
+  // Both fleets learn the slot map first (a key of another master than the seed's: MOVED).
+  const std::string warm = key_off(seed, prefix, port_of(uri), "warm-");
+  (void)leader_fleet.get(warm, [] { return std::string("warm"); });
+  (void)follower_fleet.get(warm, [] { return std::string("warm"); });
+  REQUIRE(sftest::fleet_engine(follower_fleet).router.cluster());
+  sftest::fleet_points points;
+  points.attach(follower_fleet);
+  sftest::held_origin origin("moved value");
+  std::atomic<int> follower_loads{0};
+
+  sftest::result<std::string> led;
+  auto leader = sftest::spawn(led, [&] { return leader_fleet.get(key, origin.loader()); });
+  origin.started.wait("leader loading");
+  sftest::result<std::string> followed;
+  auto follower = sftest::spawn(
+      followed, [&] { return follower_fleet.get(key, sftest::must_not_load(follower_loads)); });
+  sftest::must([&] { return points.waiting.load() > 0; }, "follower waiting");
+  poll_until([&] { return a.shardnumsub(names.channel) == 1; }, "SSUBSCRIBE on A");
+  const int lost_before = points.lost.load();
+
+  // The slot moves from A to B with its keys (the lease, the metadata).
+  REQUIRE(b.command({"CLUSTER", "SETSLOT", slot_text, "IMPORTING", a_id}).str == "OK");
+  REQUIRE(a.command({"CLUSTER", "SETSLOT", slot_text, "MIGRATING", b_id}).str == "OK");
+  for (;;) {
+    const auto keys = a.command({"CLUSTER", "GETKEYSINSLOT", slot_text, "100"});
+    if (keys.elements.empty()) break;
+    for (const auto& k : keys.elements) {
+      REQUIRE(a.command({"MIGRATE", "127.0.0.1", std::to_string(b_port), k.str, "0", "5000"}).str ==
+              "OK");
+    }
+  }
+  // As redis-cli --cluster reshard ends a migration: the importing node first (from then on
+  // it serves the slot), then the migrating one (which then pushes `sunsubscribe`), then the
+  // rest.
+  REQUIRE(b.command({"CLUSTER", "SETSLOT", slot_text, "NODE", b_id}).str == "OK");
+  REQUIRE(a.command({"CLUSTER", "SETSLOT", slot_text, "NODE", b_id}).str == "OK");
+  sftest::redis_client third(node_uri(other_master(masters, a_port, b_port)));
+  REQUIRE(third.command({"CLUSTER", "SETSLOT", slot_text, "NODE", b_id}).str == "OK");
+  // A pushed sunsubscribe: the follower raced again (lost: the lease moved with the slot) and
+  // watches on B.
+  poll_until([&] { return b.shardnumsub(names.channel) == 1; }, "SSUBSCRIBE on B");
+  CHECK(points.lost.load() > lost_before);
+  CHECK(a.shardnumsub(names.channel) == 0);
+  CHECK_FALSE(followed.done.load());
+
+  const auto released = std::chrono::steady_clock::now();
+  origin.release.open();
+  sftest::finish(leader, led, "leader");
+  CHECK(sftest::becomes([&] { return followed.done.load(std::memory_order_acquire); }, 3s));
+  sftest::finish(follower, followed, "follower");
+  CHECK(std::chrono::steady_clock::now() - released < 3s);
+
+  REQUIRE(led.value.has_value());
+  REQUIRE(followed.value.has_value());
+  CHECK(*followed.value == "moved value");
+  CHECK(origin.calls.load() == 1);
+  CHECK(follower_loads.load() == 0);
+  CHECK(b.get(names.value).has_value());  // stored on the slot's new owner
+  const sf::fleet_stats s = follower_fleet.stats();
+  CHECK(s.follower_woken == 1);
+  CHECK(s.redis_errors == 0);
+  CHECK(s.local_fallback == 0);
+  CHECK(leader_fleet.stats().local_fallback == 0);
 }

@@ -302,3 +302,77 @@ TEST_CASE("fences stay monotonic across a forced failover that lost the race's w
   CHECK(duplicates == 0);
   CHECK(stale_overwrite == 0);
 }
+
+// The node a fleet is pointed at (its seed, where its classic subscriber listens) SIGKILLed
+// while one of its followers waits on a key that another master owns: the follower watches
+// that key's shard channel on the key's master, so the leader's store wakes it at once. With
+// the classic subscriber on the seed, the kill silenced the notification: the follower woke
+// only at its wait_slice poll (10 s here; the test allows 3 s).
+TEST_CASE("the seed node killed while a follower waits on another master's key: woken promptly",
+          "[cluster][failover][sharded][slow]") {
+  const std::string dir = need_failover_cluster_or_warn();
+  if (dir.empty()) return;
+  const std::string uri = read_line(dir + "/uri");
+  sftest::redis_client seed(uri);
+  const shard victim = live_shard(seed, port_of(uri));  // the fixture's own node stays up
+  const int victim_pid = pid_of(dir, victim.master);
+  REQUIRE(victim_pid > 0);
+  int owner_port = -1;
+  for (const shard& s : shards(seed)) {
+    if (s.master != victim.master && owner_port < 0) owner_port = s.master;
+  }
+  const std::string prefix = sftest::unique_prefix("shardseed");
+  const std::string key = key_on(seed, prefix, owner_port, "lives-");
+  const d::fleet_names names = d::fleet_names::of(prefix, key);
+  sftest::redis_client owner(node_uri(owner_port));
+
+  sf::fleet_options o = sftest::fleet_opts(uri, prefix);
+  o.wait_slice = 10s;
+  o.redis_timeout = 500ms;
+  fleet_t leader_fleet(o);
+  sf::fleet_options fo = o;
+  fo.redis_uri = node_uri(victim.master);  // the follower's fleet is pointed at the victim
+  fleet_t follower_fleet(fo);
+  sftest::fleet_points points;
+  points.attach(follower_fleet);
+  sftest::held_origin origin("owner value");
+  std::atomic<int> follower_loads{0};
+
+  sftest::result<std::string> led;
+  auto leader = sftest::spawn(led, [&] { return leader_fleet.get(key, origin.loader()); });
+  origin.started.wait("leader loading");
+  sftest::result<std::string> followed;
+  auto follower = sftest::spawn(
+      followed, [&] { return follower_fleet.get(key, sftest::must_not_load(follower_loads)); });
+  sftest::must([&] { return points.waiting.load() > 0; }, "follower waiting");
+  sftest::must(
+      [&] {
+        if (owner.shardnumsub(names.channel) == 1) return true;
+        std::this_thread::sleep_for(2ms);
+        return false;
+      },
+      "SSUBSCRIBE on the key's master");
+  REQUIRE(sftest::fleet_engine(follower_fleet).router.cluster());
+
+  REQUIRE(::kill(victim_pid, SIGKILL) == 0);
+  const auto released = std::chrono::steady_clock::now();
+  origin.release.open();
+  sftest::finish(leader, led, "leader");
+  CHECK(sftest::becomes([&] { return followed.done.load(std::memory_order_acquire); }, 3s));
+  sftest::finish(follower, followed, "follower");
+  CHECK(std::chrono::steady_clock::now() - released < 3s);
+
+  REQUIRE(followed.value.has_value());
+  CHECK(*followed.value == "owner value");
+  CHECK(origin.calls.load() == 1);
+  CHECK(follower_loads.load() == 0);
+  CHECK(follower_fleet.stats().follower_woken == 1);
+  // The victim's replica takes over before the next test.
+  sftest::must(
+      [&] {
+        if (is_master(victim.replica)) return true;
+        std::this_thread::sleep_for(10ms);
+        return false;
+      },
+      "the replica promoted");
+}

@@ -1539,8 +1539,8 @@ void cluster_costs(const cluster& c) {
       if (follower_counts[k] == 0) follower_counts.erase(k);
     }
     std::printf(
-        "| miss, follower in another process (leader loading 30 ms) | %s (SUBSCRIBE and "
-        "UNSUBSCRIBE on the subscriber's connection, to the node the fleet is pointed at) | "
+        "| miss, follower in another process (leader loading 30 ms) | %s (SSUBSCRIBE and "
+        "SUNSUBSCRIBE on the fleet's subscriber connection to the key's master) | "
         "returns %.0f µs (median; p90 %.0f µs) after the leader's get() |\n",
         show(follower_counts, pairs).c_str(), wakes[wakes.size() / 2],
         wakes[wakes.size() * 9 / 10]);

@@ -61,7 +61,8 @@
 // publishes its error, so followers fail at once with remote_load_error
 // instead of loading again (and stores it for error_ttl when that is > 0).
 //
-// Threads: a fleet owns one subscriber thread (pub/sub), one lease renewer
+// Threads: a fleet owns one subscriber thread (pub/sub; on a Redis Cluster, one
+// more per master a follower has waited on: sharded pub/sub), one lease renewer
 // thread and, for async_get/co_get, a pool of worker threads (one per
 // concurrent async flight at most, max_async_threads); all are
 // detail::worker_threads, and close() follows its protocol (from outside it

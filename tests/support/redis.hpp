@@ -175,6 +175,13 @@ class redis_client {
     return r.elements.size() == 2 ? r.elements[1].integer : -1;
   }
 
+  // The number of subscribers of the shard channel `channel` on this cluster node (PUBSUB
+  // SHARDNUMSUB, Redis 7.0).
+  long long shardnumsub(const std::string& channel) {
+    const reply r = command({"PUBSUB", "SHARDNUMSUB", channel});
+    return r.elements.size() == 2 ? r.elements[1].integer : -1;
+  }
+
   // A field of INFO's output (e.g. INFO commandstats: "cmdstat_get"), as text.
   std::string info_field(const std::string& section, const std::string& field) {
     const reply r = command({"INFO", section});

@@ -5,7 +5,8 @@
 // their snapshot, the router (redis_router.hpp: the Redis nodes, each with
 // its command connection pool and its circuit breaker), the subscriber, the lease renewer (which
 // also retries failed releases), the threads (two worker_threads, detail/worker_threads.hpp:
-// `services` runs the subscriber's and the renewer's loops, one long-running job each; `workers`
+// `services` runs the subscriber's and the renewer's loops, one long-running job each, and on a
+// cluster the shard subscribers' (subscriber_for); `workers`
 // runs async flights, at most max_async_threads), the lease tokens, and
 // invalidate's round trip. fleet_flight.hpp
 // runs the protocol's flights with it; fleet.hpp owns one.
@@ -30,6 +31,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include "../../fleet_options.hpp"
@@ -154,7 +156,7 @@ class fleet_engine {
                 std::min(cfg.renew_every, cfg.redis_timeout), counters.redis_errors,
                 counters.lease_lost, counters.publish_failures),
         workers(worker_threads::default_idle_for, cfg.max_async_threads),
-        services(worker_threads::default_idle_for, 2),
+        services(worker_threads::default_idle_for, 0),
         rng_(seed()) {
     try {
       subscriber.start(services);
@@ -210,7 +212,8 @@ class fleet_engine {
     const fleet_names names = fleet_names::of(cfg.key_prefix, text);
     return written("invalidate", names.value, [&](redis_conn& rc) {
       bool published = true;
-      const std::uint64_t gen = detail::invalidate(rc, names, cfg.meta_ttl, published);
+      const std::uint64_t gen =
+          detail::invalidate(rc, names, cfg.meta_ttl, published, router.cluster());
       if (!published) fleet_counters::bump(counters.publish_failures);
       return gen;
     });
@@ -229,7 +232,7 @@ class fleet_engine {
     const std::uint64_t gen = written("put/invalidate", names.value, [&](redis_conn& rc) {
       bool published = true;
       const std::uint64_t g = detail::write(rc, names, rec, cfg.value_ttl, cfg.meta_ttl, bus,
-                                            message, published, broadcast);
+                                            message, published, broadcast, router.cluster());
       if (!published) fleet_counters::bump(counters.publish_failures);
       return g;
     });
@@ -287,11 +290,41 @@ class fleet_engine {
   const fleet_config cfg;
   fleet_hook hook;  // set only by tests (fleet_test_access), before any call
   fleet_counters counters;
-  // The Redis nodes, their pools and breakers. The subscriber listens on the seed: a
-  // cluster propagates PUBLISH to every node.
+  // subscriber_for(n): the subscriber whose watches hear the leaders of node `n`'s keys: on a
+  // single server, `subscriber`; on a Redis Cluster, `n`'s shard subscriber (sharded pub/sub:
+  // fleet_subscriber.hpp), created and started on `services` the first time. Thread-safe.
+  // Throws closed_error (the fleet is closing), std::system_error (no thread), std::bad_alloc.
+  fleet_subscriber& subscriber_for(redis_node& n) {
+    if (!router.cluster()) return subscriber;
+    const std::lock_guard<std::mutex> lk(shards_mu_);
+    if (shards_closed_) throw closed_error();
+    for (const auto& [node, sub] : shards_) {
+      if (node == &n) return *sub;
+    }
+    shards_.reserve(shards_.size() + 1);  // no throw after the job starts
+    auto sub = std::make_unique<fleet_subscriber>(n.pool, counters.redis_errors, hook, true);
+    sub->start(services);
+    shards_.emplace_back(&n, std::move(sub));
+    return *shards_.back().second;
+  }
+
+  // The Redis nodes, their pools and breakers. `subscriber` listens on the seed: on a single
+  // server for every key; on a cluster for fleet_cache's bus and expire channels (classic
+  // PUBLISH, which a cluster propagates to every node), the keys' waiters watching their
+  // node's shard subscriber (subscriber_for).
   redis_router router;
   fleet_subscriber subscriber;
   lease_renewer renewer;
+
+ private:
+  // The shard subscribers (subscriber_for), one per node; each lives as long as the engine
+  // (its job runs on `services`, declared after them: joined before they are destroyed).
+  std::mutex shards_mu_;
+  std::vector<std::pair<const redis_node*, std::unique_ptr<fleet_subscriber>>>
+      shards_;                  // guarded by shards_mu_
+  bool shards_closed_ = false;  // guarded by shards_mu_
+
+ public:
   // Declared after what their jobs use: destroyed (joined) first.
   worker_threads workers;
   worker_threads services;
@@ -305,6 +338,7 @@ class fleet_engine {
   // replica_timeouts; not a Redis failure: the primary applied it), std::bad_alloc.
   template <class Step>
   std::uint64_t written(const char* what, std::string_view name, Step step) {
+    router.probe();  // the script wakes the key's waiters: PUBLISH or SPUBLISH
     std::uint64_t gen = 0;
     long long acked = 0;
     std::string wait_failure;
@@ -364,6 +398,9 @@ class fleet_engine {
   void stop_services() noexcept {
     subscriber.stop();
     renewer.stop();
+    const std::lock_guard<std::mutex> lk(shards_mu_);
+    shards_closed_ = true;  // no shard subscriber starts after this
+    for (const auto& [node, sub] : shards_) sub->stop();
   }
 
   std::mutex token_mu_;

@@ -25,6 +25,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 
 #include "../../errors.hpp"
 #include "../../fleet_options.hpp"
@@ -120,11 +121,14 @@ class fleet_flight {
       read_value = false;
     }
 
-    // 2. Miss: race for the lease; lose, wait, race again.
+    // 2. Miss: race for the lease; lose, wait, race again. Its notifications (the leader's
+    // PUBLISH or SPUBLISH, the followers' watches) need to know whether this is a cluster.
+    e_.router.probe();
     const clock::time_point give_up = clock::now() + e_.cfg.max_wait;
     fleet_subscriber::watch w;
     bool woken = false;  // a message woke this follower since its last race
     std::string message;
+    std::chrono::milliseconds moved_pause{0};  // after a `moved` event (see there)
     for (;;) {
       if (st_.stop_requested()) throw cancelled_error();
       std::string token = e_.new_token();
@@ -168,7 +172,9 @@ class fleet_flight {
       conn_.reset();  // nor while this flight waits
       e_.at(fleet_point::lost_race, text_);
       if (!w) {
-        w = e_.subscriber.subscribe(names_.channel);
+        // On a cluster, the shard channel on the node the router says owns the slot (the
+        // race just ran there, or was redirected and taught the router so).
+        w = e_.subscriber_for(e_.router.route(names_.channel)).subscribe(names_.channel);
         const auto until = std::min(clock::now() + e_.cfg.wait_slice, give_up);
         if (w.wait_confirmed(until, st_)) {
           // Whatever the leader published before this point was not seen: a
@@ -176,6 +182,7 @@ class fleet_flight {
           // load). Race again now (the race re-reads the value first); from
           // here on no message is missed.
           e_.at(fleet_point::subscribed, text_);
+          moved_pause = std::chrono::milliseconds(0);
           read_value = true;
           woken = false;
           continue;
@@ -199,6 +206,17 @@ class fleet_flight {
           // the followers load one after another; each loads now, at once.
           if (message == "n") return load_locally();
           woken = message == "v";
+          break;
+        case fleet_subscriber::event::moved:
+          // Sharded: the key's slot migrated, or the watch went to a node that no longer
+          // owns it. Race again (the race follows the slot) and watch on its owner; a
+          // watch refused again and again (a migration under way) waits 1, 2, 4, 8, 8... ms
+          // between races.
+          w = fleet_subscriber::watch();
+          woken = false;
+          if (moved_pause.count() > 0) std::this_thread::sleep_for(moved_pause);
+          moved_pause = std::clamp(moved_pause * 2, std::chrono::milliseconds(1),
+                                   std::chrono::milliseconds(8));
           break;
         case fleet_subscriber::event::stopped:
           throw cancelled_error();
@@ -310,7 +328,8 @@ class fleet_flight {
       // A second run of the fenced store changes nothing (pooled::run); a
       // redirected one did not run (redis_router::run).
       auto step = [&](redis_conn& rc) {
-        return store(rc, names_, token, fence, gen, rec, ttl, message, e_.cfg.meta_ttl, published);
+        return store(rc, names_, token, fence, gen, rec, ttl, message, e_.cfg.meta_ttl, published,
+                     e_.router.cluster());
       };
       const store_result sr = e_.router.run(node, c, step);
       switch (sr) {
@@ -371,8 +390,8 @@ class fleet_flight {
     try {
       const std::unique_ptr<redis_conn> c = e_.router.route(names_.value).pool.open();
       bool published = true;
-      if (release(*c, names_, token, std::chrono::milliseconds(0), message, published) ==
-              release_result::released &&
+      if (release(*c, names_, token, std::chrono::milliseconds(0), message, published,
+                  e_.router.cluster()) == release_result::released &&
           !published) {
         fleet_counters::bump(e_.counters.publish_failures);
       }

@@ -13,7 +13,8 @@
 //   {N:P:K}:m        metadata hash: `fence` (the fencing counter) and `gen` (the
 //                    generation, bumped by invalidate), with a TTL refreshed by
 //                    every step that touches it
-//   {N:P:K}:c        the pub/sub channel leaders publish on: "v" (stored), "r"
+//   {N:P:K}:c        the pub/sub channel leaders publish on (on a Redis Cluster a shard
+//                    channel: SPUBLISH, the *_script(true) variants): "v" (stored), "r"
 //                    (lease released without a value: race again), "n" (a value
 //                    was loaded but could not be stored: load for yourself),
 //                    "e<text>" (the load failed)
@@ -54,7 +55,7 @@
 // Scripts check the type of every name they write before their first write
 // (Lua does not roll back a script that fails half-way): a name holding
 // another Redis type, or a "lease" without an expiry (no fleet sets one), is
-// taken over. PUBLISH is the one step a script may be refused (an ACL user
+// taken over. PUBLISH (SPUBLISH) is the one step a script may be refused (an ACL user
 // without channel rights): it runs last, through pcall, and the script
 // reports whether it published instead of failing after its writes.
 #pragma once
@@ -205,9 +206,17 @@ inline std::optional<record> parse_record(std::string_view bytes, std::string_vi
 // Scripts
 
 struct lua_script {
+  struct built_t {};  // the body is built at run time: the script owns it
+  static constexpr built_t built{};
+
+  explicit lua_script(std::string_view b) : body(b), sha(sha1_hex(b)) {}
+  lua_script(built_t, std::string b) : owned(std::move(b)), body(owned), sha(sha1_hex(body)) {}
+  lua_script(const lua_script&) = delete;  // `body` may point into `owned`
+  lua_script& operator=(const lua_script&) = delete;
+
+  std::string owned;  // the body, when built (a sharded variant); empty otherwise
   std::string_view body;
   std::string sha;
-  explicit lua_script(std::string_view b) : body(b), sha(sha1_hex(b)) {}
 };
 
 // What every script may call, prepended to each body:
@@ -215,7 +224,14 @@ struct lua_script {
 //   seed(meta)         makes `meta` a hash whose fence and gen are integers, seeding
 //                      a missing or foreign one from the server's clock (microseconds);
 //   note(channel, m)   PUBLISH through pcall: 1 when published, 0 when refused (ACL).
-#define SINGLEFLIGHT_FLEET_LUA_PRELUDE                                       \
+#define SINGLEFLIGHT_FLEET_LUA_PRELUDE                     \
+  SINGLEFLIGHT_FLEET_LUA_COMMON                            \
+  "local function note(channel, message)\n"                \
+  "  local r = redis.pcall('PUBLISH', channel, message)\n" \
+  "  if type(r) == 'table' and r.err then return 0 end\n"  \
+  "  return 1\n"                                           \
+  "end\n"
+#define SINGLEFLIGHT_FLEET_LUA_COMMON                                        \
   "if redis.replicate_commands then redis.replicate_commands() end\n"        \
   "local function claim(name, kind)\n"                                       \
   "  local t = redis.call('TYPE', name)['ok']\n"                             \
@@ -231,11 +247,24 @@ struct lua_script {
   "    if not int(m[1]) then redis.call('HSET', meta, 'fence', now) end\n"   \
   "    if not int(m[2]) then redis.call('HSET', meta, 'gen', now) end\n"     \
   "  end\n"                                                                  \
-  "end\n"                                                                    \
-  "local function note(channel, message)\n"                                  \
-  "  local r = redis.pcall('PUBLISH', channel, message)\n"                   \
-  "  if type(r) == 'table' and r.err then return 0 end\n"                    \
-  "  return 1\n"                                                             \
+  "end\n"
+
+// The prelude of the scripts a fleet runs on a Redis Cluster: the same, except that note()
+// sends SPUBLISH (sharded pub/sub, Redis 7.0: the message reaches the subscribers of the
+// key's slot's owner, not every node over the cluster bus; allowed in a script because the
+// channel has the hash tag of the script's keys), and cast(channel, m) is the classic
+// PUBLISH for the channels that are no key's (fleet_cache's bus).
+#define SINGLEFLIGHT_FLEET_LUA_PRELUDE_SHARDED              \
+  SINGLEFLIGHT_FLEET_LUA_COMMON                             \
+  "local function note(channel, message)\n"                 \
+  "  local r = redis.pcall('SPUBLISH', channel, message)\n" \
+  "  if type(r) == 'table' and r.err then return 0 end\n"   \
+  "  return 1\n"                                            \
+  "end\n"                                                   \
+  "local function cast(channel, message)\n"                 \
+  "  local r = redis.pcall('PUBLISH', channel, message)\n"  \
+  "  if type(r) == 'table' and r.err then return 0 end\n"   \
+  "  return 1\n"                                            \
   "end\n"
 
 // ACQUIRE. KEYS: value, lease, meta, tombstone. ARGV: token, lease_ttl_ms, meta_ttl_ms, read
@@ -374,7 +403,45 @@ return {g, woke, note(ARGV[5], ARGV[6])}
   return s;
 }
 
+// sharded_variant(classic, from, to): the script `classic` with the sharded prelude instead
+// of the classic one, and `from` (when not empty) replaced by `to` in its body.
+inline std::string sharded_variant(const lua_script& classic, std::string_view from = {},
+                                   std::string_view to = {}) {
+  constexpr std::string_view classic_prelude = SINGLEFLIGHT_FLEET_LUA_PRELUDE;
+  std::string body(classic.body.substr(classic_prelude.size()));
+  if (!from.empty()) body.replace(body.find(from), from.size(), to);
+  return SINGLEFLIGHT_FLEET_LUA_PRELUDE_SHARDED + body;
+}
+
+// The scripts that notify a key's waiters, as a fleet runs them on a Redis Cluster (a script
+// of each kind per fleet, whatever the server: a single server is sent only the classic ones).
+inline const lua_script& store_script(bool sharded) {
+  if (!sharded) return store_script();
+  static const lua_script s(lua_script::built, sharded_variant(store_script()));
+  return s;
+}
+inline const lua_script& release_script(bool sharded) {
+  if (!sharded) return release_script();
+  static const lua_script s(lua_script::built, sharded_variant(release_script()));
+  return s;
+}
+inline const lua_script& invalidate_script(bool sharded) {
+  if (!sharded) return invalidate_script();
+  static const lua_script s(lua_script::built, sharded_variant(invalidate_script()));
+  return s;
+}
+// fleet_cache's bus is no key's channel: its message stays a classic PUBLISH (cast).
+inline const lua_script& write_script(bool sharded) {
+  if (!sharded) return write_script();
+  static const lua_script s(
+      lua_script::built,
+      sharded_variant(write_script(), "note(ARGV[5], ARGV[6])", "cast(ARGV[5], ARGV[6])"));
+  return s;
+}
+
 #undef SINGLEFLIGHT_FLEET_LUA_PRELUDE
+#undef SINGLEFLIGHT_FLEET_LUA_PRELUDE_SHARDED
+#undef SINGLEFLIGHT_FLEET_LUA_COMMON
 
 // Runs a script by its SHA; on NOSCRIPT (a fresh or flushed server) sends the body once,
 // which also caches it. keys and args are appended in order.
@@ -660,10 +727,11 @@ enum class store_result { stored, fenced_out, invalidated };
 inline store_result store(redis_conn& c, const fleet_names& n, std::string_view token,
                           std::string_view fence, std::string_view gen, std::string_view rec,
                           std::chrono::milliseconds ttl, std::string_view message,
-                          std::chrono::milliseconds meta_ttl, bool& published) {
+                          std::chrono::milliseconds meta_ttl, bool& published,
+                          bool sharded = false) {
   const std::string ttl_ms = ms_text(ttl);
   const std::string meta_ms = ms_text(meta_ttl);
-  const redis_reply r = run_script(c, store_script(), {n.value, n.lease, n.meta},
+  const redis_reply r = run_script(c, store_script(sharded), {n.value, n.lease, n.meta},
                                    {token, fence, gen, rec, ttl_ms, n.channel, message, meta_ms});
   const long long code = coded_reply(r, "store", published);
   if (code == -1) return store_result::fenced_out;
@@ -677,11 +745,11 @@ enum class release_result { released, not_ours };
 // given up on); `published` says whether `message` went out.
 inline release_result release(redis_conn& c, const fleet_names& n, std::string_view token,
                               std::chrono::milliseconds tomb_ttl, std::string_view message,
-                              bool& published) {
+                              bool& published, bool sharded = false) {
   const std::string tomb = n.tomb(token);
   const std::string tomb_ms = ms_text(std::max(tomb_ttl, std::chrono::milliseconds(0)));
   const redis_reply r =
-      run_script(c, release_script(), {n.lease, tomb}, {token, tomb_ms, n.channel, message});
+      run_script(c, release_script(sharded), {n.lease, tomb}, {token, tomb_ms, n.channel, message});
   if (r->type != REDIS_REPLY_INTEGER) throw redis_failure("release: unexpected reply");
   published = r->integer == 1;
   return r->integer == -1 ? release_result::not_ours : release_result::released;
@@ -689,9 +757,11 @@ inline release_result release(redis_conn& c, const fleet_names& n, std::string_v
 
 // invalidate(...): the new generation; `published` says whether the waiters were told.
 inline std::uint64_t invalidate(redis_conn& c, const fleet_names& n,
-                                std::chrono::milliseconds meta_ttl, bool& published) {
+                                std::chrono::milliseconds meta_ttl, bool& published,
+                                bool sharded = false) {
   const std::string meta_ms = ms_text(meta_ttl);
-  const redis_reply r = run_script(c, invalidate_script(), {n.value, n.meta}, {n.channel, meta_ms});
+  const redis_reply r =
+      run_script(c, invalidate_script(sharded), {n.value, n.meta}, {n.channel, meta_ms});
   const long long gen = coded_reply(r, "invalidate", published);
   if (gen < 0) throw redis_failure("invalidate: unexpected reply");
   return static_cast<std::uint64_t>(gen);
@@ -702,10 +772,10 @@ inline std::uint64_t invalidate(redis_conn& c, const fleet_names& n,
 inline std::uint64_t write(redis_conn& c, const fleet_names& n, std::string_view rec,
                            std::chrono::milliseconds ttl, std::chrono::milliseconds meta_ttl,
                            std::string_view bus, std::string_view message, bool& published,
-                           bool& broadcast) {
+                           bool& broadcast, bool sharded = false) {
   const std::string ttl_ms = ms_text(ttl);
   const std::string meta_ms = ms_text(meta_ttl);
-  const redis_reply r = run_script(c, write_script(), {n.value, n.meta},
+  const redis_reply r = run_script(c, write_script(sharded), {n.value, n.meta},
                                    {n.channel, meta_ms, rec, ttl_ms, bus, message});
   if (r->type != REDIS_REPLY_ARRAY || r->elements != 3 ||
       r->element[0]->type != REDIS_REPLY_INTEGER || r->element[1]->type != REDIS_REPLY_INTEGER ||

@@ -331,7 +331,7 @@ class lease_renewer {
       try {
         if (!conn) conn = node->pool.open();
         bool published = true;
-        if (release(*conn, r.names, r.token, r.tomb_ttl, r.message, published) ==
+        if (release(*conn, r.names, r.token, r.tomb_ttl, r.message, published, router_.cluster()) ==
                 release_result::released &&
             !published) {
           publish_failures_.fetch_add(1, std::memory_order_relaxed);

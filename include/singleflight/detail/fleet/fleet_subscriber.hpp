@@ -1,6 +1,7 @@
 // singleflight/detail/fleet/fleet_subscriber.hpp -- internal; do not include directly.
 //
-// detail::fleet_subscriber: the fleet's one pub/sub connection and the thread
+// detail::fleet_subscriber: one pub/sub connection of the fleet (its one, on a
+// single server; on a cluster, one more per master: "Sharded" below) and the thread
 // that owns it: one long-running job (run(), started by start() on the fleet's
 // service threads, a worker_threads: detail/worker_threads.hpp). A follower that lost the lease
 // race takes a `watch` on its key's channel; the thread SUBSCRIBEs, reports the server's
@@ -54,6 +55,16 @@
 // TRYAGAIN, a REDIRECT target gone because the connection was killed in
 // between) are a failed connect: retried with the backoff.
 //
+// Sharded (a Redis Cluster: one subscriber per node, fleet_engine::subscriber_for): the
+// channels are shard channels (SSUBSCRIBE / SUNSUBSCRIBE, one command per channel, messages
+// `smessage`; Redis 7.0), each named with its key's hash tag and heard only on the node that
+// owns the slot, where the key's scripts SPUBLISH (fleet_protocol.hpp). No fallback channel,
+// no client tracking, no listener. When the slot migrates the node pushes `sunsubscribe`;
+// when it was not the slot's owner it answers the SSUBSCRIBE with MOVED. Either way the
+// subscription is dropped for good (not asked for again until a new watch of it) and its
+// waiters told (event::moved): they race again (the race follows the slot to its new owner)
+// and watch there.
+//
 // Locking: `mu_` guards `channels_`, `closing_`, `dirty_` and every
 // channel_state. The thread holds it only to read the wanted subscriptions
 // and to apply what it read; connecting, writing, polling and reading happen
@@ -78,6 +89,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -139,6 +151,11 @@ class fleet_subscriber {
     std::size_t pending = 0;
     std::uint64_t confirmations = 0;
     std::uint64_t messages = 0;
+    // Sharded: the server dropped the subscription (a `sunsubscribe` it pushed: the slot
+    // migrated; or it refused the SSUBSCRIBE: not the slot's owner). `gone` keeps the thread
+    // from sending it again until a new watch asks for it; `moves` counts the drops.
+    bool gone = false;
+    std::uint64_t moves = 0;
     std::string last;       // the latest message
     bool fallback = false;  // subscribed only once tracking is refused (subscribe_fallback)
     std::condition_variable cv;
@@ -146,8 +163,9 @@ class fleet_subscriber {
   };
 
  public:
-  // What ended a wait.
-  enum class event { message, resubscribed, timeout, stopped, closed };
+  // What ended a wait. `moved` (sharded only): the server dropped the subscription, its
+  // slot migrated or it was never the slot's owner: race again, and watch on the new owner.
+  enum class event { message, resubscribed, moved, timeout, stopped, closed };
 
   // watch: interest in one channel, from construction to destruction. Used by
   // one thread (the follower's). Destroying it unsubscribes once no other
@@ -160,7 +178,8 @@ class fleet_subscriber {
           ch_(std::exchange(o.ch_, nullptr)),
           name_(std::move(o.name_)),
           seen_confirmations_(o.seen_confirmations_),
-          seen_messages_(o.seen_messages_) {}
+          seen_messages_(o.seen_messages_),
+          seen_moves_(o.seen_moves_) {}
     watch& operator=(watch&& o) noexcept {
       if (this != &o) {
         release();
@@ -169,6 +188,7 @@ class fleet_subscriber {
         name_ = std::move(o.name_);
         seen_confirmations_ = o.seen_confirmations_;
         seen_messages_ = o.seen_messages_;
+        seen_moves_ = o.seen_moves_;
       }
       return *this;
     }
@@ -179,24 +199,28 @@ class fleet_subscriber {
     explicit operator bool() const noexcept { return owner_ != nullptr; }
 
     // wait_confirmed(until, st): true once the server has confirmed the
-    // subscription; false at `until`, on `st`'s stop, or when the subscriber
-    // closes. Events before the confirmation are not reported later.
+    // subscription; false at `until`, on `st`'s stop, when the subscriber
+    // closes, or when the server dropped it (sharded: reported by the next
+    // wait_event, as `moved`). Other events before the confirmation are not
+    // reported later.
     template <class Clock, class Duration>
     bool wait_confirmed(std::chrono::time_point<Clock, Duration> until, const stop_token& st) {
       const stop_callback<wake_on_stop> wake(st, wake_on_stop{owner_, ch_});  // before lk
       std::unique_lock<std::mutex> lk(owner_->mu_);
-      (void)ch_->cv.wait_until(
-          lk, until, [&] { return ch_->confirmed || owner_->closing_ || st.stop_requested(); });
+      (void)ch_->cv.wait_until(lk, until, [&] {
+        return ch_->confirmed || ch_->moves != seen_moves_ || owner_->closing_ ||
+               st.stop_requested();
+      });
       seen_confirmations_ = ch_->confirmations;
       seen_messages_ = ch_->messages;
       return ch_->confirmed;
     }
 
     // wait_event(until, st, message): the first of: a message (copied into
-    // `message`), a re-confirmation after a reconnect, `until`, `st`'s stop,
-    // the subscriber closing. Messages and re-confirmations that arrived since
-    // the previous wait are reported at once (nothing between two waits is
-    // lost; several are reported as one, the latest message winning).
+    // `message`), a re-confirmation after a reconnect, the server dropping the
+    // subscription (sharded), `until`, `st`'s stop, the subscriber closing. Messages and
+    // re-confirmations that arrived since the previous wait are reported at once (nothing between
+    // two waits is lost; several are reported as one, the latest message winning).
     template <class Clock, class Duration>
     event wait_event(std::chrono::time_point<Clock, Duration> until, const stop_token& st,
                      std::string& message) {
@@ -204,7 +228,7 @@ class fleet_subscriber {
       std::unique_lock<std::mutex> lk(owner_->mu_);
       const auto news = [&] {
         return ch_->messages != seen_messages_ || ch_->confirmations != seen_confirmations_ ||
-               owner_->closing_ || st.stop_requested();
+               ch_->moves != seen_moves_ || owner_->closing_ || st.stop_requested();
       };
       (void)ch_->cv.wait_until(lk, until, news);
       if (ch_->messages != seen_messages_) {
@@ -212,6 +236,11 @@ class fleet_subscriber {
         seen_confirmations_ = ch_->confirmations;
         message = ch_->last;
         return event::message;
+      }
+      if (ch_->moves != seen_moves_) {
+        seen_moves_ = ch_->moves;
+        seen_confirmations_ = ch_->confirmations;
+        return event::moved;
       }
       if (ch_->confirmations != seen_confirmations_) {
         seen_confirmations_ = ch_->confirmations;
@@ -249,14 +278,17 @@ class fleet_subscriber {
     std::string name_;
     std::uint64_t seen_confirmations_ = 0;
     std::uint64_t seen_messages_ = 0;
+    std::uint64_t seen_moves_ = 0;
   };
 
   // The pool only opens the connection (same endpoint, timeout and AUTH as
   // the command connections); `errors` counts failed connects and I/O errors;
-  // `hook` (tests) is called at fleet_point::resubscribing.
+  // `hook` (tests) is called at fleet_point::resubscribing. `sharded`: shard
+  // channels (SSUBSCRIBE, see "Sharded" above) on the pool's node, which must
+  // own their slots.
   fleet_subscriber(const redis_pool& pool, std::atomic<std::uint64_t>& errors,
-                   const fleet_hook& hook)
-      : pool_(pool), errors_(errors), hook_(hook) {
+                   const fleet_hook& hook, bool sharded = false)
+      : pool_(pool), errors_(errors), hook_(hook), sharded_(sharded) {
     int fds[2];
     if (::pipe(fds) != 0) throw std::system_error(errno, std::generic_category(), "pipe");
     for (const int fd : fds) {
@@ -292,6 +324,7 @@ class fleet_subscriber {
       if (!slot) slot = std::make_unique<channel_state>();
       ch = slot.get();
       ch->refs += 1;
+      ch->gone = false;  // a new watch asks the server again
       if (l != nullptr) ch->heard = l;
       dirty_ = true;
       cv_.notify_all();
@@ -406,8 +439,9 @@ class fleet_subscriber {
     std::vector<std::string> subs;
     std::vector<std::string> unsubs;
     std::vector<redis_reply> replies;
-    bool lost_once = false;  // a connection was lost: the next one is a reconnection
-    bool answered = false;   // a reply came on the current connection
+    std::deque<std::string> asked;  // sharded: the channels of the requests not answered yet
+    bool lost_once = false;         // a connection was lost: the next one is a reconnection
+    bool answered = false;          // a reply came on the current connection
 
     std::unique_lock<std::mutex> lk(mu_);
     while (!closing_) {
@@ -424,6 +458,7 @@ class fleet_subscriber {
           continue;
         }
         const std::string tracked = tracked_;
+        asked.clear();
         lk.unlock();
         std::unique_ptr<redis_conn> fresh;
         bool refused = false;
@@ -489,13 +524,21 @@ class fleet_subscriber {
       dirty_ = false;
       lk.unlock();
 
-      bool ok =
-          send(*conn, "SUBSCRIBE", subs) && send(*conn, "UNSUBSCRIBE", unsubs) && flush(*conn);
+      bool ok = sharded_ ? send_each(*conn, "SSUBSCRIBE", subs, asked) &&
+                               send_each(*conn, "SUNSUBSCRIBE", unsubs, asked)
+                         : send(*conn, "SUBSCRIBE", subs) && send(*conn, "UNSUBSCRIBE", unsubs);
+      ok = ok && flush(*conn);
       replies.clear();
       if (ok) ok = wait_and_read(*conn, tracker.get(), replies);
 
       lk.lock();
-      for (const redis_reply& r : replies) apply(*r);
+      for (const redis_reply& r : replies) {
+        if (sharded_) {
+          apply_sharded(*r, asked);
+        } else {
+          apply(*r);
+        }
+      }
       settle();
       if (!replies.empty()) {
         answered = true;  // the server talks pub/sub on this connection
@@ -529,7 +572,7 @@ class fleet_subscriber {
   // A channel to have on the server: watched, and not a fallback one while
   // tracking works. mu_ held.
   bool live(const channel_state& ch) const noexcept {
-    return ch.refs > 0 && (!ch.fallback || refused_);
+    return ch.refs > 0 && !ch.gone && (!ch.fallback || refused_);
   }
 
   // The server will not track this connection (see "Tracking refused").
@@ -585,6 +628,23 @@ class fleet_subscriber {
     } catch (const std::bad_alloc&) {
       c.mark_broken();
       return false;
+    }
+    return true;
+  }
+
+  // Sharded: one command per channel (the channels of one SSUBSCRIBE must share a slot),
+  // each noted in `asked`, the order its answer comes back in.
+  static bool send_each(redis_conn& c, std::string_view verb, const std::vector<std::string>& names,
+                        std::deque<std::string>& asked) {
+    for (const std::string& n : names) {
+      try {
+        const std::string_view args[2] = {verb, n};
+        c.append(args);
+        asked.push_back(n);
+      } catch (const std::bad_alloc&) {
+        c.mark_broken();
+        return false;
+      }
     }
     return true;
   }
@@ -692,9 +752,65 @@ class fleet_subscriber {
     }
   }
 
+  // Applies one sharded pub/sub reply: ["ssubscribe", ch, n], ["smessage", ch, text],
+  // ["sunsubscribe", ch, n] (the answer to ours, the first in `asked`; or pushed by the
+  // server: the slot migrated), or an error (MOVED: the answer to the first in `asked`, an
+  // SSUBSCRIBE or SUNSUBSCRIBE this node no longer serves). A subscription dropped by the
+  // server is `gone` (not asked for again on this connection) and its waiters told (`moves`).
+  // When a pushed `sunsubscribe` is taken for the answer to ours, the next error is laid at
+  // the wrong channel: its waiter races once more than needed, nothing worse. mu_ held.
+  void apply_sharded(const redisReply& r, std::deque<std::string>& asked) {
+    const auto drop = [](channel_state& ch) {
+      ch.on_server = false;
+      ch.confirmed = false;
+      ch.gone = true;
+      ch.moves += 1;
+      ch.cv.notify_all();
+    };
+    if (is_error(&r)) {
+      if (asked.empty()) return;
+      const std::string name = std::move(asked.front());
+      asked.pop_front();
+      const auto it = channels_.find(name);
+      if (it == channels_.end()) return;
+      channel_state& ch = *it->second;
+      if (ch.pending > 0) ch.pending -= 1;
+      if (ch.pending == 0 && ch.on_server) drop(ch);
+      return;
+    }
+    if (r.type != REDIS_REPLY_ARRAY || r.elements < 3 || !is_string(r.element[0]) ||
+        !is_string(r.element[1])) {
+      return;
+    }
+    const std::string_view kind = text_of(r.element[0]);
+    const std::string_view name = text_of(r.element[1]);
+    const auto it = channels_.find(std::string(name));
+    if (kind == "ssubscribe" || kind == "sunsubscribe") {
+      const bool answer = !asked.empty() && asked.front() == name;
+      if (answer) asked.pop_front();
+      if (it == channels_.end()) return;
+      channel_state& ch = *it->second;
+      if (!answer) {  // pushed: the slot is no longer this node's
+        if (kind == "sunsubscribe" && ch.on_server) drop(ch);
+        return;
+      }
+      if (ch.pending > 0) ch.pending -= 1;
+      if (kind == "sunsubscribe" || ch.pending != 0 || !ch.on_server || ch.confirmed) return;
+      ch.confirmed = true;
+      ch.confirmations += 1;
+      ch.cv.notify_all();
+    } else if (kind == "smessage" && it != channels_.end() && is_string(r.element[2])) {
+      channel_state& ch = *it->second;
+      ch.last.assign(text_of(r.element[2]));
+      ch.messages += 1;
+      ch.cv.notify_all();
+    }
+  }
+
   const redis_pool& pool_;
   std::atomic<std::uint64_t>& errors_;
   const fleet_hook& hook_;
+  const bool sharded_;  // shard channels (SSUBSCRIBE) on one node of a cluster
   int wake_read_ = -1;
   int wake_write_ = -1;
 

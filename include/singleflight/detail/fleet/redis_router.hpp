@@ -18,6 +18,11 @@
 // slots. A later MOVED moves its slot at once and reads the map again (at most
 // every refresh_every).
 //
+// probe(): a process whose keys all live on the seed gets no MOVED, yet must know it is on a
+// cluster before its first notification (SPUBLISH there, PUBLISH on a single server: every
+// process of a fleet must agree). So before a fleet's first race the router asks the seed
+// `INFO cluster` once (never a CLUSTER command on a single server).
+//
 // A list of seeds ("tcp://h1:p1,h2:p2,h3:p3"): the seed node's pool connects to the
 // first of them that answers (redis_pool.hpp, Seeds), so the seed is an entry point
 // whose address may change; it is then never taken for a node found in the slot map
@@ -50,7 +55,9 @@
 // `cluster_` is set (release), and each entry is an atomic pointer to a node
 // (stores under mu_, release; loads acquire). `refresh_mu_` lets one caller at
 // a time read the map (try_lock: the others route with what they have); the
-// round trip runs under neither lock's critical section of mu_.
+// round trip runs under neither lock's critical section of mu_. `probe_mu_` makes concurrent
+// probe() callers wait for the one probe (it is taken before refresh_mu_ and mu_, never under
+// them).
 #pragma once
 
 #include <array>
@@ -229,8 +236,39 @@ class redis_router {
   // subscriber's, and every key's until a MOVED says the seed is a cluster node).
   redis_node& seed() const noexcept { return *seed_; }
 
-  // cluster(): a MOVED showed the seed to be a node of a Redis Cluster.
+  // cluster(): a MOVED, or probe(), showed the seed to be a node of a Redis Cluster.
   bool cluster() const noexcept { return cluster_.load(std::memory_order_acquire); }
+
+  // probe(): makes sure cluster() is known before it decides how the fleet's notifications
+  // travel (classic PUBLISH on a single server, SPUBLISH on a cluster: every process of a fleet
+  // must agree, and a process whose keys all live on its seed never gets a MOVED). Once per
+  // router, unless a MOVED came first: `INFO cluster` on the seed; `cluster_enabled:1` reads
+  // the slot map (as a MOVED does). Concurrent callers wait for the one probe. A reply without
+  // the field, or an error (an ACL that denies INFO), is a single server; an I/O failure leaves
+  // it unknown (probed again by the next caller). Never throws. Thread-safe.
+  void probe() noexcept {
+    if (cluster() || probed_.load(std::memory_order_acquire)) return;
+    const std::lock_guard<std::mutex> one(probe_mu_);
+    if (cluster() || probed_.load(std::memory_order_relaxed)) return;
+    bool enabled = false;
+    try {
+      pooled c = seed_->pool.acquire();
+      const redis_reply r = c->command({"INFO", "cluster"});
+      enabled = !is_error(r.get()) && is_string(r.get()) &&
+                text_of(r.get()).find("cluster_enabled:1") != std::string_view::npos;
+    } catch (...) {
+      return;  // unknown: asked again
+    }
+    if (enabled && !refresh()) {
+      try {
+        const std::lock_guard<std::mutex> lk(mu_);
+        become_cluster();  // every slot the seed's until a MOVED or a map says otherwise
+      } catch (...) {
+        return;  // out of memory: unknown
+      }
+    }
+    probed_.store(true, std::memory_order_release);
+  }
 
   // route(name): the node that owns `name`'s slot, as far as the router knows (the seed when
   // not a cluster, or for a slot it has not learnt). Thread-safe, lock-free.
@@ -504,6 +542,9 @@ class redis_router {
   // Written once under mu_ before cluster_ is set; its entries: see the file comment.
   std::unique_ptr<std::atomic<redis_node*>[]> slots_;
   std::atomic<bool> cluster_{false};
+
+  std::mutex probe_mu_;              // one probe() at a time
+  std::atomic<bool> probed_{false};  // probe() got its answer
 
   std::mutex refresh_mu_;
   bool refreshed_ = false;            // guarded by refresh_mu_
