@@ -147,7 +147,7 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
   template <class P>
   registration begin_load(const P& key, std::uint64_t mixed, bool foreground) {
     auto spare = std::make_unique<side_t>();  // the load's count, if the node has no side record
-    garbage_t g;                              // a node made for nothing, freed after the lock
+    garbage_t g{table};                       // a node made for nothing, freed after the lock
     shard_lock lk(table, table.shard_index(mixed));
     node_t* n = find_or_make(key, mixed, lk, g);
     auto& s = table.at(table.shard_index(mixed));
@@ -182,7 +182,7 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
     loaded_t out{box, v, t1};
     std::exception_ptr old_error;
     std::unique_ptr<side_t> old_side;
-    garbage_t g;
+    garbage_t g{table};
     const std::size_t si = table.shard_index(n->fingerprint);
     auto& s = table.at(si);
     shard_lock lk(table, si);
@@ -264,7 +264,7 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
     template <class P>
     fresh_waiter(cache_loads* c, const P& key, std::uint64_t mixed) : c_(c) {
       auto spare = std::make_unique<side_t>();  // the count, if the node has no side record
-      garbage_t g;                              // a node made for nothing, freed after the lock
+      garbage_t g{c->table};                    // a node made for nothing, freed after the lock
       shard_lock lk(c->table, c->table.shard_index(mixed));
       n_ = c->find_or_make(key, mixed, lk, g);
       ++n_->pins;

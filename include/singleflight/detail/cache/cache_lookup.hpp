@@ -52,7 +52,7 @@ class cache_lookup {
   using node_t = typename table_t::node;
   using shard_t = typename table_t::shard;
   using shard_lock = typename table_t::shard_lock;
-  using garbage_t = garbage<node_t>;
+  using garbage_t = typename table_t::garbage;
   using side_t = node_side<Clock>;
 
   // verdict: what an entry's state at a given moment calls for (classify()):

@@ -230,31 +230,46 @@ class frequency_sketch {
   std::uint64_t sample_ = 10;
 };
 
-// ghost_table: fingerprints of the last `keys` keys added, with the access
-// stamp each was added at. Direct-mapped (a collision forgets a ghost early):
-// a slot holds the upper 32 bits of a fingerprint (never 0), the low 32 bits
-// of its insertion number (a ghost counts as present while fewer than `keys`
-// were added after it: FIFO order by numbers, not by a list) and the stamp.
+// ghost_table<Stamped>: fingerprints of the last `keys` keys added, with the
+// access stamp each was added at if Stamped. Direct-mapped (a collision
+// forgets a ghost early): a slot holds the upper 32 bits of a fingerprint
+// (never 0), the low 32 bits of its insertion number (a ghost counts as
+// present while fewer than `keys` were added after it: FIFO order by
+// numbers, not by a list) and the stamp (12 bytes a slot; 8 without: the
+// table of main's victims reads no stamp).
 // Made by the first add(), with 64 slots, and doubled while fewer than twice
 // as many slots as keys added so far: a cache that never evicts has none.
 // The allocation may fail (noexcept: an eviction must not throw): the table
 // then stays as it is, and remembers fewer keys.
+template <bool Stamped>
+struct ghost_slot {
+  std::uint32_t tag = 0;  // 0: empty
+  std::uint32_t number = 0;
+  std::uint32_t stamp = 0;
+};
+template <>
+struct ghost_slot<false> {
+  std::uint32_t tag = 0;  // 0: empty
+  std::uint32_t number = 0;
+};
+
+template <bool Stamped>
 class ghost_table {
  public:
-  struct slot {
-    std::uint32_t tag = 0;  // 0: empty
-    std::uint32_t number = 0;
-    std::uint32_t stamp = 0;
-  };
+  using slot = ghost_slot<Stamped>;
   // configure(keys): remembers up to `keys` (< 2^31) keys.
   void configure(std::size_t keys) noexcept {
     keys_ = std::clamp<std::size_t>(keys, 1, (std::size_t{1} << 31U) - 1);
   }
-  void add(std::uint64_t fp, std::uint32_t stamp) noexcept {
+  // add(fp, stamp): `stamp` is kept if Stamped.
+  void add(std::uint64_t fp, [[maybe_unused]] std::uint32_t stamp = 0) noexcept {
     grow();
     if (!slots_) return;
     const std::uint32_t tag = tag_of(fp);
-    slots_[tag & mask_] = slot{tag, static_cast<std::uint32_t>(++added_), stamp};
+    slot& s = slots_[tag & mask_];
+    s.tag = tag;
+    s.number = static_cast<std::uint32_t>(++added_);
+    if constexpr (Stamped) s.stamp = stamp;
   }
   // find(fp): fp's slot if fp is remembered, else nullptr.
   const slot* find(std::uint64_t fp) const noexcept {
@@ -342,7 +357,7 @@ class wtinylfu {
     }
     sketch_.fit(2 * (size() + 1));
     sketch_.add(n->fingerprint, 1);
-    if (const ghost_table::slot* g = lost_.find(n->fingerprint)) {
+    if (const ghost_table<true>::slot* g = lost_.find(n->fingerprint)) {
       if (static_cast<std::uint32_t>(now(hits) - g->stamp) < horizon_) {
         window_ = std::min(window_max_, window_ + 1);
       }
@@ -402,7 +417,7 @@ class wtinylfu {
         policy_hook* v = victim(dead);
         if (dead(v) || admits(c, v)) {
           unlink(v);
-          if (!dead(v)) evicted_.add(v->fingerprint, 0);
+          if (!dead(v)) evicted_.add(v->fingerprint);
           unlink(c);
           push_head(probation_q, c);
           return v;
@@ -414,7 +429,7 @@ class wtinylfu {
       if (main_size() == 0) return nullptr;
       policy_hook* v = victim(dead);
       unlink(v);
-      if (!dead(v)) evicted_.add(v->fingerprint, 0);
+      if (!dead(v)) evicted_.add(v->fingerprint);
       return v;
     }
   }
@@ -540,8 +555,8 @@ class wtinylfu {
   std::uint64_t inserts_ = 0;   // the shard's misses (and puts) so far
   std::uint64_t rng_ = 0x9e3779b97f4a7c15ULL;
   frequency_sketch sketch_;
-  ghost_table lost_;                    // the window's candidates that lost their duel
-  ghost_table evicted_;                 // main's victims
+  ghost_table<true> lost_;              // the window's candidates that lost their duel
+  ghost_table<false> evicted_;          // main's victims (no stamp read)
   queue_list q_[4];                     // indexed by queue id; q_[none] unused
   policy_hook* hand_ = nullptr;         // the sweep's place (see sweep())
   std::uint8_t hand_queue_ = window_q;  // the queue hand_ walks

@@ -21,9 +21,11 @@
 //   * Fields marked "mutex" are never read by a reader and change under the
 //     mutex alone.
 // Nothing in this file runs user code under the mutex except KeyEqual (in
-// find) and allocation (a new bucket array). Keys, values and exceptions are
-// destroyed after the mutex is released (see garbage and the `old_*` locals
-// in cache_writes.hpp and cache_loads.hpp).
+// find) and allocation (a new bucket array, a new slab of nodes). Keys,
+// values and exceptions are destroyed after the mutex is released (see
+// garbage and the `old_*` locals in cache_writes.hpp and cache_loads.hpp);
+// a node's memory then goes back to its shard's pool without a lock
+// (node_pool.hpp).
 #pragma once
 
 #include <algorithm>
@@ -39,6 +41,7 @@
 
 #include "cache_clock.hpp"
 #include "cache_policy.hpp"
+#include "node_pool.hpp"
 #include "read_gate.hpp"
 
 namespace singleflight::detail {
@@ -148,8 +151,9 @@ struct pin_count {
 // windows derived from fresh_until by a fixed option (stale_while_revalidate,
 // stale_if_error) are computed, not stored (cache_lookup: stale_until(),
 // error_until()); what only loads, get_fresh callers and failures need is in
-// a node_side allocated then. 104 bytes for uint64_t keys and values, one
-// 112-byte malloc chunk and no value box (bench/bench_memory.cpp).
+// a node_side allocated then. 104 bytes for uint64_t keys and values, taken
+// from the shard's node_pool (no malloc header or rounding), and no value box
+// (bench/bench_memory.cpp).
 template <class Key, class T, class Clock>
 struct cache_node : policy_hook {
   using time_point = typename Clock::time_point;
@@ -244,6 +248,10 @@ struct alignas(64) cache_shard {
   std::uint64_t evictions = 0;
   std::uint64_t rejected_publishes = 0;
 
+  // The memory of the shard's nodes (after what hits read: buckets and mask
+  // keep their cache line).
+  node_pool<Node> pool;
+
   // find(key, mixed, eq): the node for `key`, or nullptr. Runs KeyEqual.
   // With the mutex held, or inside a read section.
   template <class K, class Eq>
@@ -314,27 +322,6 @@ struct alignas(64) stripe_counters {
   }
 };
 
-// Nodes unlinked under a shard's mutex, deleted (keys, values and exceptions
-// destroyed) when this object dies: declare it before the lock.
-template <class Node>
-struct garbage {
-  Node* head = nullptr;
-  garbage() = default;
-  garbage(const garbage&) = delete;
-  garbage& operator=(const garbage&) = delete;
-  ~garbage() {
-    while (head != nullptr) {
-      Node* n = head;
-      head = n->chain;
-      delete n;
-    }
-  }
-  void add(Node* n) noexcept {
-    n->chain = head;
-    head = n;
-  }
-};
-
 // The table: shards, the gate and the stripes.
 template <class Key, class T, class Clock>
 class cache_table {
@@ -369,12 +356,74 @@ class cache_table {
       for (std::size_t b = 0; s.buckets != nullptr && b <= s.mask; ++b) {
         for (node* n = s.buckets[b]; n != nullptr;) {
           node* next = n->chain;
-          delete n;
+          n->~node();
+          if constexpr (!node_pool<node>::pooled) s.pool.give_back(n);  // else: with the slabs
           n = next;
         }
       }
     }
   }
+
+  // make_node(s, key, mixed, lk): a node for `key` of shard s, made with
+  // `lk` (which holds s) released: its memory is taken from s's pool under
+  // the mutex, Key is copied without it. Returns with `lk` held again (and
+  // the readers not locked out); on an exception (Key's copy, or no memory)
+  // the memory is given back and `lk` is left released.
+  template <class K, class Lock>
+  node* make_node(shard& s, const K& key, std::uint64_t mixed, Lock& lk) {
+    void* raw = s.pool.take();
+    lk.unlock();
+    node* n = nullptr;
+    try {
+      n = ::new (raw) node(key, mixed);  // user code: no lock
+    } catch (...) {
+      s.pool.give_back(raw);
+      throw;
+    }
+    lk.lock();
+    return n;
+  }
+
+  // garbage: nodes unlinked under a shard's mutex, destroyed (keys, values
+  // and exceptions) when this object dies, after the mutex: declare it
+  // before the lock. Each node's memory then goes back to the pool of its
+  // own shard (the one its fingerprint picks), without a lock.
+  class garbage {
+   public:
+    explicit garbage(cache_table& t) noexcept : t_(t) {}
+    garbage(const garbage&) = delete;
+    garbage& operator=(const garbage&) = delete;
+    ~garbage() {
+      using pool_t = node_pool<node>;
+      pool_t* first = nullptr;
+      typename pool_t::batch b;
+      while (head_ != nullptr) {
+        node* n = head_;
+        head_ = n->chain;
+        pool_t& p = t_.shards_[t_.shard_index(n->fingerprint)].pool;
+        n->~node();
+        if (!pool_t::pooled) {
+          p.give_back(static_cast<void*>(n));
+          continue;
+        }
+        if (first == nullptr) first = &p;
+        if (&p == first) {
+          b.add(n);
+        } else {
+          p.give_back(static_cast<void*>(n));  // another shard's (take_from_other)
+        }
+      }
+      if (first != nullptr) first->give_back(b);
+    }
+    void add(node* n) noexcept {
+      n->chain = head_;
+      head_ = n;
+    }
+
+   private:
+    cache_table& t_;
+    node* head_ = nullptr;
+  };
 
   std::size_t shard_total() const noexcept { return std::size_t{1} << shard_bits_; }
   std::size_t index_of(const shard& s) const noexcept {

@@ -68,7 +68,8 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
   // -- records --
 
   // find_or_make(key, mixed, lk, g): the node for key, created if missing
-  // (Key's copy and the allocation happen with `lk` released). `lk` holds
+  // (its memory taken from the shard's pool under the mutex, Key's copy made
+  // with `lk` released: cache_table::make_node). `lk` holds
   // the key's shard; returns with it held and the readers locked out. A node
   // made for nothing (another writer linked one for the key meanwhile) goes
   // to `g`, which the caller declared before `lk`: its Key is destroyed
@@ -78,19 +79,21 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
     auto& s = table.at(table.shard_index(mixed));
     lk.write();
     if (node_t* n = s.find(key, mixed, eq)) return n;
-    lk.unlock();
-    auto made = std::make_unique<node_t>(key, mixed);  // user code: no lock
-    lk.lock();
+    node_t* made = table.make_node(s, key, mixed, lk);  // Key's copy with `lk` released
     lk.write();
     if (node_t* n = s.find(key, mixed, eq)) {
-      g.add(made.release());  // not here: `made` would die under the mutex, readers locked out
+      g.add(made);  // not here: `made` would die under the mutex, readers locked out
       return n;
     }
-    s.reserve_one();
+    try {
+      s.reserve_one();
+    } catch (...) {
+      g.add(made);
+      throw;
+    }
     made->version = s.versions.load(std::memory_order_relaxed);  // only grows, per key too
-    node_t* n = made.release();
-    s.link(n);
-    return n;
+    s.link(made);
+    return made;
   }
 
   // drop(n): n stops holding an entry. Its value and error stay in the node
@@ -214,7 +217,7 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
   std::uint64_t put(const P& key, std::uint64_t mixed, std::shared_ptr<const T> box) {
     std::exception_ptr old_error;  // destroyed after the lock (declared before it)
     std::unique_ptr<side_t> old_side;
-    garbage_t g;
+    garbage_t g{table};
     shard_lock lk(table, table.shard_index(mixed));
     node_t* n = find_or_make(key, mixed, lk, g);
     auto& s = table.at(table.shard_index(mixed));
@@ -237,7 +240,7 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
   // that a load already running cannot publish over.
   template <class P>
   std::uint64_t invalidate(const P& key, std::uint64_t mixed) {
-    garbage_t g;
+    garbage_t g{table};
     const std::size_t si = table.shard_index(mixed);
     auto& s = table.at(si);
     shard_lock lk(table, si);
@@ -280,7 +283,7 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
   // returned). 0 without a record.
   template <class P>
   std::uint64_t expire(const P& key, std::uint64_t mixed, time_point now) {
-    garbage_t g;
+    garbage_t g{table};
     const std::size_t si = table.shard_index(mixed);
     auto& s = table.at(si);
     shard_lock lk(table, si);
@@ -300,7 +303,7 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
   // either after it published, or before it could).
   void expire_all() {
     for (std::size_t si = 0; si < table.shard_total(); ++si) {
-      garbage_t g;
+      garbage_t g{table};
       auto& s = table.at(si);
       shard_lock lk(table, si);
       if (s.nodes == 0) continue;
@@ -320,7 +323,7 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
   // in turn: not one atomic step across shards).
   void clear() {
     for (std::size_t si = 0; si < table.shard_total(); ++si) {
-      garbage_t g;
+      garbage_t g{table};
       auto& s = table.at(si);
       shard_lock lk(table, si);
       lk.write();
@@ -389,7 +392,7 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
   template <class Also>
   void unpin(node_t* n, Also also) noexcept {
     std::unique_ptr<side_t> old_side;  // released after the lock
-    garbage_t g;
+    garbage_t g{table};
     const std::size_t si = table.shard_index(n->fingerprint);
     auto& s = table.at(si);
     shard_lock lk(table, si);
