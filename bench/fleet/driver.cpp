@@ -1891,7 +1891,8 @@ void cluster_trials(cluster& c, int trials, const std::string& only) {
       n, t);
   std::printf(
       "| event | trials | errors surfaced | origin calls of the hot key per event, mean / max "
-      "(trials over 2) | fence rejections (the hot key and the probes) | stale overwrites | trials whose callers did not end on "
+      "(trials over 2) | fence rejections (the hot key and the probes) | stale overwrites | trials "
+      "whose callers did not end on "
       "the stored record | event ms, "
       "median / max | time to coalesce again ms, median / max | callers' max latency ms |\n"
       "|---|---:|---:|---|---:|---:|---:|---|---|---:|\n");
