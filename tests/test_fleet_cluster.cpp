@@ -73,6 +73,56 @@ std::string key_in_slot(const std::string& prefix, std::size_t slot, const std::
   }
 }
 
+// Every thread of `fleet.size() x threads_per_fleet` gets each key once, starting at a different
+// key, so that every key is contended; each origin call counts in `calls[k]`. Then, on the test
+// thread: every value right, nothing thrown, one origin call per key, and no fleet saw a Redis
+// error, opened a breaker or loaded locally.
+template <std::size_t N>
+void coalesce_every_key(std::vector<std::unique_ptr<fleet_t>>& fleet, int threads_per_fleet,
+                        const std::vector<std::string>& key, std::array<std::atomic<int>, N>& calls,
+                        const char* name) {
+  const int fleets = static_cast<int>(fleet.size());
+  const int keys = static_cast<int>(key.size());
+  sftest::gate go;
+  std::atomic<int> wrong{0};
+  std::atomic<int> threw{0};
+  std::vector<std::unique_ptr<sftest::thread>> workers;
+  for (int i = 0; i < fleets * threads_per_fleet; ++i) {
+    workers.push_back(std::make_unique<sftest::thread>([&, i] {
+      go.wait("start");
+      fleet_t& f = *fleet[static_cast<std::size_t>(i % fleets)];
+      for (int n = 0; n < keys; ++n) {
+        const int k = (n + i) % keys;  // each thread starts elsewhere: every key is contended
+        try {
+          const std::string v = f.get(key[k], [&calls, &key, k] {
+            calls[k].fetch_add(1);
+            return "v:" + key[k];
+          });
+          if (v != "v:" + key[k]) wrong.fetch_add(1);
+        } catch (...) {
+          threw.fetch_add(1);
+        }
+      }
+    }));
+  }
+  go.open();
+  for (auto& w : workers) w->join(name);
+
+  CHECK(wrong.load() == 0);
+  CHECK(threw.load() == 0);
+  for (int k = 0; k < keys; ++k) {
+    INFO("key " << key[k]);
+    CHECK(calls[k].load() == 1);
+  }
+  for (auto& f : fleet) {
+    const sf::fleet_stats s = f->stats();
+    CHECK(s.redis_errors == 0);
+    CHECK(s.breaker_opens == 0);
+    CHECK(s.local_fallback == 0);
+    CHECK(f->healthy());
+  }
+}
+
 }  // namespace
 
 TEST_CASE("fleets pointed at one cluster node coalesce the keys of every slot", "[cluster]") {
@@ -104,44 +154,7 @@ TEST_CASE("fleets pointed at one cluster node coalesce the keys of every slot", 
   for (int i = 0; i < fleets; ++i) {
     fleet.push_back(std::make_unique<fleet_t>(sftest::fleet_opts(uri, prefix)));
   }
-  sftest::gate go;
-  std::atomic<int> wrong{0};
-  std::atomic<int> threw{0};
-  std::vector<std::unique_ptr<sftest::thread>> workers;
-  for (int i = 0; i < fleets * threads_per_fleet; ++i) {
-    workers.push_back(std::make_unique<sftest::thread>([&, i] {
-      go.wait("start");
-      fleet_t& f = *fleet[static_cast<std::size_t>(i % fleets)];
-      for (int n = 0; n < keys; ++n) {
-        const int k = (n + i) % keys;  // each thread starts elsewhere: every key is contended
-        try {
-          const std::string v = f.get(key[k], [&calls, &key, k] {
-            calls[k].fetch_add(1);
-            return "v:" + key[k];
-          });
-          if (v != "v:" + key[k]) wrong.fetch_add(1);
-        } catch (...) {
-          threw.fetch_add(1);
-        }
-      }
-    }));
-  }
-  go.open();
-  for (auto& w : workers) w->join("cluster workers");
-
-  CHECK(wrong.load() == 0);
-  CHECK(threw.load() == 0);
-  for (int k = 0; k < keys; ++k) {
-    INFO("key " << key[k]);
-    CHECK(calls[k].load() == 1);
-  }
-  for (auto& f : fleet) {
-    const sf::fleet_stats s = f->stats();
-    CHECK(s.redis_errors == 0);
-    CHECK(s.breaker_opens == 0);
-    CHECK(s.local_fallback == 0);
-    CHECK(f->healthy());
-  }
+  coalesce_every_key(fleet, threads_per_fleet, key, calls, "cluster workers");
 }
 
 TEST_CASE("cluster_slot hashes the hash tag with CRC16-XMODEM as Redis does", "[cluster][slots]") {
@@ -442,43 +455,8 @@ TEST_CASE(
   for (int i = 0; i < fleets; ++i) {
     fleet.push_back(std::make_unique<fleet_t>(sftest::fleet_opts(seeds, prefix)));
   }
-  sftest::gate go;
-  std::atomic<int> wrong{0};
-  std::atomic<int> threw{0};
-  std::vector<std::unique_ptr<sftest::thread>> workers;
-  for (int i = 0; i < fleets * threads_per_fleet; ++i) {
-    workers.push_back(std::make_unique<sftest::thread>([&, i] {
-      go.wait("start");
-      fleet_t& f = *fleet[static_cast<std::size_t>(i % fleets)];
-      for (int n = 0; n < keys; ++n) {
-        const int k = (n + i) % keys;
-        try {
-          const std::string v = f.get(key[k], [&calls, &key, k] {
-            calls[k].fetch_add(1);
-            return "v:" + key[k];
-          });
-          if (v != "v:" + key[k]) wrong.fetch_add(1);
-        } catch (...) {
-          threw.fetch_add(1);
-        }
-      }
-    }));
-  }
-  go.open();
-  for (auto& w : workers) w->join("seed list workers");
-
-  CHECK(wrong.load() == 0);
-  CHECK(threw.load() == 0);
-  for (int k = 0; k < keys; ++k) {
-    INFO("key " << key[k]);
-    CHECK(calls[k].load() == 1);
-  }
+  coalesce_every_key(fleet, threads_per_fleet, key, calls, "seed list workers");
   for (auto& f : fleet) {
-    const sf::fleet_stats s = f->stats();
-    CHECK(s.redis_errors == 0);
-    CHECK(s.breaker_opens == 0);
-    CHECK(s.local_fallback == 0);
-    CHECK(f->healthy());
     const d::fleet_engine& e = sftest::fleet_engine(*f);
     CHECK(e.router.cluster());
     CHECK(e.router.seed().pool.endpoint().port == port_of(uri));
