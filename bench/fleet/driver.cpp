@@ -1060,6 +1060,32 @@ std::string show(const std::map<std::string, long>& counts, long calls) {
   return head;
 }
 
+// One leader / follower pair on a key of its own: `leader` loads it for 30 ms; once that load
+// runs, `follower` (another fleet: another process's) gets the key. On the measured pass
+// (pass 1), how long after the leader's get() returned the follower's did, in µs, into `wakes`.
+void follower_pair(sf::fleet<std::string, std::string>& leader,
+                   sf::fleet<std::string, std::string>& follower, int pass, int i,
+                   std::vector<double>& wakes) {
+  const std::string key = "pair" + std::to_string(pass) + ":" + std::to_string(i);
+  std::atomic<bool> loading{false};
+  clock_t_::time_point leader_done;
+  std::jthread a([&] {
+    (void)leader.get(key, [&] {
+      loading = true;
+      std::this_thread::sleep_for(ms(30));
+      return std::string("v");
+    });
+    leader_done = clock_t_::now();
+  });
+  while (!loading) std::this_thread::yield();
+  (void)follower.get(key, [] { return std::string("dup"); });
+  const auto follower_done = clock_t_::now();
+  a.join();
+  if (pass == 1) {
+    wakes.push_back(std::chrono::duration<double, std::micro>(follower_done - leader_done).count());
+  }
+}
+
 void costs(server& s) {
   std::printf(
       "\n### Cost of a hit and of a miss (round trips: the commands clients sent, seen "
@@ -1117,27 +1143,8 @@ void costs(server& s) {
     sf::fleet<std::string, std::string> follower(o);
     constexpr int pairs = 50;
     std::vector<double> wakes;
-    const auto [counts, t] = measure(s, port, pairs, [&](int pass, int i) {
-      const std::string key = "pair" + std::to_string(pass) + ":" + std::to_string(i);
-      std::atomic<bool> loading{false};
-      clock_t_::time_point leader_done;
-      std::jthread a([&] {
-        (void)leader.get(key, [&] {
-          loading = true;
-          std::this_thread::sleep_for(ms(30));
-          return std::string("v");
-        });
-        leader_done = clock_t_::now();
-      });
-      while (!loading) std::this_thread::yield();
-      (void)follower.get(key, [] { return std::string("dup"); });
-      const auto follower_done = clock_t_::now();
-      a.join();
-      if (pass == 1) {
-        wakes.push_back(
-            std::chrono::duration<double, std::micro>(follower_done - leader_done).count());
-      }
-    });
+    const auto [counts, t] = measure(
+        s, port, pairs, [&](int pass, int i) { follower_pair(leader, follower, pass, i, wakes); });
     (void)t;
     std::sort(wakes.begin(), wakes.end());
     // The follower's share: the pair's commands minus what one leader alone costs (above).
@@ -1510,27 +1517,8 @@ void cluster_costs(const cluster& c) {
     }
     constexpr int pairs = 50;
     std::vector<double> wakes;
-    const auto [counts, t] = measure_cluster(c, pairs, [&](int pass, int i) {
-      const std::string key = "pair" + std::to_string(pass) + ":" + std::to_string(i);
-      std::atomic<bool> loading{false};
-      clock_t_::time_point leader_done;
-      std::jthread a([&] {
-        (void)leader.get(key, [&] {
-          loading = true;
-          std::this_thread::sleep_for(ms(30));
-          return std::string("v");
-        });
-        leader_done = clock_t_::now();
-      });
-      while (!loading) std::this_thread::yield();
-      (void)follower.get(key, [] { return std::string("dup"); });
-      const auto follower_done = clock_t_::now();
-      a.join();
-      if (pass == 1) {
-        wakes.push_back(
-            std::chrono::duration<double, std::micro>(follower_done - leader_done).count());
-      }
-    });
+    const auto [counts, t] = measure_cluster(
+        c, pairs, [&](int pass, int i) { follower_pair(leader, follower, pass, i, wakes); });
     (void)t;
     std::sort(wakes.begin(), wakes.end());
     auto follower_counts = counts;
