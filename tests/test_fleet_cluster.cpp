@@ -486,17 +486,7 @@ std::string key_off(sftest::redis_client& seed, const std::string& prefix, int a
   }
 }
 
-// Polls `pred` every 2 ms, bounded (sftest::must).
-template <class Pred>
-void poll_until(Pred pred, const char* what) {
-  sftest::must(
-      [&] {
-        if (pred()) return true;
-        std::this_thread::sleep_for(2ms);
-        return false;
-      },
-      what);
-}
+using sftest::poll_until;
 
 }  // namespace
 

@@ -348,13 +348,8 @@ TEST_CASE("the seed node killed while a follower waits on another master's key: 
   auto follower = sftest::spawn(
       followed, [&] { return follower_fleet.get(key, sftest::must_not_load(follower_loads)); });
   sftest::must([&] { return points.waiting.load() > 0; }, "follower waiting");
-  sftest::must(
-      [&] {
-        if (owner.shardnumsub(names.channel) == 1) return true;
-        std::this_thread::sleep_for(2ms);
-        return false;
-      },
-      "SSUBSCRIBE on the key's master");
+  sftest::poll_until([&] { return owner.shardnumsub(names.channel) == 1; },
+                     "SSUBSCRIBE on the key's master");
   REQUIRE(sftest::fleet_engine(follower_fleet).router.cluster());
 
   REQUIRE(::kill(victim_pid, SIGKILL) == 0);

@@ -12,6 +12,8 @@
 //  * redis_client: a tiny synchronous client (the tests' own channel to the
 //    server, independent of the library: seeding values, reading them back,
 //    CLIENT PAUSE, CLIENT KILL, PUBSUB NUMSUB, INFO).
+//  * poll_until(pred, what): a bounded wait (sync.hpp's must) on a condition read from a
+//    server, asked every 2 ms rather than in a tight loop.
 //  * private_redis: a redis-server of the test's own (free loopback port,
 //    temporary directory, pidfile, --save '' --appendonly no), for tests that
 //    stop, freeze or pause the server or kill its clients, which must not
@@ -54,6 +56,19 @@
 namespace sftest {
 
 inline constexpr int skip_code = 77;
+
+// poll_until(pred, what): must(pred, what) for a condition read from a server (PUBSUB, INFO):
+// asked every 2 ms, not in a tight loop that would keep the server busy answering.
+template <class Pred>
+void poll_until(Pred pred, const char* what) {
+  must(
+      [&] {
+        if (pred()) return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));  // polling pace, not sync
+        return false;
+      },
+      what);
+}
 
 // The shared server, or skip: SINGLEFLIGHT_TEST_REDIS, else the URI the ctest fixture
 // fleet_redis wrote (tests/CMakeLists.txt: the server it started for this run).
