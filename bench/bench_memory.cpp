@@ -13,10 +13,10 @@
 // glibc chunk, rounded up to 16 bytes with its 8-byte header), its value's box if it has one
 // (std::shared_ptr<const T>'s control block and T, likewise rounded; none for uint64_t, which
 // the node holds: detail::value_in_node), its share of the bucket arrays (one pointer per
-// bucket, between one and two buckets per node) and, bounded, its share of the policy's
-// tables (computed from their sizing rules in cache_policy.hpp, per shard).
-// shrunk: an unbounded cache filled to `entries`, then invalidated down to entries / 1000: the
-// RSS it still holds (the node pool keeps its slabs while the cache lives, for reuse).
+// bucket, between a half and one bucket per node: cache_shard::reserve_one) and, bounded, its share
+// of the policy's tables (computed from their sizing rules in cache_policy.hpp, per shard). shrunk:
+// an unbounded cache filled to `entries`, then invalidated down to entries / 1000: the RSS it still
+// holds (the node pool keeps its slabs while the cache lives, for reuse).
 #include <unistd.h>
 #include <cstdint>
 #include <cstdio>
@@ -102,23 +102,29 @@ int main(int argc, char** argv) {
   const std::size_t box =
       sf::detail::value_in_node<std::uint64_t> ? 0 : chunk(16 + sizeof(std::uint64_t));
   const std::size_t node = pooled ? sizeof(node_t) : chunk(sizeof(node_t));
+  // The buckets of a shard holding its share: a power of two, at least half its nodes
+  // (cache_shard::reserve_one); between 4 and 8 bytes a node as the arrays fill.
+  const double buckets =
+      static_cast<double>(shards * pow2_at_least((held / shards + 1) / 2, 8) * sizeof(void*)) /
+      static_cast<double>(held);
   const double policy = bounded ? static_cast<double>(shards * policy_bytes(entries / shards)) /
                                       static_cast<double>(held)
                                 : 0.0;
   std::printf(
       "%s cache<uint64_t, uint64_t>, %zu entries held: %.1f bytes per entry by RSS "
       "(empty cache %.1f KiB); sizeof(node) %zu, node %zu (%s) + value box %zu + "
-      "buckets 8-16",
+      "buckets %.1f (4-8)",
       bounded ? "bounded" : "unbounded", held,
       static_cast<double>(after - empty) / static_cast<double>(held),
       static_cast<double>(empty - before) / 1024.0, sizeof(node_t), node,
-      pooled ? "pooled" : "malloc chunk", box);
+      pooled ? "pooled" : "malloc chunk", box, buckets);
   if (bounded) {
     std::printf(" + policy tables %.1f (%zu shards: sketch and doorkeeper, two ghost tables)",
                 policy, shards);
   }
-  std::printf(" = %.1f-%.1f bytes per entry by accounting\n",
-              static_cast<double>(node + box + 8) + policy,
-              static_cast<double>(node + box + 16) + policy);
+  std::printf(" = %.1f bytes per entry by accounting (%.1f-%.1f as the bucket arrays fill)\n",
+              static_cast<double>(node + box) + buckets + policy,
+              static_cast<double>(node + box + 4) + policy,
+              static_cast<double>(node + box + 8) + policy);
   return 0;
 }

@@ -7,8 +7,10 @@
 #include <singleflight/cache.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -253,4 +255,63 @@ TEST_CASE("an empty bounded cache's cost per shard is bounded whatever the machi
   INFO("8 shards " << few << " B, 256 shards " << many << " B: " << per_shard << " B a shard");
   CHECK(few < 64 * 1024);
   CHECK(per_shard < 1024);
+}
+
+TEST_CASE(
+    "a node of cache<uint64_t, uint64_t> is 96 bytes: its refresh mark and load cost "
+    "share a word",
+    "[cache][eviction][r05]") {
+  // Issue 35: at most 120 bytes an entry at 1M entries, bounded (bench/bench_memory.cpp). The
+  // node was 104 bytes, a 64-bit refresh id and a whole duration for the last load's cost.
+  using node = sf::detail::cache_node<std::uint64_t, std::uint64_t, std::chrono::steady_clock>;
+  if constexpr (sizeof(void*) == 8) CHECK(sizeof(node) <= 96);
+
+  // The cost, a float of ticks: exact for small counts, within 1e-7 beyond, clamped at max.
+  sf::detail::load_cost<std::chrono::nanoseconds> cost;
+  CHECK(cost.get() == std::chrono::nanoseconds::zero());
+  cost.set(std::chrono::milliseconds(123));
+  CHECK(cost.get() == std::chrono::milliseconds(123));
+  const std::chrono::nanoseconds odd(123'456'789'123);
+  cost.set(odd);
+  CHECK(std::chrono::abs(cost.get() - odd).count() <= odd.count() / 10'000'000);
+  cost.set(std::chrono::nanoseconds::max());
+  CHECK(cost.get() == std::chrono::nanoseconds::max());
+
+  // The refresh mark: 32 bits, never 0 (no refresh running), also when the count wraps.
+  auto s = std::make_unique<sf::detail::cache_shard<node>>();
+  CHECK(s->next_refresh() == 1);
+  s->refreshes = std::numeric_limits<std::uint32_t>::max() - 1;
+  CHECK(s->next_refresh() == std::numeric_limits<std::uint32_t>::max());
+  CHECK(s->next_refresh() == 1);
+}
+
+TEST_CASE("a shard keeps at most two nodes a bucket, and finds each of them",
+          "[cache][eviction][r05]") {
+  // Issue 35: 4 to 8 bytes of bucket array a node (one pointer a bucket), not 8 to 16.
+  using node = sf::detail::cache_node<std::uint64_t, std::uint64_t, manual_clock>;
+  auto s = std::make_unique<sf::detail::cache_shard<node>>();
+  std::vector<std::unique_ptr<node>> nodes;
+  const auto mixed = [](std::uint64_t k) { return sf::detail::mix64(k + 1); };
+  const auto eq = [](std::uint64_t a, std::uint64_t b) { return a == b; };
+  bool bounded = true;
+  for (std::uint64_t k = 0; k < 5000; ++k) {
+    s->reserve_one();
+    nodes.push_back(std::make_unique<node>(k, mixed(k)));
+    s->link(nodes.back().get());
+    const std::size_t buckets = s->mask + 1;
+    bounded = bounded && s->nodes <= 2 * buckets && (s->nodes <= 16 || buckets <= s->nodes);
+  }
+  CHECK(bounded);
+  CHECK(s->mask + 1 == 4096);  // 5,000 nodes: 2,048 buckets hold 4,096 at most
+  std::size_t found = 0;
+  for (std::uint64_t k = 0; k < 5000; ++k) {
+    found += s->find(k, mixed(k), eq) == nodes[k].get() ? 1 : 0;
+  }
+  CHECK(found == 5000);
+  for (std::uint64_t k = 0; k < 5000; k += 2) s->unlink(nodes[k].get());
+  for (std::uint64_t k = 0; k < 5000; ++k) {
+    const node* want = k % 2 == 0 ? nullptr : nodes[k].get();
+    found -= s->find(k, mixed(k), eq) == want ? 1 : 0;
+  }
+  CHECK(found == 0);
 }

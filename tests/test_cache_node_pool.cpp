@@ -24,7 +24,7 @@ using namespace std::chrono_literals;
 namespace {
 
 struct small_node {
-  std::uint64_t a[13];  // 104 bytes, the size of cache<uint64_t, uint64_t>'s node
+  std::uint64_t a[12];  // 96 bytes, the size of cache<uint64_t, uint64_t>'s node
 };
 struct big_node {
   char a[1024];

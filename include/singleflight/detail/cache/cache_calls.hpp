@@ -693,7 +693,7 @@ class cache_calls {
   // one is started here (it returns at once) and holds no thread while it is pending.
   template <class P, class L>
   void start_refresh(const P& key, std::uint64_t mixed, L& loader, node_t* n,
-                     std::uint64_t id) noexcept {
+                     std::uint32_t id) noexcept {
     try {
       with_erased(loader, [&](const shared_loader<Key, T>& e) {
         start_erased_refresh(key, mixed, e, n, id);
@@ -708,7 +708,7 @@ class cache_calls {
   // type. Throws what async_do throws before attaching.
   template <class P>
   void start_erased_refresh(const P& key, std::uint64_t mixed, const shared_loader<Key, T>& loader,
-                            node_t* n, std::uint64_t id) {
+                            node_t* n, std::uint32_t id) {
     if (group_has_executor_ && !loader.is_async()) {
       group_.async_do(key, owned_fn(key_of(key), mixed, loader, false), refresh_end(n, id));
     } else {
@@ -717,7 +717,7 @@ class cache_calls {
   }
 
   // refresh_end(n, id): a refresh's on_done: the refresh of n numbered id is over.
-  auto refresh_end(node_t* n, std::uint64_t id) const {
+  auto refresh_end(node_t* n, std::uint32_t id) const {
     return [owner = core_, n, id](outcome<loaded_t>&&) noexcept { owner->refresh_done(n, id); };
   }
 

@@ -218,7 +218,7 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
       n->kind = detail::held::value;
       n->value.store(box);  // the old value leaves with `box`, after the lock
       old_error = std::exchange(side.error, nullptr);
-      n->cost = t1 > t0 ? t1 - t0 : duration::zero();
+      n->cost.set(t1 > t0 ? t1 - t0 : duration::zero());
       set_windows(s, n, t1, ttl_override ? detail::to_duration<duration>(*ttl_override) : ttl);
       admit(s, n, t1, g);
     } else {
@@ -229,7 +229,7 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
       old_error = std::exchange(side.error, nullptr);
       if (nf > duration::zero()) {
         n->kind = detail::held::not_found;
-        n->cost = t1 > t0 ? t1 - t0 : duration::zero();
+        n->cost.set(t1 > t0 ? t1 - t0 : duration::zero());
         set_windows(s, n, t1, nf);
         admit(s, n, t1, g);
       }
@@ -284,7 +284,7 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
 
   // refresh_done(n, id): a background refresh is over, on every path.
   // Clears the key's refresh mark only if it is still this refresh's.
-  void refresh_done(node_t* n, std::uint64_t id) noexcept {
+  void refresh_done(node_t* n, std::uint32_t id) noexcept {
     unpin(n, [n, id]() noexcept {
       if (n->refresh_id.load(std::memory_order_relaxed) == id) {
         n->refresh_id.store(0, std::memory_order_relaxed);

@@ -87,10 +87,10 @@ class cache_lookup {
     std::exception_ptr error;      // failed
     duration age{};
     std::uint64_t version = 0;
-    std::uint64_t seen = 0;     // load: the key's version this call saw
-    node_t* pinned = nullptr;   // load: pinned for a stale-if-error answer
-    node_t* refresh = nullptr;  // serve: start this refresh (pinned)
-    std::uint64_t refresh_id = 0;
+    std::uint64_t seen = 0;        // load: the key's version this call saw
+    node_t* pinned = nullptr;      // load: pinned for a stale-if-error answer
+    node_t* refresh = nullptr;     // serve: start this refresh (pinned)
+    std::uint32_t refresh_id = 0;  // serve: its number (cache_shard::next_refresh)
 
     cached<T> entry() && {
       cached<T> e;
@@ -331,7 +331,7 @@ class cache_lookup {
   // numbers from the caller's stripe. Inside a read section or under the
   // shard's mutex.
   bool draws(const node_t& n, time_point now, detail::stripe_counters& sc) const {
-    return detail::xfetch_fires(n.fresh_until - now, n.cost, beta, [&] { return sc.draw(); });
+    return detail::xfetch_fires(n.fresh_until - now, n.cost.get(), beta, [&] { return sc.draw(); });
   }
 
   // lookup_locked(key, mixed, si, now, early, sc): lookup() under the shard's
@@ -362,7 +362,7 @@ class cache_lookup {
         serve(d, *n, fresh ? freshness::fresh : freshness::stale, now);
         n->touch();
         sc.add(fresh ? sc.hits : sc.stale_hits);
-        d.refresh_id = ++s.refreshes;
+        d.refresh_id = s.next_refresh();
         n->refresh_id.store(d.refresh_id, std::memory_order_relaxed);
         ++n->pins;
         d.refresh = n;

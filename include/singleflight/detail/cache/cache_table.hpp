@@ -33,6 +33,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -144,6 +145,33 @@ struct pin_count {
   bool zero() const noexcept { return n.load(std::memory_order_relaxed) == 0; }
 };
 
+// load_cost<D>: a load's duration (XFetch's delta, cache_clock.hpp) in 32
+// bits: for an arithmetic rep, its count as a float (exact to 2^24 ticks, 16
+// ms in nanoseconds, and to 6e-8 of itself beyond, which a random draw
+// scales anyway), so that it shares a word with the node's refresh mark;
+// any other rep as it is. Written with the readers locked out; read by hits.
+template <class D, bool Packed = std::is_arithmetic_v<typename D::rep>>
+struct load_cost {
+  D d{};
+  D get() const noexcept { return d; }
+  void set(D v) noexcept { d = v; }
+};
+
+template <class D>
+struct load_cost<D, true> {
+  float ticks = 0.0F;
+  D get() const noexcept {
+    if constexpr (std::is_integral_v<typename D::rep>) {
+      // The float of a count near rep's maximum may round above it.
+      if (ticks >= static_cast<float>(std::numeric_limits<typename D::rep>::max())) {
+        return D::max();
+      }
+    }
+    return D(static_cast<typename D::rep>(ticks));
+  }
+  void set(D v) noexcept { ticks = static_cast<float>(v.count()); }
+};
+
 // One key's record. Lives from the first load, put or refresh of its key
 // until it holds nothing and nobody holds its address (pins == 0).
 // Layout: kind, load_outdated and pins fill policy_hook's tail padding (the
@@ -151,9 +179,10 @@ struct pin_count {
 // windows derived from fresh_until by a fixed option (stale_while_revalidate,
 // stale_if_error) are computed, not stored (cache_lookup: stale_until(),
 // error_until()); what only loads, get_fresh callers and failures need is in
-// a node_side allocated then. 104 bytes for uint64_t keys and values, taken
-// from the shard's node_pool (no malloc header or rounding), and no value box
-// (bench/bench_memory.cpp).
+// a node_side allocated then; the last load's cost (a float of ticks) and the
+// refresh mark (32 bits) share the last word. 96 bytes for uint64_t keys and
+// values, taken from the shard's node_pool (no malloc header or rounding),
+// and no value box (bench/bench_memory.cpp).
 template <class Key, class T, class Clock>
 struct cache_node : policy_hook {
   using time_point = typename Clock::time_point;
@@ -180,15 +209,20 @@ struct cache_node : policy_hook {
   std::uint64_t version = 0;  // the key's version: bumped by put / invalidate / clear
   time_point written{};       // when the value (or not_found) was stored
   time_point fresh_until{};   // written + jittered ttl
-  duration cost{};            // the last load's duration (XFetch's delta)
   // The failure (kind == error, or the one behind the throttle), the
   // throttle and the load counters; null while there are none.
   std::unique_ptr<node_side<Clock>> side;
+  load_cost<duration> cost;  // the last load's duration (XFetch's delta)
 
-  // A hint for hits ("a refresh is already under way"), set and cleared
-  // under the mutex. Relaxed: a hit that reads a stale hint either skips a
-  // refresh another one is doing, or takes the mutex and checks again.
-  std::atomic<std::uint64_t> refresh_id{0};
+  // A hint for hits ("a refresh is already under way"): the running
+  // refresh's number (cache_shard::next_refresh, never 0), or 0; set and
+  // cleared under the mutex. Relaxed: a hit that reads a stale hint either
+  // skips a refresh another one is doing, or takes the mutex and checks
+  // again. 32 bits: the refresh that ends clears it only if it is still its
+  // own, and a number comes back only after 2^32 - 1 others in the shard
+  // (were one to, a second refresh of the key could start: the hint's
+  // failure, harmless).
+  std::atomic<std::uint32_t> refresh_id{0};
 
   // set_version(v): the key's version is now v. Readers locked out.
   void set_version(std::uint64_t v) noexcept {
@@ -222,7 +256,9 @@ struct cache_node : policy_hook {
 template <class Node>
 struct alignas(64) cache_shard {
   std::mutex mu;
-  std::unique_ptr<Node*[]> buckets;  // power-of-two count; grows, never shrinks
+  // A power-of-two count, at least half the nodes (chains of two on
+  // average when full: 4 to 8 bytes a node); grows, never shrinks.
+  std::unique_ptr<Node*[]> buckets;
   std::size_t mask = 0;
   std::size_t nodes = 0;                // linked nodes
   wtinylfu policy;                      // nodes that hold an entry
@@ -237,8 +273,14 @@ struct alignas(64) cache_shard {
     versions.store(v, std::memory_order_relaxed);
     return v;
   }
-  std::uint64_t refreshes = 0;  // the last refresh id handed out here
-  splitmix rng;                 // jitter
+  std::uint32_t refreshes = 0;  // the last refresh number handed out here
+  // next_refresh(): a refresh's number (cache_node::refresh_id), never 0
+  // (no refresh). Mutex.
+  std::uint32_t next_refresh() noexcept {
+    if (++refreshes == 0) ++refreshes;
+    return refreshes;
+  }
+  splitmix rng;  // jitter
 
   // Writer-side counters (mutex).
   std::uint64_t loads = 0;
@@ -264,9 +306,10 @@ struct alignas(64) cache_shard {
   }
 
   // reserve_one(): makes room for one more node (may allocate a bigger bucket
-  // array and throw std::bad_alloc, changing nothing). Writer.
+  // array, twice as many buckets, once the nodes would be more than twice
+  // the buckets, and throw std::bad_alloc, changing nothing). Writer.
   void reserve_one() {
-    if (nodes + 1 <= mask + 1 && buckets != nullptr) return;
+    if (nodes + 1 <= 2 * (mask + 1) && buckets != nullptr) return;
     const std::size_t count = buckets == nullptr ? 8 : 2 * (mask + 1);
     std::unique_ptr<Node*[]> grown(new Node*[count]());
     for (std::size_t i = 0; buckets != nullptr && i <= mask; ++i) {

@@ -2,7 +2,7 @@
 //
 // node_pool<Node>: the memory of one shard's nodes (cache_table.hpp). Nodes
 // are carved from slabs of many nodes, so that an entry pays neither
-// malloc's chunk header nor its rounding: a 104-byte node costs 104 bytes,
+// malloc's chunk header nor its rounding: a 96-byte node costs 96 bytes,
 // not a 112-byte chunk (bench/bench_memory.cpp).
 //
 // Locking and lifetime:
