@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
@@ -141,6 +142,22 @@ int pid_of(const std::string& dir, int port) {
   return pid.empty() ? -1 : std::stoi(pid);
 }
 
+// Starts the node at `port` again after a SIGKILL, with the options of
+// tests/support/redis_cluster.sh and its config file: it rejoins the cluster (a master that
+// failed over comes back as a replica of the new one).
+void restart_node(const std::string& dir, int port) {
+  const std::string p = std::to_string(port);
+  const std::string cmd = "redis-server --port " + p +
+                          " --bind 127.0.0.1 --cluster-enabled yes --cluster-config-file '" + dir +
+                          "/nodes-" + p +
+                          ".conf' --cluster-node-timeout 1000 --repl-diskless-sync-delay 0 "
+                          "--shutdown-timeout 0 --cluster-require-full-coverage no --save '' "
+                          "--appendonly no --daemonize yes --pidfile '" +
+                          dir + "/" + p + ".pid' --logfile '" + dir + "/" + p + ".log' --dir '" +
+                          dir + "' >/dev/null 2>&1";
+  REQUIRE(std::system(cmd.c_str()) == 0);
+}
+
 }  // namespace
 
 // A master SIGKILLed: no MOVED comes (the dead node does not answer); its replica takes over
@@ -228,6 +245,94 @@ TEST_CASE("a master killed: its keys reach Redis again on the replica that took 
   CHECK(wrong == 0);
   CHECK(other_calls.load() == 1);  // the other master's key kept coalescing: every get a hit
   CHECK(f.healthy());              // the dead master owns no slot any more
+}
+
+// A master SIGKILLed while its keys are in demand: until its replica is promoted (after the
+// cluster's node timeout, 1 s here, and the election) no node answers for the slot. A flight
+// whose master fails, and whose slot map names a replica for it, waits for the promotion
+// (failover_wait) and races on the new master: a key stored before the kill (acknowledged by
+// the replica) is a hit there, a cold key is loaded once for both fleets. Loading locally
+// instead, as a slot without a replica does, costs an origin call per process and per load
+// time for as long as the outage lasts.
+TEST_CASE("a master killed: calls made before its replica is promoted wait for it, not the origin",
+          "[cluster][failover][slow]") {
+  const std::string dir = need_failover_cluster_or_warn();
+  if (dir.empty()) return;
+  const std::string uri = read_line(dir + "/uri");
+  sftest::redis_client seed(uri);
+  const shard victim = live_shard(seed, port_of(uri));  // the fleets' seed stays up
+  const int victim_pid = pid_of(dir, victim.master);
+  REQUIRE(victim_pid > 0);
+  const std::string prefix = sftest::unique_prefix("failwait");
+  const std::string stored_key = key_on(seed, prefix, victim.master, "stored-");
+  const std::string cold_key = key_on(seed, prefix, victim.master, "cold-");
+
+  sf::fleet_options o = sftest::fleet_opts(uri, prefix);
+  o.redis_timeout = 500ms;
+  o.failover_wait = 20s;
+  fleet_t a(o);
+  fleet_t b(o);
+  std::atomic<int> stored_calls{0};
+  std::atomic<int> cold_calls{0};
+  auto stored_origin = [&] {
+    stored_calls.fetch_add(1);
+    return std::string("stored value");
+  };
+  auto cold_origin = [&] {
+    cold_calls.fetch_add(1);
+    return std::string("cold value");
+  };
+  REQUIRE(a.get(stored_key, stored_origin) == "stored value");
+  REQUIRE(stored_calls.load() == 1);
+  {
+    // The record on the replica before the kill (replication is asynchronous).
+    sftest::redis_client m(node_uri(victim.master));
+    REQUIRE(m.command({"WAIT", "1", "5000"}).integer == 1);
+  }
+  REQUIRE(b.get(stored_key, sftest::must_not_load(stored_calls)) == "stored value");
+  REQUIRE(
+      sftest::fleet_engine(a).router.route(d::fleet_names::of(prefix, stored_key).value).ep.port ==
+      victim.master);
+  REQUIRE(sftest::fleet_engine(b).router.cluster());
+
+  REQUIRE(::kill(victim_pid, SIGKILL) == 0);
+  REQUIRE_FALSE(is_master(victim.replica));  // the calls below begin before the promotion
+  constexpr int per_fleet = 4;
+  std::atomic<int> threw{0};
+  std::atomic<int> wrong{0};
+  std::atomic<int> done{0};
+  {
+    std::vector<std::jthread> callers;
+    for (fleet_t* f : {&a, &b}) {
+      for (int t = 0; t < per_fleet; ++t) {
+        callers.emplace_back([&, f] {
+          try {
+            if (f->get(stored_key, stored_origin) != "stored value") wrong.fetch_add(1);
+            if (f->get(cold_key, cold_origin) != "cold value") wrong.fetch_add(1);
+          } catch (...) {
+            threw.fetch_add(1);
+          }
+          done.fetch_add(1);
+        });
+      }
+    }
+    // Bounded: failover_wait (20 s) then a local load, per call.
+    sftest::must([&] { return done.load() == 2 * per_fleet; }, "every call returned", 60s);
+  }
+  CHECK(threw.load() == 0);
+  CHECK(wrong.load() == 0);
+  CHECK(stored_calls.load() == 1);  // the first load only: a hit on the promoted replica
+  CHECK(cold_calls.load() == 1);    // one load for both fleets, on the promoted replica's lease
+  CHECK(is_master(victim.replica));
+  CHECK(sftest::fleet_engine(a).router.route(d::fleet_names::of(prefix, cold_key).value).ep.port ==
+        victim.replica);
+  WARN("local loads: " << a.stats().local_fallback + b.stats().local_fallback
+                       << ", stored key calls " << stored_calls.load() << ", cold key calls "
+                       << cold_calls.load());
+  // The killed node back, as its replica, for the tests after this one.
+  sftest::must([&] { return is_master(victim.replica); }, "the replica promoted");
+  restart_node(dir, victim.master);
+  sftest::must([&] { return in_sync(victim.master); }, "the old master a replica in sync", 60s);
 }
 
 // Replication is asynchronous: the race that handed out a fence on a master may never reach

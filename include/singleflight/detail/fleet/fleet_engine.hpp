@@ -57,6 +57,7 @@ struct fleet_config {
   std::chrono::milliseconds renew_every{};
   std::chrono::milliseconds wait_slice{};
   std::chrono::milliseconds max_wait{};
+  std::chrono::milliseconds failover_wait{};
   std::chrono::milliseconds redis_timeout{};
   std::chrono::milliseconds value_ttl{};
   std::chrono::milliseconds error_ttl{};
@@ -82,6 +83,7 @@ struct fleet_config {
     need(o.renew_every >= ms(0), "renew_every must not be negative");
     need(o.wait_slice >= ms(0), "wait_slice must not be negative");
     need(o.max_wait >= ms(0), "max_wait must not be negative");
+    need(o.failover_wait >= ms(0), "failover_wait must not be negative");
     need(o.redis_timeout > ms(0), "redis_timeout must be positive");
     need(o.value_ttl > ms(0), "value_ttl must be positive (the shared value needs a lifetime)");
     need(o.error_ttl >= ms(0), "error_ttl must not be negative");
@@ -102,6 +104,7 @@ struct fleet_config {
     need(c.renew_every < c.lease_ttl, "renew_every must be less than lease_ttl");
     c.wait_slice = o.wait_slice > ms(0) ? o.wait_slice : std::max(ms(1), o.lease_ttl / 5);
     c.max_wait = o.max_wait > ms(0) ? o.max_wait : 3 * o.lease_ttl;
+    c.failover_wait = o.failover_wait > ms(0) ? o.failover_wait : c.max_wait;
     c.redis_timeout = o.redis_timeout;
     c.value_ttl = o.value_ttl;
     c.error_ttl = o.error_ttl;
@@ -349,7 +352,7 @@ class fleet_engine {
       // A second run (pooled::run) bumps the generation once more: harmless. A
       // redirected one did not run where it was sent (redis_router::run).
       gen = router.run(node, c, step);
-      node->breaker.success();
+      node->answered();
       if (cfg.replicas > 0) {
         try {
           acked = wait_replicas(**c, cfg.replicas, cfg.replica_timeout, cfg.redis_timeout);

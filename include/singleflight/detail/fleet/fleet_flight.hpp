@@ -91,19 +91,23 @@ class fleet_flight {
     if (!node_->breaker.allow()) {
       // On a cluster its master may have failed over: read the map again (rate-limited).
       redis_node* now = &e_.router.reroute(*node_, names_.value);
-      if (now == node_ || !now->breaker.allow()) return load_locally();
-      node_ = now;
+      if (now != node_ && now->breaker.allow()) {
+        node_ = now;
+      } else {
+        down_ = true;  // the master does not answer: its replica may be taking over
+        if (!await_failover()) return load_locally();
+      }
     }
 
     // 1. Read the record (get_value): a hit on a record of up to 64 KiB costs this one round
     // trip, a longer one two.
     get_result first;
-    if (!round_trip([&](redis_conn& c) { first = get_value(c, names_, tag_, limit_); })) {
-      return load_locally();
+    while (!round_trip([&](redis_conn& c) { first = get_value(c, names_, tag_, limit_); })) {
+      if (!await_failover()) return load_locally();
     }
     bool read_value = true;  // may the race script return the value it finds?
     if (first.kind == get_result::found) {
-      node_->breaker.success();
+      node_->answered();
       if (take(first.bytes)) {
         fleet_counters::bump(n.hits);
         return;
@@ -140,9 +144,13 @@ class fleet_flight {
         // The race may still run on the server (a reply lost, a server that
         // stalled): it must then take no lease that nobody holds.
         if (sent_) e_.give_up(names_, token);
-        return load_locally();
+        if (!await_failover()) return load_locally();
+        w = fleet_subscriber::watch();  // a watch, if any, was on the master that failed
+        woken = false;
+        read_value = true;
+        continue;
       }
-      node_->breaker.success();
+      node_->answered();
       if (a.kind == acquire_result::found) {
         if (take(a.bytes)) {
           fleet_counters::bump(woken ? n.follower_woken : n.late_hit);
@@ -245,6 +253,7 @@ class fleet_flight {
   template <class Step>
   bool round_trip(Step&& step) {
     sent_ = false;
+    down_ = false;
     try {
       if (!conn_) conn_.emplace(node_->pool.acquire());
       sent_ = true;  // from here the command may reach the server, whatever happens next
@@ -268,8 +277,54 @@ class fleet_flight {
       if (!f.refused()) {
         (void)node_->breaker.failure();
         e_.router.node_failed(*node_);  // a cluster master may have died: read the map again
+        down_ = true;
       }
       return false;
+    }
+  }
+
+  // await_failover(): after a round trip to node_ failed (down_: refused, reset, timed out; not
+  // a redirect, not a refusal of the settings) or with its breaker open: on a cluster whose
+  // slot map names a replica for that master, waits for a new owner of the slot (the replica
+  // promoted), reading the map again every refresh_every (redis_router::reroute), and returns
+  // true with node_ set to it; also true when the same master may be asked again (its breaker
+  // lets a call through: it may be back). False (load locally, as today) on a single server,
+  // for a master without a replica, and once this master's outage has lasted failover_wait
+  // (redis_node::down_since: one bound for all the outage's flights, not one per flight).
+  // Throws cancelled_error when the flight's token stops (every caller left or timed out),
+  // closed_error when the fleet closes. Sleeps between map reads; holds no lock and no
+  // connection.
+  bool await_failover() {
+    if (!down_ || !e_.router.cluster()) return false;
+    redis_node* const down = node_;
+    if (!down->replicated.load(std::memory_order_relaxed)) return false;
+    conn_.reset();
+    const clock::rep now_ticks = clock::now().time_since_epoch().count();
+    clock::rep since = 0;
+    if (down->down_since.compare_exchange_strong(since, now_ticks, std::memory_order_relaxed)) {
+      since = now_ticks;
+    }
+    const clock::time_point until =
+        clock::time_point(clock::duration(since)) + e_.cfg.failover_wait;
+    // Between map reads: short enough that a promotion is seen about when a map read may show
+    // it (refresh_every, shared by every flight of the fleet), long enough not to spin.
+    constexpr auto poll = redis_router::refresh_every / 4;
+    for (;;) {
+      if (st_.stop_requested()) throw cancelled_error();
+      if (down->pool.closed()) throw closed_error();
+      redis_node* const owner = &e_.router.reroute(*down, names_.value);
+      if (owner != down) {
+        down->down_since.store(0, std::memory_order_relaxed);
+        node_ = owner;
+        return true;
+      }
+      if (!down->replicated.load(std::memory_order_relaxed)) return false;
+      const auto now = clock::now();
+      if (now >= until) return false;
+      std::this_thread::sleep_for(std::min<clock::duration>(poll, until - now));
+      // The master itself may be back (a restart faster than the cluster's node timeout): asked
+      // again when its breaker allows (at once while it is closed, once per cooldown open).
+      if (&e_.router.route(names_.value) == down && down->breaker.allow()) return true;
     }
   }
 
@@ -344,7 +399,7 @@ class fleet_flight {
           break;
       }
       if (!published) fleet_counters::bump(e_.counters.publish_failures);
-      node->breaker.success();
+      node->answered();
       if (stored && e_.cfg.replicas > 0) {
         // A shortfall, or no answer to WAIT, is the replicas' and is counted
         // as theirs: the primary stored the value, Redis did not fail.
@@ -480,6 +535,7 @@ class fleet_flight {
   redis_node* node_;            // the node of the key's slot (moved by a MOVED reply)
   std::optional<pooled> conn_;  // the flight's command connection, between round trips
   bool sent_ = false;           // the last failed round trip had a connection to send on
+  bool down_ = false;           // ... and node_ did not answer it (a failure of the node)
 };
 
 }  // namespace singleflight::detail

@@ -180,6 +180,12 @@ class redis_pool {
     }
   }
 
+  // closed(): close() was called. Thread-safe.
+  bool closed() {
+    const std::lock_guard<std::mutex> lk(mu_);
+    return closed_;
+  }
+
   std::chrono::milliseconds timeout() const noexcept { return timeout_; }
 
  private:

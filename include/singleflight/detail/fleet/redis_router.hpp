@@ -34,8 +34,9 @@
 // (connection refused, reset, timed out: node_failed()), or whose breaker is
 // open when a call wants it (reroute()), also makes the router read the map
 // again, from the other nodes it knows (the same refresh_every bound): once the
-// replica is master, its slots go there. Until then that master's keys load
-// locally, the other masters' keep coalescing.
+// replica is master, its slots go there. Until then, when the map names a replica for that
+// master (redis_node::replicated), its keys' flights wait for the promotion (fleet_flight,
+// failover_wait); without one they load locally. The other masters' keys keep coalescing.
 //
 // run(): one routed step: the step on a pooled connection of the name's
 // owner; on MOVED, once more on the new owner; on ASK, once more on the node
@@ -199,6 +200,24 @@ struct redis_node {
   // failed-over master that owns none no longer counts for healthy(). Written under the
   // router's mu_; read relaxed (a health report orders nothing).
   std::atomic<bool> owner{false};
+  // replicated: the last slot map read names a replica for a slot this node owns (CLUSTER
+  // SLOTS lists the replicas not marked failed): a failure of this master may be followed by
+  // its replica taking over (fleet_options::failover_wait). Written under the router's mu_;
+  // read relaxed (a hint: a map read later corrects it).
+  std::atomic<bool> replicated{false};
+  // down_since: when flights began waiting for this master's replica to take over
+  // (steady_clock ticks since its epoch; 0: none is); the first waiter sets it (a CAS), a
+  // round trip that works or a new owner found clears it. Relaxed: it orders nothing, it
+  // bounds the waits of one outage to failover_wait in all.
+  std::atomic<std::chrono::steady_clock::rep> down_since{0};
+
+  // answered(): a round trip to this node worked: the breaker's success, and no outage.
+  void answered() {
+    breaker.success();
+    if (down_since.load(std::memory_order_relaxed) != 0) {
+      down_since.store(0, std::memory_order_relaxed);
+    }
+  }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -399,19 +418,26 @@ class redis_router {
       try {
         std::vector<std::pair<std::size_t, std::size_t>> ranges;
         std::vector<std::pair<std::string, int>> owners;
+        std::vector<bool> replicated;
         {
           pooled c = n->pool.acquire();
           const redis_reply r = c->command({"CLUSTER", "SLOTS"});
-          if (!parse_slots(r.get(), n->pool.endpoint().host, ranges, owners)) continue;
+          if (!parse_slots(r.get(), n->pool.endpoint().host, ranges, owners, replicated)) {
+            continue;
+          }
         }
         std::vector<redis_node*> owner_nodes;
         owner_nodes.reserve(owners.size());
         for (const auto& [host, port] : owners) owner_nodes.push_back(&node_at(host, port));
         const std::lock_guard<std::mutex> lk(mu_);
         become_cluster();
-        for (const auto& k : nodes_) k->owner.store(false, std::memory_order_relaxed);
+        for (const auto& k : nodes_) {
+          k->owner.store(false, std::memory_order_relaxed);
+          k->replicated.store(false, std::memory_order_relaxed);
+        }
         for (std::size_t i = 0; i < ranges.size(); ++i) {
           owner_nodes[i]->owner.store(true, std::memory_order_relaxed);
+          if (replicated[i]) owner_nodes[i]->replicated.store(true, std::memory_order_relaxed);
           for (std::size_t s = ranges[i].first; s <= ranges[i].second; ++s) {
             slots_[s].store(owner_nodes[i], std::memory_order_release);
           }
@@ -497,13 +523,14 @@ class redis_router {
     cluster_.store(true, std::memory_order_release);
   }
 
-  // parse_slots(r, host, ranges, owners): CLUSTER SLOTS' reply as (first, last) slot ranges and
-  // their masters' (host, port); an empty host is `host` (the node asked). False for an
-  // error or an unexpected shape (a slot past the last, a port outside 1-65535): the whole
-  // map is then ignored, never half taken.
+  // parse_slots(r, host, ranges, owners, replicated): CLUSTER SLOTS' reply as (first, last) slot
+  // ranges, their masters' (host, port) and whether the range lists a replica; an empty host is
+  // `host` (the node asked). False for an error or an unexpected shape (a slot past the last, a
+  // port outside 1-65535): the whole map is then ignored, never half taken.
   static bool parse_slots(const redisReply* r, const std::string& host,
                           std::vector<std::pair<std::size_t, std::size_t>>& ranges,
-                          std::vector<std::pair<std::string, int>>& owners) {
+                          std::vector<std::pair<std::string, int>>& owners,
+                          std::vector<bool>& replicated) {
     if (r == nullptr || r->type != REDIS_REPLY_ARRAY || r->elements == 0) return false;
     for (std::size_t i = 0; i < r->elements; ++i) {
       const redisReply* e = r->element[i];
@@ -524,6 +551,7 @@ class redis_router {
       ranges.emplace_back(static_cast<std::size_t>(first->integer),
                           static_cast<std::size_t>(last->integer));
       owners.emplace_back(std::move(h), static_cast<int>(master->element[1]->integer));
+      replicated.push_back(e->elements > 3);
     }
     return true;
   }
