@@ -181,6 +181,31 @@ TEST_CASE("cluster_slot hashes the hash tag with CRC16-XMODEM as Redis does", "[
   }
 }
 
+// A master's replicas, as CLUSTER NODES lists them (redis-server 7.0's format): the failover
+// wait's question when the slot map lists none (CLUSTER SLOTS leaves out a replica whose offset
+// the node asked has not heard of).
+TEST_CASE("lists_replica finds a master's replicas in CLUSTER NODES, failed ones left out",
+          "[cluster][slots]") {
+  const std::string nodes =
+      "57f3 127.0.0.1:35495@45495 slave fa09 0 1796441935871 1 connected\n"
+      "3b30 127.0.0.1:55091@65091 master - 0 1796441935867 2 connected 5461-10922\n"
+      "2fec 127.0.0.1:41515@51515 slave,fail b86f 0 1796441935867 3 connected\n"
+      "fa09 127.0.0.1:54797@64797 myself,master - 0 1796441935000 1 connected 0-5460\n"
+      "b86f 127.0.0.1:33649@43649 master,fail? - 0 1796441936083 3 connected 10923-16383\n";
+  using r = d::redis_router;
+  CHECK(r::lists_replica(nodes, "127.0.0.1", 54797));        // its replica 57f3 (myself)
+  CHECK_FALSE(r::lists_replica(nodes, "127.0.0.1", 55091));  // no replica
+  CHECK_FALSE(r::lists_replica(nodes, "127.0.0.1", 33649));  // its only replica failed
+  CHECK_FALSE(r::lists_replica(nodes, "127.0.0.1", 4444));   // not in the list
+  CHECK_FALSE(r::lists_replica("", "127.0.0.1", 54797));
+  CHECK_FALSE(r::lists_replica("garbage", "127.0.0.1", 54797));
+  // A replica in PFAIL ("fail?") is still a candidate: only "fail" leaves it out.
+  CHECK(
+      r::lists_replica("aa 10.0.0.1:7000@17000 master - 0 0 1 connected 0-16383\n"
+                       "bb 10.0.0.2:7000@17000 slave,fail? aa 0 0 1 connected",
+                       "10.0.0.1", 7000));
+}
+
 TEST_CASE("cluster_redirect parses MOVED, ASK, TRYAGAIN and CLUSTERDOWN", "[cluster][slots]") {
   using r = d::cluster_redirect;
   const r moved = r::parse("MOVED 3999 127.0.0.1:6381");

@@ -1874,7 +1874,9 @@ void cluster_trials(cluster& c, int trials, const std::string& only) {
   std::printf(
       "\n### Redis Cluster trials: the hot key's master resharded or failed over (3 masters + 3 "
       "replicas, %d processes x %d threads hammering one key, every 2 ms per thread, lease_ttl 1 "
-      "s, wait_slice 200 ms, redis_timeout 50 ms, 200 ms origin; the event 0-210 ms into its "
+      "s, wait_slice 200 ms, max_wait and failover_wait 60 s, redis_timeout 50 ms, 200 ms origin; "
+      "the "
+      "event 0-210 ms into its "
       "first load)\n\n",
       n, t);
   std::printf(

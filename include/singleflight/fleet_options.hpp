@@ -76,17 +76,17 @@ struct fleet_options {
 
   // Redis Cluster: how long a flight whose slot's master stopped answering
   // (refused, reset, timed out, its breaker open) waits for that master's
-  // replica to take over, when the slot map names one, re-reading the map
-  // every 200 ms; it then races on the new master (a value stored before the
-  // failure is a hit there; a cold key is loaded once for the fleet). Past
-  // it, and for a slot without a replica, the flight loads locally, as when
-  // Redis is down. Per master: the flights that start waiting while its
-  // outage has lasted failover_wait or longer load locally at once, until it
-  // or a new owner answers. Nothing on a single server. The callers'
-  // stop_token and wait_bound apply as to any wait (a caller leaving never
-  // cancels the flight). Cover the cluster's cluster-node-timeout plus its
-  // election (about 1.4 s for 1 s), or set it low (1 ms) to keep local loads.
-  // 0: max_wait.
+  // replica to take over, when it has one (the slot map or CLUSTER NODES
+  // lists it), looking for the slot's new owner every 50 ms; it then races
+  // there (a value stored before the failure is a hit; a cold key is loaded
+  // once for the fleet). Past it, and at once for a master without a
+  // replica, the flight loads locally, as when Redis is down. The bound is
+  // per outage of a master, not per call: flights that begin after it has
+  // passed load at once, until that master or a new owner answers. Nothing
+  // on a single server. The callers' stop_token and wait_bound apply as to
+  // any wait (a caller leaving never cancels the flight). Cover the
+  // cluster's cluster-node-timeout plus its election (docs/fleet.md, "A
+  // master that fails over"), or set 1 ms to keep local loads. 0: max_wait.
   std::chrono::milliseconds failover_wait{0};
 
   // Bound on every wait for Redis: the connect, the handshake, and each

@@ -95,6 +95,7 @@ class fleet_flight {
         node_ = now;
       } else {
         down_ = true;  // the master does not answer: its replica may be taking over
+        node_->failed();
         if (!await_failover()) return load_locally();
       }
     }
@@ -276,6 +277,7 @@ class fleet_flight {
       // not open the breaker (each call loads locally until it is fixed).
       if (!f.refused()) {
         (void)node_->breaker.failure();
+        node_->failed();
         e_.router.node_failed(*node_);  // a cluster master may have died: read the map again
         down_ = true;
       }
@@ -288,24 +290,24 @@ class fleet_flight {
   // slot map names a replica for that master, waits for a new owner of the slot (the replica
   // promoted), reading the map again every refresh_every (redis_router::reroute), and returns
   // true with node_ set to it; also true when the same master may be asked again (its breaker
-  // lets a call through: it may be back). False (load locally, as today) on a single server,
-  // for a master without a replica, and once this master's outage has lasted failover_wait
-  // (redis_node::down_since: one bound for all the outage's flights, not one per flight).
-  // Throws cancelled_error when the flight's token stops (every caller left or timed out),
-  // closed_error when the fleet closes. Sleeps between map reads; holds no lock and no
-  // connection.
+  // lets a call through: it may be back). False (load locally, as before) on a single server,
+  // for a master without a replica (neither a map read since its outage began nor CLUSTER
+  // NODES lists one: redis_router::replica_listed, asked once per outage; false when no other
+  // node answers), and once the outage has lasted failover_wait (redis_node::down_since:
+  // one bound for all the outage's flights, not one per flight). Throws cancelled_error when the
+  // flight's token stops (every caller left or timed out), closed_error when the fleet closes.
+  // Sleeps between map reads; holds no lock and no connection.
   bool await_failover() {
     if (!down_ || !e_.router.cluster()) return false;
     redis_node* const down = node_;
-    if (!down->replicated.load(std::memory_order_relaxed)) return false;
     conn_.reset();
-    const clock::rep now_ticks = clock::now().time_since_epoch().count();
-    clock::rep since = 0;
-    if (down->down_since.compare_exchange_strong(since, now_ticks, std::memory_order_relaxed)) {
-      since = now_ticks;
+    const clock::rep since = down->down_since.load(std::memory_order_relaxed);
+    if (since == 0) {  // it answered another flight meanwhile (rare): ask again
+      node_ = &e_.router.route(names_.value);
+      return true;
     }
-    const clock::time_point until =
-        clock::time_point(clock::duration(since)) + e_.cfg.failover_wait;
+    const clock::time_point began{clock::duration(since)};
+    const clock::time_point until = began + e_.cfg.failover_wait;
     // Between map reads: short enough that a promotion is seen about when a map read may show
     // it (refresh_every, shared by every flight of the fleet), long enough not to spin.
     constexpr auto poll = redis_router::refresh_every / 4;
@@ -318,7 +320,12 @@ class fleet_flight {
         node_ = owner;
         return true;
       }
-      if (!down->replicated.load(std::memory_order_relaxed)) return false;
+      // A replica named by a map read since the outage began, or else by CLUSTER NODES (asked
+      // once per outage): without one, nobody will take over.
+      if (!(e_.router.map_read_at() >= since && down->replicated.load(std::memory_order_relaxed)) &&
+          !e_.router.replica_listed(*down)) {
+        return false;
+      }
       const auto now = clock::now();
       if (now >= until) return false;
       std::this_thread::sleep_for(std::min<clock::duration>(poll, until - now));

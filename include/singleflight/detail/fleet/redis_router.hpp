@@ -205,11 +205,25 @@ struct redis_node {
   // its replica taking over (fleet_options::failover_wait). Written under the router's mu_;
   // read relaxed (a hint: a map read later corrects it).
   std::atomic<bool> replicated{false};
-  // down_since: when flights began waiting for this master's replica to take over
-  // (steady_clock ticks since its epoch; 0: none is); the first waiter sets it (a CAS), a
-  // round trip that works or a new owner found clears it. Relaxed: it orders nothing, it
-  // bounds the waits of one outage to failover_wait in all.
+  // down_since: when this node's current outage began (steady_clock ticks since its epoch; 0:
+  // it answers): the first failed round trip sets it (failed()), one that works or a new owner
+  // of its slots clears it. Relaxed: it orders nothing; it bounds the failover waits of one
+  // outage to failover_wait in all, and tells whether a slot map was read since.
   std::atomic<std::chrono::steady_clock::rep> down_since{0};
+  // replica_asked_at, replica_listed: when redis_router::replica_listed() last asked the
+  // cluster about this master's replicas (ticks; 0: never), and its answer. Relaxed: a hint for
+  // one outage, asked again in the next.
+  std::atomic<std::chrono::steady_clock::rep> replica_asked_at{0};
+  std::atomic<bool> replica_listed{false};
+
+  // failed(): a round trip to this node failed (not a redirect, not a refused setting): the
+  // start of an outage, unless one is under way.
+  void failed() noexcept {
+    std::chrono::steady_clock::rep none = 0;
+    (void)down_since.compare_exchange_strong(
+        none, std::chrono::steady_clock::now().time_since_epoch().count(),
+        std::memory_order_relaxed);
+  }
 
   // answered(): a round trip to this node worked: the breaker's success, and no outage.
   void answered() {
@@ -443,11 +457,94 @@ class redis_router {
           }
         }
         refreshes_.fetch_add(1, std::memory_order_relaxed);
+        map_read_at_.store(clock::now().time_since_epoch().count(), std::memory_order_release);
         return true;
       } catch (...) {  // NOLINT(bugprone-empty-catch): this node failed: ask the next
       }
     }
     return false;
+  }
+
+  // replica_listed(down): whether CLUSTER NODES, asked of the first other known node that
+  // answers, lists a replica of `down` (a master, found by its address) not marked failed. The
+  // slot map alone cannot tell: CLUSTER SLOTS leaves out a replica whose replication offset the
+  // node asked has not heard of (a fresh cluster, a replica that just synced). Once per outage
+  // of `down` (redis_node::down_since): later callers get the answer it stored. False when no
+  // node answers. One round trip; never throws. Thread-safe.
+  bool replica_listed(redis_node& down) noexcept {
+    const clock::rep since = down.down_since.load(std::memory_order_relaxed);
+    if (since != 0 && down.replica_asked_at.load(std::memory_order_relaxed) >= since) {
+      return down.replica_listed.load(std::memory_order_relaxed);
+    }
+    bool listed = false;
+    try {
+      std::vector<redis_node*> ask;
+      {
+        const std::lock_guard<std::mutex> lk(mu_);
+        for (const auto& n : nodes_) {
+          if (n.get() != &down) ask.push_back(n.get());
+        }
+      }
+      for (redis_node* n : ask) {
+        try {
+          pooled c = n->pool.acquire();
+          const redis_reply r = c->command({"CLUSTER", "NODES"});
+          if (is_error(r.get()) || !is_string(r.get())) continue;
+          listed = lists_replica(text_of(r.get()), down.ep.host, down.ep.port);
+          break;
+        } catch (...) {  // NOLINT(bugprone-empty-catch): this node failed: ask the next
+        }
+      }
+    } catch (...) {  // NOLINT(bugprone-empty-catch): out of memory: no replica known
+    }
+    down.replica_listed.store(listed, std::memory_order_relaxed);
+    down.replica_asked_at.store(clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+    return listed;
+  }
+
+  // lists_replica(nodes, host, port): CLUSTER NODES' text (a line per node: "id ip:port@cport
+  // flags master-id ...") lists the master at host:port and a replica of it whose flags do not
+  // hold "fail".
+  static bool lists_replica(std::string_view nodes, std::string_view host, int port) {
+    const auto field = [](std::string_view line, int i) {
+      for (; i > 0; --i) {
+        const std::size_t sp = line.find(' ');
+        if (sp == std::string_view::npos) return std::string_view();
+        line.remove_prefix(sp + 1);
+      }
+      return line.substr(0, line.find(' '));
+    };
+    const auto lines = [&](auto&& each) {
+      std::string_view rest = nodes;
+      while (!rest.empty()) {
+        const std::size_t nl = rest.find('\n');
+        each(rest.substr(0, nl));
+        if (nl == std::string_view::npos) break;
+        rest.remove_prefix(nl + 1);
+      }
+    };
+    const std::string addr = std::string(host) + ":" + std::to_string(port);
+    std::string_view id;
+    lines([&](std::string_view line) {
+      std::string_view a = field(line, 1);
+      a = a.substr(0, a.find('@'));
+      if (a == addr) id = field(line, 0);
+    });
+    if (id.empty()) return false;
+    bool listed = false;
+    lines([&](std::string_view line) {
+      if (field(line, 3) != id) return;
+      std::string_view flags = field(line, 2);
+      bool failed = false;
+      while (!flags.empty()) {
+        const std::size_t comma = flags.find(',');
+        if (flags.substr(0, comma) == "fail") failed = true;
+        if (comma == std::string_view::npos) break;
+        flags.remove_prefix(comma + 1);
+      }
+      if (!failed) listed = true;
+    });
+    return listed;
   }
 
   // node_at(host, port): the node at that address, created (with its pool and breaker, no
@@ -495,6 +592,11 @@ class redis_router {
 
   // refreshes(): how many times the slot map was read (tests).
   std::uint64_t refreshes() const noexcept { return refreshes_.load(std::memory_order_relaxed); }
+
+  // map_read_at(): when the slot map was last read (steady_clock ticks since its epoch; 0:
+  // never): a node's `replicated` tells about its current outage when the map was read after
+  // it began (redis_node::down_since). Thread-safe.
+  clock::rep map_read_at() const noexcept { return map_read_at_.load(std::memory_order_acquire); }
 
   // close(): closes every node's pool (later acquire() calls fail). Thread-safe, idempotent.
   void close() noexcept {
@@ -578,6 +680,7 @@ class redis_router {
   bool refreshed_ = false;            // guarded by refresh_mu_
   clock::time_point last_refresh_{};  // guarded by refresh_mu_
   std::atomic<std::uint64_t> refreshes_{0};
+  std::atomic<clock::rep> map_read_at_{0};  // stored after the map's entries (release)
 };
 
 }  // namespace singleflight::detail
