@@ -1,0 +1,172 @@
+// bench/traces/policy_timeline.cpp: how the cache's eviction policy (detail::wtinylfu, one
+// shard) behaves over one trace, segment by segment, next to LRU and CLOCK of the same
+// capacity (docs/performance.md, "Eviction, measured", reads it for sprite@1000). Not built by
+// CMake:
+//   g++ -O2 -DNDEBUG -std=c++20 -I include -I bench bench/traces/policy_timeline.cpp -o /tmp/pt
+//   /tmp/pt sprite 1000 10000
+// Arguments: trace name, capacity, segment length in accesses; the traces' directory as for
+// bench_traces ($SINGLEFLIGHT_TRACES, else ../shared/traces).
+//
+// The policy is driven as a shard of a cache with one shard drives it: a hit touches the
+// entry's bits, a miss evicts first when the shard holds its capacity, then inserts; the
+// policy's clock is the hits so far. The fingerprint is the cache's (the key times the mixing
+// constant); it does not reproduce the cache in every detail, so the totals can differ from
+// bench_traces's "1 shard" column by tenths (sprite@1000: 89.32 against 89.51). Per segment: the
+// window's target share of the capacity and the protected queue's share of main at the segment's
+// end; the segment's evictions that took the window's candidate (it lost its duel against main's
+// victim: "lost") and those that took an entry of main ("victims": a candidate won its duel, or
+// entered without one as the window shrank); the hit ratios of the policy, LRU and CLOCK (one
+// reference bit over the whole capacity: the cache's window at 100 %).
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <list>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "singleflight/detail/cache/cache_policy.hpp"
+#include "traces/trace_file.hpp"
+
+namespace {
+
+struct entry : singleflight::detail::policy_hook {
+  std::uint32_t key = 0;
+  bool in_window = false;  // before the eviction being counted
+};
+
+// One reference policy, fed one access at a time.
+struct lru {
+  explicit lru(std::size_t c) : cap(c) {}
+  bool access(std::uint32_t k) {
+    if (auto f = at.find(k); f != at.end()) {
+      order.splice(order.begin(), order, f->second);
+      return true;
+    }
+    order.push_front(k);
+    at[k] = order.begin();
+    if (order.size() > cap) {
+      at.erase(order.back());
+      order.pop_back();
+    }
+    return false;
+  }
+  std::size_t cap;
+  std::list<std::uint32_t> order;
+  std::unordered_map<std::uint32_t, std::list<std::uint32_t>::iterator> at;
+};
+
+struct clock_ref {
+  explicit clock_ref(std::size_t c) : cap(c) {}
+  bool access(std::uint32_t k) {
+    if (auto f = at.find(k); f != at.end()) {
+      f->second.second = true;
+      return true;
+    }
+    while (order.size() >= cap) {  // the tail: a second chance if referenced
+      auto& e = at[order.back()];
+      if (!e.second) {
+        at.erase(order.back());
+        order.pop_back();
+        break;
+      }
+      e.second = false;
+      order.splice(order.begin(), order, std::prev(order.end()));
+    }
+    order.push_front(k);
+    at[k] = {order.begin(), false};
+    return false;
+  }
+  std::size_t cap;
+  std::list<std::uint32_t> order;
+  std::unordered_map<std::uint32_t, std::pair<std::list<std::uint32_t>::iterator, bool>> at;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 4) {
+    std::fprintf(stderr, "usage: %s TRACE CAPACITY SEGMENT\n", argv[0]);
+    return 2;
+  }
+  const std::string name = argv[1];
+  const std::size_t capacity = std::strtoul(argv[2], nullptr, 10);
+  const std::size_t segment = std::strtoul(argv[3], nullptr, 10);
+  std::vector<std::uint32_t> t;
+  for (const auto& spec : sftrace::all_traces) {
+    if (name == spec.name) t = sftrace::read_trace(sftrace::traces_dir(nullptr), spec);
+  }
+  if (t.empty() || capacity == 0 || segment == 0) {
+    std::fprintf(stderr, "no trace %s, or a capacity or segment of 0\n", name.c_str());
+    return 2;
+  }
+  singleflight::detail::wtinylfu policy;
+  policy.configure(capacity);
+  std::unordered_map<std::uint32_t, entry*> at;
+  std::uint64_t hits = 0;
+  const auto clock = [&hits] { return hits; };
+  const auto dead = [](const singleflight::detail::policy_hook*) { return false; };
+  lru l(capacity);
+  clock_ref c(capacity);
+  std::uint64_t seg[3] = {0, 0, 0};
+  std::uint64_t lost = 0;
+  std::uint64_t victims = 0;
+  std::uint64_t all[3] = {0, 0, 0};
+  std::printf(
+      "| accesses | window %% | protected %% of main | lost | victims | policy | LRU | CLOCK "
+      "|\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    const std::uint32_t k = t[i];
+    if (auto f = at.find(k); f != at.end()) {
+      ++hits;
+      ++seg[0];
+      f->second->touch();
+    } else {
+      if (policy.size() >= capacity) {
+        // The eviction took the window's candidate, or an entry of main.
+        for (const auto& [key, e] : at) {
+          e->in_window = e->queue == singleflight::detail::wtinylfu::window_q;
+        }
+        auto* v = static_cast<entry*>(policy.evict(dead, clock));
+        (v->in_window ? lost : victims) += 1;
+        at.erase(v->key);
+        delete v;
+      }
+      auto* n = new entry;
+      n->key = k;
+      n->fingerprint = std::uint64_t{k} * 0x9E3779B97F4A7C15ULL;
+      policy.insert(n, clock);
+      at[k] = n;
+    }
+    seg[1] += l.access(k) ? 1 : 0;
+    seg[2] += c.access(k) ? 1 : 0;
+    if ((i + 1) % segment == 0 || i + 1 == t.size()) {
+      std::size_t prot = 0;
+      std::size_t main = 0;
+      for (const auto& [key, e] : at) {
+        main += e->queue != singleflight::detail::wtinylfu::window_q ? 1 : 0;
+        prot += e->queue == singleflight::detail::wtinylfu::protected_q ? 1 : 0;
+      }
+      const double n = static_cast<double>(i % segment + 1);
+      std::printf("| %zu | %.0f | %.0f | %llu | %llu | %.2f | %.2f | %.2f |\n", i + 1,
+                  100.0 * static_cast<double>(policy.window()) / static_cast<double>(capacity),
+                  main == 0 ? 0.0 : 100.0 * static_cast<double>(prot) / static_cast<double>(main),
+                  static_cast<unsigned long long>(lost), static_cast<unsigned long long>(victims),
+                  100.0 * static_cast<double>(seg[0]) / n, 100.0 * static_cast<double>(seg[1]) / n,
+                  100.0 * static_cast<double>(seg[2]) / n);
+      for (int j = 0; j < 3; ++j) {
+        all[j] += seg[j];
+        seg[j] = 0;
+      }
+      lost = victims = 0;
+    }
+  }
+  const auto total = static_cast<double>(t.size());
+  std::printf("\n%s@%zu: policy %.2f, LRU %.2f, CLOCK %.2f\n", name.c_str(), capacity,
+              100.0 * static_cast<double>(all[0]) / total,
+              100.0 * static_cast<double>(all[1]) / total,
+              100.0 * static_cast<double>(all[2]) / total);
+  for (const auto& [key, e] : at) delete e;
+  return 0;
+}
