@@ -84,6 +84,8 @@
 #include "codec.hpp"
 #include "detail/fleet/fleet_protocol.hpp"
 #include "detail/fleet/invalidation_inbox.hpp"
+#include "detail/fleet/kept_reads.hpp"
+#include "detail/fleet/read_mark.hpp"
 #include "detail/get_awaitable.hpp"
 #include "detail/resume_gate.hpp"
 #include "errors.hpp"
@@ -148,8 +150,14 @@ class fleet_cache {
                 ? fleet_.engine_->subscriber.subscribe_fallback(bus_, inbox_.bus_listener())
                 : detail::fleet_subscriber::watch()),
         expire_watch_(fleet_.engine_->subscriber.subscribe(expire_bus_, inbox_.expire_listener())),
+        kept_(opts.max_pending_invalidations),
         local_(opts.local),
-        coherence_(opts.coherence) {}
+        coherence_(opts.coherence) {
+    // Before any call: the fleet's flights read it (read_mark.hpp).
+    if (opts.coherence == fleet_coherence::tracking) {
+      fleet_.engine_->reports = &inbox_;
+    }
+  }
 
   // fleet_cache(opts, loader, codec, key_codec)
   //
@@ -474,10 +482,25 @@ class fleet_cache {
   // confirmation would otherwise make a later put stale, or a FLUSHALL's
   // clear take it away).
   void catch_up() {
-    inbox_.apply([this](const std::string& text) { (void)local_.invalidate(text); },
-                 [this] { local_.clear(); },
-                 [this](const std::string& text) { (void)local_.expire(text); },
-                 [this] { local_.expire_all(); });
+    inbox_.apply(
+        [this](const std::string& text, std::uint64_t seq) {
+          if (!kept(text, seq)) (void)local_.invalidate(text);
+        },
+        [this] { local_.clear(); }, [this](const std::string& text) { (void)local_.expire(text); },
+        [this] { local_.expire_all(); });
+  }
+
+  // kept(text, seq): under client tracking, whether report `seq` of `text` is one the local
+  // entry's value already reflects (detail/fleet/kept_reads.hpp): the value came from a read sent
+  // after the report was posted and is still the local entry (stored after that load returned:
+  // its age, measured from before the look, says so). Then the report is not applied.
+  bool kept(const std::string& text, std::uint64_t seq) {
+    const auto after = kept_.covers(text, seq, writes_.load(std::memory_order_acquire));
+    if (!after) return false;
+    const auto before = detail::kept_reads::clock::now();
+    const std::optional<cached<T>> e = local_.peek(text);
+    if (!e) return false;  // a drop of nothing still voids loads under way
+    return before - e->age > *after;
   }
 
   // catch_up(), then the key's text.
@@ -497,7 +520,18 @@ class fleet_cache {
                   "or loader(), returning something convertible to T");
     return [this, load = std::decay_t<L>(std::forward<L>(loader))](const std::string& text,
                                                                    stop_token st) -> T {
-      return fleet_.get(text, load, std::move(st));
+      if (fleet_.engine_->reports == nullptr) return fleet_.get(text, load, std::move(st));
+      // Under client tracking: a value read from Redis after some reports were posted is
+      // recorded (kept_), so that those reports, its own store's included, do not drop it.
+      const std::uint64_t writes = writes_.load(std::memory_order_acquire);
+      detail::read_mark& m = detail::this_thread_read_mark();
+      m.set = false;
+      T v = fleet_.get(text, load, std::move(st));
+      if (m.set && m.engine == fleet_.engine_.get() && m.text == text) {
+        kept_.record(text, m.reports, detail::kept_reads::clock::now(), writes);
+      }
+      m.set = false;
+      return v;
     };
   }
 
@@ -598,6 +632,8 @@ class fleet_cache {
   std::uint64_t write(const std::string& text, const std::string& rec, const std::string& channel,
                       Local&& local, Failed&& failed) {
     if (closed_.load(std::memory_order_relaxed)) throw closed_error();
+    // Counted before and after: a load that overlaps a write keeps no report (kept_reads.hpp).
+    const write_count counted(writes_);
     std::uint64_t gen = 0;
     try {
       gen = fleet_.engine_->write(text, rec, channel, inbox_.self() + text);
@@ -612,6 +648,17 @@ class fleet_cache {
     return gen;
   }
 
+  // Bumps a count on construction and on destruction (fleet_cache's writes).
+  struct write_count {
+    explicit write_count(std::atomic<std::uint64_t>& c) noexcept : n(c) {
+      n.fetch_add(1, std::memory_order_acq_rel);
+    }
+    write_count(const write_count&) = delete;
+    write_count& operator=(const write_count&) = delete;
+    ~write_count() { n.fetch_add(1, std::memory_order_acq_rel); }
+    std::atomic<std::uint64_t>& n;
+  };
+
   fleet_t fleet_;
   KeyCodec key_codec_;
   std::shared_ptr<const wide_t> wide_;
@@ -621,7 +668,9 @@ class fleet_cache {
   detail::fleet_subscriber::watch watch_;           // before local_: outlives its loads' flights
   detail::fleet_subscriber::watch fallback_watch_;  // tracking: the bus, once it is refused
   detail::fleet_subscriber::watch expire_watch_;
-  local_t local_;  // destroyed first: joins its loads
+  detail::kept_reads kept_;               // tracking: loads whose value reflects some reports
+  std::atomic<std::uint64_t> writes_{0};  // put / invalidate / expire begun and ended
+  local_t local_;                         // destroyed first: joins its loads
   std::atomic<bool> closed_{false};
   std::atomic<std::uint64_t> broadcasts_{0};
   const fleet_coherence coherence_;  // the option's

@@ -41,6 +41,7 @@
 #include "fleet_protocol.hpp"
 #include "fleet_renewer.hpp"
 #include "fleet_subscriber.hpp"
+#include "read_mark.hpp"
 #include "redis_conn.hpp"
 #include "redis_pool.hpp"
 #include "redis_router.hpp"
@@ -292,6 +293,9 @@ class fleet_engine {
 
   const fleet_config cfg;
   fleet_hook hook;  // set only by tests (fleet_test_access), before any call
+  // reports: under fleet_cache's client tracking, its inbox (read_mark.hpp: the count of the
+  // reports it posted); null otherwise. Set by fleet_cache's constructor, before any call.
+  report_source* reports = nullptr;
   fleet_counters counters;
   // subscriber_for(n): the subscriber whose watches hear the leaders of node `n`'s keys: on a
   // single server, `subscriber`; on a Redis Cluster, `n`'s shard subscriber (sharded pub/sub:

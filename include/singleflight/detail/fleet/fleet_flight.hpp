@@ -33,6 +33,7 @@
 #include "../unwind.hpp"
 #include "fleet_engine.hpp"
 #include "fleet_protocol.hpp"
+#include "read_mark.hpp"
 
 namespace singleflight::detail {
 
@@ -103,14 +104,17 @@ class fleet_flight {
     // 1. Read the record (get_value): a hit on a record of up to 64 KiB costs this one round
     // trip, a longer one two.
     get_result first;
+    std::uint64_t reports = reports_now();
     while (!round_trip([&](redis_conn& c) { first = get_value(c, names_, tag_, limit_); })) {
       if (!await_failover()) return load_locally();
+      reports = reports_now();
     }
     bool read_value = true;  // may the race script return the value it finds?
     if (first.kind == get_result::found) {
       node_->answered();
       if (take(first.bytes)) {
         fleet_counters::bump(n.hits);
+        mark_read(reports);
         return;
       }
       read_value = false;
@@ -138,6 +142,7 @@ class fleet_flight {
       if (st_.stop_requested()) throw cancelled_error();
       std::string token = e_.new_token();
       acquire_result a;
+      reports = reports_now();
       if (!round_trip([&](redis_conn& c) {
             a = acquire(c, names_, tag_, token, e_.cfg.lease_ttl, e_.cfg.meta_ttl, read_value,
                         limit_);
@@ -155,6 +160,7 @@ class fleet_flight {
       if (a.kind == acquire_result::found) {
         if (take(a.bytes)) {
           fleet_counters::bump(woken ? n.follower_woken : n.late_hit);
+          mark_read(reports);
           return;
         }
         read_value = false;
@@ -333,6 +339,26 @@ class fleet_flight {
       // again when its breaker allows (at once while it is closed, once per cooldown open).
       if (&e_.router.route(names_.value) == down && down->breaker.allow()) return true;
     }
+  // reports_now(): the tracking reports posted so far (read_mark.hpp), loaded before a read
+  // whose reply may carry the value; 0 when nobody counts them.
+  std::uint64_t reports_now() const noexcept {
+    return e_.reports != nullptr ? e_.reports->reports() : 0;
+  }
+
+  // mark_read(reports): the result came from a read sent after `reports` reports were posted:
+  // recorded in this thread's read_mark for fleet_cache (nothing when nobody counts them).
+  void mark_read(std::uint64_t reports) noexcept {
+    if (e_.reports == nullptr) return;
+    read_mark& m = this_thread_read_mark();
+    try {
+      m.text = text_;
+    } catch (...) {  // bad_alloc: no mark; the reports drop the value, as without one
+      m.set = false;
+      return;
+    }
+    m.engine = &e_;
+    m.reports = reports;
+    m.set = true;
   }
 
   // The lease is ours: load, then store (fenced) and publish.

@@ -14,6 +14,10 @@
 //     for a write by anyone, this process included: a value's name
 //     ("{N:P:K}:v") drops K, other names (leases, metadata) are ignored; a
 //     FLUSHALL (on_flushed) marks everything.
+//     Each report posted is numbered (reports(): the count so far); apply
+//     hands the number to drop(key text, number), so that fleet_cache keeps a
+//     value read from Redis after the report was posted (read_mark.hpp: the
+//     read already reflects the write reported, its own load's store included).
 //   * An expire (fleet_cache::expire, heard on the expire channel through
 //     expire_listener(), this process's own included) marks one key stale:
 //     apply calls stale(key) instead of drop(key). Under client tracking the
@@ -46,7 +50,8 @@
 //     apply: everything is marked for a clear (every value is known gone, or
 //     what was taken could not be applied), which covers the keys waiting.
 //
-// Locking: `mu_` (a leaf: nothing is called while it is held) guards keys_,
+// Locking: `mu_` (a leaf: nothing is called while it is held) guards keys_, the writes of
+// reports_,
 // expiring_, clear_all_, stale_all_, confirmed_, overflowed_, draining_ and the writes of posted_,
 // applied_ and fell_back_; posted_ and applied_ are also read without it (the fast path: nothing to
 // apply). One caller at a time applies (draining_), without the lock; callers that need what it
@@ -64,16 +69,18 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <type_traits>
 #include <unordered_set>
 #include <utility>
 #include <vector>
 
 #include "fleet_protocol.hpp"
 #include "fleet_subscriber.hpp"
+#include "read_mark.hpp"
 
 namespace singleflight::detail {
 
-class invalidation_inbox final : public fleet_subscriber::listener {
+class invalidation_inbox final : public fleet_subscriber::listener, public report_source {
  public:
   // The writer id every bus message of this process starts with (its own
   // messages are not applied: its put and invalidate already did).
@@ -128,8 +135,22 @@ class invalidation_inbox final : public fleet_subscriber::listener {
         stale = true;  // the expire's own deletion: its stale mark is posted already
       }
     }
-    if (!stale) post(text, false);
+    if (!stale) {
+      // Numbered before it is posted: a read that loads the new count (acquire) is sent after
+      // the report is in keys_.
+      const std::uint64_t seq = reports_.load(std::memory_order_relaxed) + 1;
+      post(text, false, seq);
+      reports_.store(seq, std::memory_order_release);
+    }
     received_.fetch_add(1, std::memory_order_relaxed);  // a counter
+  }
+
+  // reports(): the count of client-tracking reports of a key posted so far
+  // (read_mark.hpp, report_source). Memory ordering: stored with release by
+  // the subscriber's thread after the report is recorded, loaded with
+  // acquire. Thread-safe.
+  std::uint64_t reports() const noexcept override {
+    return reports_.load(std::memory_order_acquire);
   }
 
   // on_bus(payload): "<writer id><key text>" from the bus (under tracking:
@@ -206,7 +227,9 @@ class invalidation_inbox final : public fleet_subscriber::listener {
   // stale_all() when everything was marked stale (a confirmation, an
   // overflow), then, in the order heard, drop(key text) for each key
   // dropped and stale(key text) for each key expired. Without `stale` and
-  // `stale_all`, drop and clear stand for them. Throws what they throw (then
+  // `stale_all`, drop and clear stand for them. A drop invocable as
+  // drop(key text, seq) is also given the report's number (reports(); 0 for
+  // a bus message, which is always applied). Throws what they throw (then
   // everything is marked for a clear, for the next caller: what was taken is
   // lost).
   template <class Drop, class Clear>
@@ -228,7 +251,7 @@ class invalidation_inbox final : public fleet_subscriber::listener {
         cv_.wait(lk);  // another caller applies; bounded by its cache writes
         continue;
       }
-      std::vector<std::pair<std::string, bool>> keys;
+      std::vector<pending> keys;
       keys.swap(keys_);
       const bool all = std::exchange(clear_all_, false);
       const bool stale_all_keys = std::exchange(stale_all_, false);
@@ -242,11 +265,13 @@ class invalidation_inbox final : public fleet_subscriber::listener {
           clear();
         } else {
           if (stale_all_keys) stale_all();
-          for (const auto& [k, expired] : keys) {
-            if (expired) {
-              stale(k);
+          for (const pending& p : keys) {
+            if (p.expired) {
+              stale(p.text);
+            } else if constexpr (std::is_invocable_v<Drop&, const std::string&, std::uint64_t>) {
+              drop(p.text, p.seq);
             } else {
-              drop(k);
+              drop(p.text);
             }
           }
         }
@@ -299,14 +324,22 @@ class invalidation_inbox final : public fleet_subscriber::listener {
     invalidation_inbox* inbox;
   };
 
-  // post(text, stale): one key to apply. mu_ held.
-  void post(std::string_view text, bool stale) noexcept {
+  // A key to apply: dropped, or marked stale (expired); seq: its tracking
+  // report's number, 0 for the bus.
+  struct pending {
+    std::string text;
+    bool expired = false;
+    std::uint64_t seq = 0;
+  };
+
+  // post(text, stale, seq): one key to apply. mu_ held.
+  void post(std::string_view text, bool stale, std::uint64_t seq = 0) noexcept {
     if (!clear_all_) {
       if (keys_.size() >= max_pending_) {
         lost_track();
       } else {
         try {
-          keys_.emplace_back(std::string(text), stale);
+          keys_.push_back(pending{std::string(text), stale, seq});
         } catch (...) {  // bad_alloc: the stale mark covers the key
           lost_track();
         }
@@ -329,16 +362,17 @@ class invalidation_inbox final : public fleet_subscriber::listener {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<std::pair<std::string, bool>> keys_;  // guarded by mu_; true: expired
-  std::unordered_set<std::string> expiring_;        // guarded by mu_; tracking only
-  bool clear_all_ = false;                          // guarded by mu_
-  bool stale_all_ = false;                          // guarded by mu_
-  std::uint64_t confirmed_ = 0;                     // guarded by mu_: confirmations not yet settled
+  std::vector<pending> keys_;                 // guarded by mu_
+  std::unordered_set<std::string> expiring_;  // guarded by mu_; tracking only
+  bool clear_all_ = false;                    // guarded by mu_
+  bool stale_all_ = false;                    // guarded by mu_
+  std::uint64_t confirmed_ = 0;               // guarded by mu_: confirmations not yet settled
   bool overflowed_ = false;  // guarded by mu_: lost_track() counted since the last apply
   bool draining_ = false;    // guarded by mu_
   std::thread::id drainer_;  // guarded by mu_: who applies while draining_
   std::atomic<std::uint64_t> posted_{0};   // written under mu_
   std::atomic<std::uint64_t> applied_{0};  // written under mu_
+  std::atomic<std::uint64_t> reports_{0};  // written under mu_: tracking reports posted
   std::atomic<std::uint64_t> received_{0};
   std::atomic<std::uint64_t> resyncs_{0};
   std::atomic<std::uint64_t> overflows_{0};

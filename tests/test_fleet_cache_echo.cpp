@@ -1,0 +1,157 @@
+// singleflight::fleet_cache under client tracking: the server reports every store of a value to
+// every process, the reader's own read included (the "echo"). A value read through the fleet after
+// the process had heard the report of its store is kept: that report was sent before the read
+// ran, so the read already reflects it. A write reported after the read (an outside DEL or SET)
+// still drops it. A leader's own store is not kept yet (its report cannot be told from that of a
+// write made just after it); the last case pins that such a write is never hidden. Each case runs
+// on a private redis-server, so every report counted is the test's.
+#include <singleflight/fleet_cache.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+
+#include "support/catch.hpp"
+#include "support/fleet.hpp"
+#include "support/fleet_cache.hpp"
+#include "support/redis.hpp"
+#include "support/sync.hpp"
+
+namespace {
+
+namespace sf = singleflight;
+namespace d = singleflight::detail;
+using fc_t = sf::fleet_cache<std::string, std::string>;
+
+using sftest::must_not_load;
+using sftest::until_listening;
+using sftest::versioned_origin;
+
+std::string value_name(const std::string& prefix, const std::string& key) {
+  return d::fleet_names::of(prefix, key).value;
+}
+
+using point = d::fleet_point;
+
+// b follows a's load of "k" (a's loader waits until b has lost the race) and reads a's value
+// from Redis at `read_at` of b's flight: at point::subscribed b re-reads only once it has
+// heard the report of a's store (so that report was posted before b's read was sent); at
+// point::waiting b waits for a's message and reads after it (the report comes in the same
+// subscriber buffer, after the message). Returns b's answer.
+std::string follow(fc_t& a, fc_t& b, point read_at) {
+  sftest::gate b_lost;
+  std::atomic<bool> once{false};
+  sftest::fleet_cache_engine(b).hook = [&](point p, std::string_view) {
+    if (p != read_at || once.exchange(true)) return;
+    b_lost.open();
+    if (read_at == point::subscribed) {
+      sftest::must([&] { return b.stats().invalidations_heard >= 1; }, "b hears a's store");
+    }
+  };
+  until_listening(a, "a listens");
+  until_listening(b, "b listens");  // after the hook: orders it before b's threads read it
+  sftest::result<std::string> ra;
+  sftest::jthread ta = sftest::spawn(ra, [&] {
+    return a.get("k", [&] {
+      b_lost.wait("b lost the race to a");
+      return std::string("v1");
+    });
+  });
+  sftest::must([&] { return a.stats().fleet.leader >= 1; }, "a leads");
+  std::atomic<int> ran{0};
+  std::string got = b.get("k", must_not_load(ran));
+  sftest::finish(ta, ra, "a's load");
+  return got + (ran.load() == 0 ? "" : "+loaded") + (ra.value ? "" : "+a failed");
+}
+
+}  // namespace
+
+TEST_CASE(
+    "tracking_echo_does_not_drop_a_value_read_after_its_report: b reads a's value through the "
+    "fleet after hearing the report of a's store; its next get is a local hit, no Redis read",
+    "[fleet][fleet_cache][tracking][echo]") {
+  sftest::private_redis server;
+  fc_t a(sftest::fleet_cache_opts(server.uri(), "echo"));
+  fc_t b(sftest::fleet_cache_opts(server.uri(), "echo"));
+  CHECK(follow(a, b, point::subscribed) == "v1");
+  const std::uint64_t gets = b.stats().fleet.gets;
+  const std::uint64_t hits = b.stats().local.hits;
+  std::atomic<int> ran{0};
+  CHECK(b.get("k", must_not_load(ran)) == "v1");
+  CHECK(b.stats().fleet.gets == gets);  // before: gets + 1 (the report dropped the value)
+  CHECK(b.stats().local.hits == hits + 1);
+  CHECK(ran.load() == 0);
+}
+
+TEST_CASE(
+    "tracking_echo_follower_woken_keeps_its_value: a follower woken by the leader's message "
+    "reads after the report of the leader's store was posted (same subscriber buffer); its next "
+    "get is a local hit",
+    "[fleet][fleet_cache][tracking][echo]") {
+  sftest::private_redis server;
+  fc_t a(sftest::fleet_cache_opts(server.uri(), "echo-woken"));
+  fc_t b(sftest::fleet_cache_opts(server.uri(), "echo-woken"));
+  CHECK(follow(a, b, point::waiting) == "v1");
+  CHECK(b.stats().fleet.follower_woken == 1);
+  const std::uint64_t gets = b.stats().fleet.gets;
+  std::atomic<int> ran{0};
+  CHECK(b.get("k", must_not_load(ran)) == "v1");
+  CHECK(b.stats().fleet.gets == gets);
+  CHECK(ran.load() == 0);
+}
+
+TEST_CASE(
+    "tracking_echo_keep_still_honours_a_later_outside_write: after b kept a value read past its "
+    "store's report, a raw DEL, then a raw SET, of the value's name drops it once heard",
+    "[fleet][fleet_cache][tracking][echo]") {
+  sftest::private_redis server;
+  auto raw = server.client();
+  const std::string prefix = "echo-outside";
+  fc_t a(sftest::fleet_cache_opts(server.uri(), prefix));
+  fc_t b(sftest::fleet_cache_opts(server.uri(), prefix));
+  CHECK(follow(a, b, point::subscribed) == "v1");
+  std::atomic<int> ran{0};
+  const std::uint64_t heard = b.stats().invalidations_heard;
+  CHECK(raw->command({"DEL", value_name(prefix, "k")}).integer == 1);
+  sftest::must([&] { return b.stats().invalidations_heard > heard; }, "b hears the DEL");
+  CHECK(!b.peek("k").has_value());
+
+  const std::string rec =
+      d::make_record('v', d::codec_tag<sf::codec<std::string>>(), "0", "0", "written outside");
+  CHECK(raw->command({"SET", value_name(prefix, "k"), rec}).str == "OK");
+  sftest::must([&] { return b.stats().invalidations_heard > heard + 1; }, "b hears the SET");
+  CHECK(b.get("k", must_not_load(ran)) == "written outside");  // read after the SET's report
+  const std::uint64_t gets = b.stats().fleet.gets;
+  CHECK(b.get("k", must_not_load(ran)) == "written outside");  // kept: a local hit
+  CHECK(b.stats().fleet.gets == gets);
+  CHECK(raw->command({"SET", value_name(prefix, "k"), rec + "!"}).str == "OK");
+  sftest::must([&] { return b.stats().invalidations_heard > heard + 2; }, "b hears the 2nd SET");
+  CHECK(!b.peek("k").has_value());
+  CHECK(ran.load() == 0);
+}
+
+TEST_CASE(
+    "tracking_echo_leader_does_not_keep_over_an_outside_write: a raw SET right after the "
+    "leader's store, before it reads its value back, is not hidden: its next get reads the "
+    "outside value",
+    "[fleet][fleet_cache][tracking][echo]") {
+  sftest::private_redis server;
+  auto raw = server.client();  // used on a's flight thread only (its hook)
+  const std::string prefix = "echo-leader-outside";
+  const std::string rec =
+      d::make_record('v', d::codec_tag<sf::codec<std::string>>(), "0", "0", "written outside");
+  fc_t a(sftest::fleet_cache_opts(server.uri(), prefix));
+  std::atomic<bool> wrote{false};
+  sftest::fleet_cache_engine(a).hook = [&](point p, std::string_view) {
+    if (p != point::stored || wrote.exchange(true)) return;
+    (void)raw->command({"SET", value_name(prefix, "k"), rec});
+  };
+  until_listening(a, "a listens");  // after the hook: orders it before a's threads read it
+  versioned_origin origin;
+  CHECK(a.get("k", origin.loader()) == "v1");  // its callers get the leader's value
+  CHECK(wrote.load());
+  sftest::must([&] { return a.stats().invalidations_heard >= 1; }, "a hears the stores");
+  std::atomic<int> ran{0};
+  CHECK(a.get("k", must_not_load(ran)) == "written outside");
+  CHECK(ran.load() == 0);
+}
