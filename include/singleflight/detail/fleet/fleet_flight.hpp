@@ -339,6 +339,8 @@ class fleet_flight {
       // again when its breaker allows (at once while it is closed, once per cooldown open).
       if (&e_.router.route(names_.value) == down && down->breaker.allow()) return true;
     }
+  }
+
   // reports_now(): the tracking reports posted so far (read_mark.hpp), loaded before a read
   // whose reply may carry the value; 0 when nobody counts them.
   std::uint64_t reports_now() const noexcept {
