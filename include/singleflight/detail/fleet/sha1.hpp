@@ -59,7 +59,9 @@ inline std::string sha1_hex(std::string_view data) {
   for (; i + 64 <= data.size(); i += 64) block(bytes + i);
   // The tail, the 0x80 marker, zero padding and the 64-bit length in bits.
   std::array<unsigned char, 128> tail{};
-  const std::size_t rest = data.size() - i;
+  // Below 64 after the loop; the mask says so to the optimiser (g++ 12 -O3 otherwise warns that
+  // tail[rest] may be past the array: -Wstringop-overflow).
+  const std::size_t rest = (data.size() - i) & 63U;
   for (std::size_t j = 0; j < rest; ++j) tail[j] = bytes[i + j];
   tail[rest] = 0x80;
   const std::size_t tail_len = rest + 1 + 8 <= 64 ? 64 : 128;
