@@ -44,7 +44,12 @@
 // (an ACL that denies `client`, a renamed command, no REDIRECT) makes the
 // process fall back to the bus, for the fleet_cache's lifetime
 // (stats().tracking_refused; its own writes publish on the bus in both
-// modes, so the others hear them either way). The bound: once a process has received
+// modes, so the others hear them either way). On a Redis Cluster a tracker
+// would hear only its own node's keys, so the fleet_cache does not track there:
+// it falls back to the bus as above (stats().tracking_refused_on_cluster), and
+// only fleet_caches' own writes are heard; writes by anyone else (redis-cli,
+// expiry, FLUSHALL) are not, and a local entry then lives up to its ttl.
+// The bound: once a process has received
 // the report, its get never returns a value stored before the write. While
 // its subscription or tracker is down (a network gap, CLIENT KILL, a Redis
 // restart) reports are lost: when the subscription is confirmed again (after
@@ -430,8 +435,12 @@ class fleet_cache {
     s.resyncs = inbox_.resyncs();
     s.overflows = inbox_.overflows();
     s.expires_heard = inbox_.expires_received();
-    s.tracking_refused = inbox_.fell_back() ? 1 : 0;
-    s.coherence = inbox_.fell_back() ? fleet_coherence::publish : coherence_;
+    const bool fell_back = inbox_.fell_back();
+    s.tracking_refused = fell_back ? 1 : 0;
+    // Set before the inbox heard of the refusal: never 1 without tracking_refused.
+    s.tracking_refused_on_cluster =
+        fell_back && fleet_.engine_->subscriber.tracking_refused_on_cluster() ? 1 : 0;
+    s.coherence = fell_back ? fleet_coherence::publish : coherence_;
     return s;
   }
 

@@ -60,8 +60,14 @@ struct fleet_cache_stats {
   std::uint64_t overflows = 0;  // max_pending_invalidations passed: every local entry marked stale
   std::uint64_t expires_heard = 0;  // expire messages from other processes
   // 1 once the server refused CLIENT TRACKING (an ACL, a renamed command, no
-  // REDIRECT) and the process fell back to the bus; else 0.
+  // REDIRECT; or a Redis Cluster: tracking_refused_on_cluster) and the process
+  // fell back to the bus; else 0.
   std::uint64_t tracking_refused = 0;
+  // 1 when the refusal is the fleet_cache's own: the server is a node of a Redis
+  // Cluster, where a tracker reports only its own node's keys (docs/fleet_cache.md,
+  // "Redis Cluster"): the bus is in use, and writes by anyone but a fleet_cache of
+  // the prefix are not heard. Else 0.
+  std::uint64_t tracking_refused_on_cluster = 0;
   // The coherence in use: the option's, or publish after a refusal.
   fleet_coherence coherence = fleet_coherence::tracking;
 };
@@ -83,8 +89,9 @@ namespace metrics {
 // tracker keeps dropping (the two of each connection mark every local entry
 // stale, once: one read through the fleet per key read after it); overflows mean
 // max_pending_invalidations is too small for the write rate; tracking_refused
-// at 1 means the server (an ACL, a renamed command, no REDIRECT) refused
-// client tracking: only fleet_caches' own writes are heard, through the bus.
+// at 1 means the server (an ACL, a renamed command, no REDIRECT; or a Redis
+// Cluster, where the fleet_cache does not track) refused client tracking: only
+// fleet_caches' own writes are heard, through the bus.
 inline constexpr std::array fleet_cache_metrics{
     counter<&fleet_cache_stats::broadcasts>(
         "singleflight_fleet_cache_broadcasts_total",

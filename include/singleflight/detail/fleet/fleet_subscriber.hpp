@@ -55,6 +55,17 @@
 // TRYAGAIN, a REDIRECT target gone because the connection was killed in
 // between) are a failed connect: retried with the backoff.
 //
+// Tracking on a Redis Cluster is refused by the subscriber itself: a tracker
+// hears only the writes of its own node (CLIENT TRACKING reports the keys of the
+// node it is sent to, and REDIRECT must name a client of that node), so a tracker
+// on the seed would report the keys of the seed's slots and silently miss every
+// other master's. Before it asks CLIENT ID, each tracked connection asks `INFO
+// cluster`; `cluster_enabled:1` is a refusal as above, for good
+// (tracking_refused_on_cluster()), so the fallback channels carry what can be
+// heard (the fleet's own writes, classic PUBLISH, which a cluster sends to every
+// node). An error reply (an ACL that denies INFO) is taken for a single server, as
+// redis_router::probe does.
+//
 // Sharded (a Redis Cluster: one subscriber per node, fleet_engine::subscriber_for): the
 // channels are shard channels (SSUBSCRIBE / SUNSUBSCRIBE, one command per channel, messages
 // `smessage`; Redis 7.0), each named with its key's hash tag and heard only on the node that
@@ -356,6 +367,14 @@ class fleet_subscriber {
     return refused_;
   }
 
+  // tracking_refused_on_cluster(): tracking was refused because the server is a
+  // node of a Redis Cluster (see above); set before tracking_refused() and before
+  // the listeners are told. Thread-safe.
+  bool tracking_refused_on_cluster() const {
+    const std::lock_guard<std::mutex> lk(mu_);
+    return refused_on_cluster_;
+  }
+
   // track(prefix): every connection from now on is tracked (see client
   // tracking above) for the keys that start with `prefix`. Called before the
   // first subscribe (std::logic_error otherwise: the connection would have
@@ -462,11 +481,13 @@ class fleet_subscriber {
         lk.unlock();
         std::unique_ptr<redis_conn> fresh;
         bool refused = false;
+        bool on_cluster = false;
         try {
           fresh = pool_.open();
           if (!tracked.empty()) tracker = open_tracker(*fresh, tracked);
-        } catch (const tracking_refusal&) {
+        } catch (const tracking_refusal& e) {
           refused = true;  // `fresh` is sound: it subscribes untracked
+          on_cluster = e.on_cluster;
           tracker.reset();
         } catch (const redis_failure&) {
           errors_.fetch_add(1, std::memory_order_relaxed);
@@ -480,6 +501,7 @@ class fleet_subscriber {
           continue;
         }
         if (refused && !refused_) {
+          refused_on_cluster_ = on_cluster;
           refused_ = true;
           tracked_.clear();
           for (auto& [name, ch] : channels_) {
@@ -577,7 +599,9 @@ class fleet_subscriber {
 
   // The server will not track this connection (see "Tracking refused").
   struct tracking_refusal : redis_failure {
-    using redis_failure::redis_failure;
+    explicit tracking_refusal(const std::string& what, bool cluster = false)
+        : redis_failure(what), on_cluster(cluster) {}
+    bool on_cluster;  // the server is a node of a Redis Cluster
   };
 
   // An error reply to CLIENT ID / CLIENT TRACKING that a retry may not get:
@@ -600,10 +624,16 @@ class fleet_subscriber {
 
   // The tracker of `sub` (see client tracking above): its CLIENT ID, then a
   // connection that redirects the tracking of `prefix` to it. Throws
-  // tracking_refusal (an error reply that is not transient: an ACL, a
-  // renamed command, a server without REDIRECT), redis_failure (I/O, a
-  // transient error).
+  // tracking_refusal (a node of a Redis Cluster; an error reply that is not
+  // transient: an ACL, a renamed command, a server without REDIRECT),
+  // redis_failure (I/O, a transient error).
   std::unique_ptr<redis_conn> open_tracker(redis_conn& sub, const std::string& prefix) const {
+    const redis_reply info = sub.command({"INFO", "cluster"});
+    if (!is_error(info.get()) && is_string(info.get()) &&
+        text_of(info.get()).find("cluster_enabled:1") != std::string_view::npos) {
+      throw tracking_refusal("CLIENT TRACKING: a Redis Cluster node tracks only its own keys",
+                             true);
+    }
     const redis_reply id = sub.command({"CLIENT", "ID"});
     check(id.get(), "CLIENT ID");
     if (id->type != REDIS_REPLY_INTEGER) throw redis_failure("CLIENT ID: unexpected reply");
@@ -819,9 +849,10 @@ class fleet_subscriber {
   std::unordered_map<std::string, std::unique_ptr<channel_state>> channels_;  // guarded by mu_
   bool closing_ = false;                                                      // guarded by mu_
   bool dirty_ = false;                                                        // guarded by mu_
-  std::string tracked_;     // guarded by mu_: the prefix each connection tracks ("" none)
-  bool refused_ = false;    // guarded by mu_: the server refused tracking (tracked_ then "")
-  bool unsettled_ = false;  // guarded by mu_: a listener was confirmed, not yet settled
+  std::string tracked_;   // guarded by mu_: the prefix each connection tracks ("" none)
+  bool refused_ = false;  // guarded by mu_: the server refused tracking (tracked_ then "")
+  bool refused_on_cluster_ = false;  // guarded by mu_: refused as a Redis Cluster node
+  bool unsettled_ = false;           // guarded by mu_: a listener was confirmed, not yet settled
 };
 
 }  // namespace singleflight::detail
