@@ -261,6 +261,34 @@ TEST_CASE("a server that tracks: tracking_refused stays 0 and the bus is not sub
   fc_t c(opts(server.uri(), "tracked"));
   until_listening(c, "c listens");
   CHECK(c.stats().tracking_refused == 0);
+  CHECK(c.stats().tracking_refused_on_cluster == 0);
   CHECK(c.stats().coherence == sf::fleet_coherence::tracking);
   CHECK(server.client()->numsub(d::bus_channel("tracked")) == 0);
+}
+
+// Before it tracks, the subscriber asks `INFO cluster` (a Redis Cluster node is not tracked:
+// test_fleet_cache_cluster.cpp). An ACL that denies INFO must not cost a single server its
+// tracking: the error is taken for "not a cluster", and a DEL by another program is heard.
+TEST_CASE(
+    "a server whose ACL denies INFO is still tracked: the cluster check's error is a single "
+    "server",
+    "[fleet][fleet_cache][tracking]") {
+  sftest::private_redis server;
+  auto client = server.client();
+  REQUIRE(client->command({"ACL", "SETUSER", "default", "-info"}).str == "OK");
+  const std::string prefix = "noinfo";
+  fc_t c(opts(server.uri(), prefix));
+  until_listening(c, "c listens");
+  CHECK(c.stats().tracking_refused == 0);
+  CHECK(c.stats().tracking_refused_on_cluster == 0);
+  CHECK(c.stats().coherence == sf::fleet_coherence::tracking);
+  versioned_origin origin;
+  std::atomic<int> ran{0};
+  CHECK(c.get("k", origin.loader()) == "v1");
+  const std::uint64_t heard = heard_own_store(c, 0, "k", "v1");
+  origin.version = 2;
+  CHECK(client->command({"DEL", value_name(prefix, "k")}).integer == 1);
+  sftest::must([&] { return c.stats().invalidations_heard > heard; }, "c hears the DEL");
+  CHECK(c.get("k", origin.loader()) == "v2");
+  CHECK(ran.load() == 0);
 }
