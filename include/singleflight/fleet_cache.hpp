@@ -48,12 +48,11 @@
 // would hear only its own node's keys, so the fleet_cache does not track there:
 // it falls back to the bus as above (stats().tracking_refused_on_cluster), and
 // only fleet_caches' own writes are heard; writes by anyone else (redis-cli,
-// expiry, FLUSHALL) are not, and a local entry then lives up to its ttl.
-// The bound: once a process has received
-// the report, its get never returns a value stored before the write. While
-// its subscription or tracker is down (a network gap, CLIENT KILL, a Redis
-// restart) reports are lost: when the subscription is confirmed again (after
-// the tracker is back), every local entry stored before the gap is marked
+// expiry, FLUSHALL) are not, and a local entry then lives up to its ttl. The
+// bound: once a process has received the report, its get never returns a
+// value stored before the write. While its subscription or tracker is down
+// (a network gap, CLIENT KILL, a Redis restart) reports are lost: when the subscription is
+// confirmed again (after the tracker is back), every local entry stored before the gap is marked
 // stale (cache::expire_all): the next get of its key is answered with it
 // within stale_while_revalidate while one refresh reads it again through the
 // fleet (with stale_while_revalidate at zero, it waits on that read), and no
