@@ -27,6 +27,13 @@
 //                    cache on singleflight::coarse_clock, lib_free_clock on a
 //                    clock whose now() is one atomic load (its own cost, without
 //                    any clock's); T = std::uint64_t and a 100-byte std::string.
+//   cache_hit_large  hit path on 1M std::uint64_t entries with uniformly random
+//                    keys, read in random order (memory misses dominate, and a
+//                    bucket's chain length shows), 1 and 2 threads: lib and
+//                    lib_free_clock vs shared_mutex (std::unordered_map<uint64_t,
+//                    uint64_t>). lib reads steady_clock, whose rdtscp keeps one
+//                    hit's misses from overlapping the next's: close to a hit's
+//                    latency; lib_free_clock and shared_mutex are throughput.
 //   cache_hit_ratio  Zipf 0.9 over 100,000 keys plus one-hit scans, capacity
 //                    1,000 (1%): hit ratio of the cache (W-TinyLFU) vs LRU.
 //
@@ -503,6 +510,98 @@ void bm_hit(benchmark::State& state, hit_impl impl) {
   }
 }
 
+// Hit path on a large cache: 1M std::uint64_t entries with uniformly random keys
+// (splitmix64 of 1..1M), each thread reading them all in its own random order, so
+// that nearly every read misses the CPU's caches and a bucket's chain length shows.
+// lib is the cache (default clock), lib_free_clock the same on manual_clock;
+// shared_mutex a std::unordered_map<uint64_t, uint64_t> under a std::shared_mutex.
+// Each table is built once, on its row's first run, and kept for the process.
+constexpr std::size_t large_entries = 1u << 20;
+
+std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+const std::vector<std::uint64_t>& large_keys() {
+  static const std::vector<std::uint64_t> keys = [] {
+    std::vector<std::uint64_t> k(large_entries);
+    for (std::size_t i = 0; i < k.size(); ++i) k[i] = splitmix64(i + 1);
+    return k;
+  }();
+  return keys;
+}
+
+template <class C>
+C& large_cache() {
+  static C* c = [] {
+    sf::cache_options o;
+    o.ttl = 24h;
+    auto* made = new C(o);  // kept for the process: built once, read by every run
+    for (const std::uint64_t k : large_keys()) made->put(k, k);
+    return made;
+  }();
+  return *c;
+}
+
+struct large_rw_map {
+  std::shared_mutex mu;
+  std::unordered_map<std::uint64_t, std::uint64_t> map;
+  std::uint64_t get(std::uint64_t k) {
+    std::shared_lock<std::shared_mutex> lk(mu);
+    return map.find(k)->second;
+  }
+};
+
+large_rw_map& large_map() {
+  static large_rw_map* m = [] {
+    auto* made = new large_rw_map;
+    for (const std::uint64_t k : large_keys()) made->map.emplace(k, k);
+    return made;
+  }();
+  return *m;
+}
+
+void bm_hit_large(benchmark::State& state, hit_impl impl) {
+  using lcache = sf::cache<std::uint64_t, std::uint64_t>;
+  using fcache =
+      sf::cache<std::uint64_t, std::uint64_t, sf::default_hash, std::equal_to<>, manual_clock>;
+  if (state.thread_index() == 0) {
+    // Built before the threads' loops start (the first iteration waits for every thread).
+    if (impl == hit_impl::lib) (void)large_cache<lcache>();
+    if (impl == hit_impl::lib_free_clock) (void)large_cache<fcache>();
+    if (impl == hit_impl::shared_mutex) (void)large_map();
+  }
+  std::vector<std::uint64_t> order = large_keys();
+  std::shuffle(order.begin(), order.end(),
+               std::mt19937_64(static_cast<std::uint64_t>(state.thread_index() + 1)));
+  auto never = [] { return std::uint64_t{0}; };
+  std::size_t i = 0;
+  std::uint64_t wrong = 0;
+  for (auto _ : state) {
+    const std::uint64_t k = order[i];
+    std::uint64_t v = 0;
+    switch (impl) {
+      case hit_impl::lib:
+        v = large_cache<lcache>().get(k, never);
+        break;
+      case hit_impl::lib_free_clock:
+        v = large_cache<fcache>().get(k, never);
+        break;
+      default:
+        v = large_map().get(k);
+        break;
+    }
+    benchmark::DoNotOptimize(v);
+    wrong += v != k ? 1 : 0;
+    i = (i + 1) & (large_entries - 1);
+  }
+  state.SetItemsProcessed(state.iterations());
+  if (wrong != 0) state.SkipWithError("a read missed");
+}
+
 // ---------------------------------------------------------------------------
 // 5. Hit ratio: Zipf 0.9 + one-hit scans, capacity 1% of the key space
 // ---------------------------------------------------------------------------
@@ -971,6 +1070,14 @@ const char* name_of(hit_impl i) {
         ->Threads(2)
         ->UseRealTime()
         ->MinTime(0.3);
+  }
+  for (const auto impl : {hit_impl::lib, hit_impl::lib_free_clock, hit_impl::shared_mutex}) {
+    const std::string n = std::string("cache_hit_large/entries:1M/impl:") + name_of(impl);
+    benchmark::RegisterBenchmark(n.c_str(), [impl](benchmark::State& s) { bm_hit_large(s, impl); })
+        ->Threads(1)
+        ->Threads(2)
+        ->UseRealTime()
+        ->MinTime(0.5);
   }
   for (const bool lib : {true, false}) {
     const std::string n = std::string("cache_hit_ratio/impl:") + (lib ? "lib" : "lru");
