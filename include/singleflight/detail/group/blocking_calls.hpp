@@ -66,14 +66,6 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
     wake_batch wake;         // waiters this call claimed, to notify after unlocking
   };
 
-  // A blocked caller's stop: wake it. Runs on the thread that requested stop
-  // and touches only the waiter and its flight.
-  struct wake_on_stop {
-    blocking_waiter* w;
-    flight_base* f;
-    void operator()() const noexcept { w->stop(*f); }
-  };
-
   // An inline leader's stop: it cannot stop waiting (it is running fn), so it
   // leaves right here, which may stop the flight under the ownership policy.
   // The leader's thread destroys this callback before it stops counting as a

@@ -59,4 +59,14 @@ struct blocking_waiter : bounded_wait {
   }
 };
 
+// wake_on_stop: a blocked caller's stop callback: wakes it. Runs on the thread
+// that requested stop and touches only the waiter and its flight. Not a
+// member of the group (it needs nothing of the group's type), so
+// std::stop_callback<wake_on_stop> is compiled once for every group type.
+struct wake_on_stop {
+  blocking_waiter* w;
+  flight_base* f;
+  void operator()() const noexcept { w->stop(*f); }
+};
+
 }  // namespace singleflight::detail

@@ -58,7 +58,7 @@ class deadlines : public notifier<Key, T, Hash, KeyEqual> {
     if (delivery_stop_) return false;
     try {
       if (!delivery_.started()) {
-        delivery_ = owned_thread([this](owned_thread::home& h) { delivery_loop(h); });
+        delivery_ = owned_thread(&deadlines::delivery_entry, this);
       }
       delivery_q_.emplace_back(&s, std::move(batch));
     } catch (...) {
@@ -126,7 +126,7 @@ class deadlines : public notifier<Key, T, Hash, KeyEqual> {
   void ensure_timer() {
     std::lock_guard<std::mutex> lk(service_mu_);
     if (timer_.started() || timer_stopped_) return;
-    timer_ = owned_thread([this](owned_thread::home& h) { timer_loop(h); });
+    timer_ = owned_thread(&deadlines::timer_entry, this);
   }
 
   // ---- for lifecycle (join) -----------------------------------------------
@@ -154,6 +154,15 @@ class deadlines : public notifier<Key, T, Hash, KeyEqual> {
   }
 
  private:
+  // The threads' entries (owned_thread::loop_fn): the one piece of each thread's start that
+  // depends on the group's type.
+  static void timer_entry(void* self, owned_thread::home& h) {
+    static_cast<deadlines*>(self)->timer_loop(h);
+  }
+  static void delivery_entry(void* self, owned_thread::home& h) {
+    static_cast<deadlines*>(self)->delivery_loop(h);
+  }
+
   void timer_loop(owned_thread::home& self) {
     for (;;) {
       this->gate().scanning();

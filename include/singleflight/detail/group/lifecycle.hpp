@@ -121,7 +121,7 @@ class lifecycle : public deadlines<Key, T, Hash, KeyEqual> {
         ++it;
       }
     }
-    workers_.emplace_back([body = std::move(tk)](owned_thread::home&) mutable { body(); });
+    workers_.emplace_back(std::move(tk));
   }
 
  private:

@@ -29,6 +29,7 @@
 #include <thread>
 #include <utility>
 
+#include "../../task.hpp"
 #include "../library_thread.hpp"
 
 namespace singleflight::detail {
@@ -48,20 +49,18 @@ class owned_thread {
 
   owned_thread() noexcept = default;
 
-  // Starts `body(home&)` on a new thread. Throws std::system_error when no
-  // thread can be started (or bad_alloc), with nothing started.
-  template <class F>
-  explicit owned_thread(F body) : home_(std::make_shared<home>()) {
-    thread_ = std::thread([h = home_, body = std::move(body)]() mutable {
-      library_thread::mark();
-      struct finished {
-        home* h;
-        ~finished() { h->done.store(true, std::memory_order_release); }  // also on unwind
-      } mark{h.get()};
-      body(*h);
-    });
-    id_ = thread_.get_id();
-  }
+  // owned_thread(loop, owner): starts `loop(owner, home&)` on a new thread (the group's timer
+  // and delivery threads). owned_thread(tk): starts a thread that runs tk once (a
+  // thread_executor worker). Both throw std::system_error when no thread can be started (or
+  // bad_alloc), with nothing started; tk is then dropped.
+  //
+  // Neither is a template on the body: the thread's entry (its std::thread state) is compiled
+  // once for every group type, and a group type adds one plain function per loop.
+  using loop_fn = void (*)(void* owner, home& self);
+  owned_thread(loop_fn loop, void* owner)
+      : owned_thread(started_tag{}, [loop, owner](home& h) { loop(owner, h); }) {}
+  explicit owned_thread(task tk)
+      : owned_thread(started_tag{}, [body = std::move(tk)](home&) mutable { body(); }) {}
 
   owned_thread(owned_thread&&) noexcept = default;
   owned_thread& operator=(owned_thread&&) noexcept = default;
@@ -95,6 +94,20 @@ class owned_thread {
   }
 
  private:
+  struct started_tag {};
+  template <class F>
+  owned_thread(started_tag, F body) : home_(std::make_shared<home>()) {
+    thread_ = std::thread([h = home_, body = std::move(body)]() mutable {
+      library_thread::mark();
+      struct finished {
+        home* h;
+        ~finished() { h->done.store(true, std::memory_order_release); }  // also on unwind
+      } mark{h.get()};
+      body(*h);
+    });
+    id_ = thread_.get_id();
+  }
+
   std::shared_ptr<home> home_;
   std::thread thread_;
   std::thread::id id_;
