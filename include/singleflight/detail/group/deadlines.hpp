@@ -29,6 +29,7 @@
 #include <utility>
 
 #include "blocking_waiters.hpp"
+#include "flight_table.hpp"
 #include "hooks.hpp"
 #include "notification.hpp"
 #include "observers.hpp"
@@ -37,8 +38,8 @@
 namespace singleflight::detail {
 
 template <class Key, class T, class Hash, class KeyEqual>
-class deadlines : public notifier<Key, T, Hash, KeyEqual> {
-  using base = notifier<Key, T, Hash, KeyEqual>;
+class deadlines : public flight_table<Key, T, Hash, KeyEqual> {
+  using base = flight_table<Key, T, Hash, KeyEqual>;
 
  public:
   using typename base::kind;

@@ -24,17 +24,18 @@
 #include "../../options.hpp"
 #include "flight.hpp"
 #include "flight_pool.hpp"
+#include "notification.hpp"
 #include "shard_set.hpp"
 
 namespace singleflight::detail {
 
 template <class Key, class T, class Hash, class KeyEqual>
-class flight_table : public shard_set {
+class flight_table : public notifier {
  public:
   using flight_t = flight<Key, T>;
   using ref_t = flight_ref<flight_t>;
 
-  explicit flight_table(options opts) : shard_set(std::move(opts)) {}
+  explicit flight_table(options opts) : notifier(std::move(opts)) {}
 
   flight_table(const flight_table&) = delete;
   flight_table& operator=(const flight_table&) = delete;

@@ -1,6 +1,6 @@
 // singleflight/detail/group/notification.hpp -- internal; do not include directly.
 //
-// notifier<Key, T, Hash, KeyEqual>: the layer that hands claimed waiters
+// notifier: the layer that hands claimed waiters
 // their outcome once the shard's lock is released, and the part of "where
 // user code runs" that concerns notification loops:
 //   * notify() wakes a batch's blocked waiters (one broadcast per flight) and
@@ -23,18 +23,17 @@
 #include <thread>
 #include <utility>
 
-#include "flight_table.hpp"
+#include "../../options.hpp"
+#include "../../task.hpp"
 #include "frames.hpp"
+#include "shard_set.hpp"
 #include "wake_batch.hpp"
 
 namespace singleflight::detail {
 
-template <class Key, class T, class Hash, class KeyEqual>
-class notifier : public flight_table<Key, T, Hash, KeyEqual> {
-  using base = flight_table<Key, T, Hash, KeyEqual>;
-
+class notifier : public shard_set {
  public:
-  explicit notifier(options opts) : base(std::move(opts)) {}
+  explicit notifier(options opts) : shard_set(std::move(opts)) {}
 
   // notify(g, s, wake)
   //
