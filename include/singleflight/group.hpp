@@ -97,11 +97,13 @@
 // shards' locks at once: stats(), in_flight() and close() take each in turn.
 //
 // Where the parts live (include/singleflight/detail/, bottom layer first):
-//   flight_table.hpp    the identity-checked table, recycling, settle/finish
+//   shard_set.hpp       the identity-checked table's links, settle/finish
 //                       bookkeeping, the drain count, statistics (sharded);
 //   notification.hpp    notifying claimed waiters; notification loops;
 //   deadlines.hpp       the timer and delivery threads;
 //   lifecycle.hpp       close(), the drain, joining the group's threads;
+//   flight_table.hpp    Hash, KeyEqual, the lookup, recycling (the first layer
+//                       that is a template on Key and T: those below are not);
 //   execution.hpp       tasks, executors, running fn, completions;
 //   blocking_calls.hpp  do_, do_fresh, try_do;
 //   async_waiters.hpp   async_do (callbacks) and what co_do builds on;

@@ -1,6 +1,10 @@
 // singleflight/detail/group/deadlines.hpp -- internal; do not include directly.
 //
-// deadlines<Key, T, Hash, KeyEqual>: the group's timer and delivery threads.
+// deadlines: the group's timer and delivery threads. Not a template: nothing
+// here depends on the group's Key or T (it reaches flights and waiters through
+// flight_base and the shard set), so it is compiled once whatever the number
+// of group types. The timer is started by flight_table's constructor (once the
+// user's Hash and KeyEqual exist) or by ensure_timer().
 //   * The timer (started when options.timeout > 0) settles flights whose
 //     deadline passed, and times out async observers whose bound ran out, one
 //     shard at a time. It runs no callback and no resumption (one that
@@ -29,7 +33,6 @@
 #include <utility>
 
 #include "blocking_waiters.hpp"
-#include "flight_table.hpp"
 #include "hooks.hpp"
 #include "notification.hpp"
 #include "observers.hpp"
@@ -37,17 +40,15 @@
 
 namespace singleflight::detail {
 
-template <class Key, class T, class Hash, class KeyEqual>
-class deadlines : public flight_table<Key, T, Hash, KeyEqual> {
-  using base = flight_table<Key, T, Hash, KeyEqual>;
+class deadlines : public notifier {
+  using base = notifier;
 
  public:
-  using typename base::kind;
+  using kind = outcome_kind;
 
-  // Throws std::system_error when the timer is needed and cannot start.
-  explicit deadlines(options opts) : base(std::move(opts)) {
-    if (this->opts().timeout > std::chrono::nanoseconds::zero()) ensure_timer();
-  }
+  // Starts no thread: the timer is started by ensure_timer() (flight_table's constructor, once
+  // the user's Hash and KeyEqual are constructed, when options.timeout > 0).
+  explicit deadlines(options opts) : base(std::move(opts)) {}
 
  protected:
   // Hands a batch of async waiters of shard s to the delivery thread,

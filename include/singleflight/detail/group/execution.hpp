@@ -36,14 +36,15 @@
 #include "../fn_shapes.hpp"
 #include "../task_base.hpp"
 #include "../unwind.hpp"
+#include "flight_table.hpp"
 #include "hooks.hpp"
 #include "lifecycle.hpp"
 
 namespace singleflight::detail {
 
 template <class Key, class T, class Hash, class KeyEqual>
-class execution : public lifecycle<Key, T, Hash, KeyEqual> {
-  using base = lifecycle<Key, T, Hash, KeyEqual>;
+class execution : public flight_table<Key, T, Hash, KeyEqual> {
+  using base = flight_table<Key, T, Hash, KeyEqual>;
 
  public:
   using typename base::flight_t;

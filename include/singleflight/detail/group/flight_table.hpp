@@ -1,15 +1,19 @@
 // singleflight/detail/group/flight_table.hpp -- internal; do not include directly.
 //
 // flight_table<Key, T, Hash, KeyEqual>: the key's side of the group's table,
-// on top of shard_set (shard_set.hpp: the shards, the links, the
-// bookkeeping, none of which depends on Key or T):
+// and the first rung of the group that is a template. Below it, none of which
+// depends on Key or T: shard_set (shard_set.hpp: the shards, the links, the
+// bookkeeping), notifier (notification.hpp), deadlines (the timer and delivery
+// threads) and lifecycle (close, the drain, the joins). Here:
 //   * the user's Hash and KeyEqual, and the lookup of a key (the flight
 //     carries its key and is its own node);
 //   * making a flight the entry for a key (its key assigned into the storage
 //     a recycled flight kept);
 //   * recycling: finished flights, with their key's storage, kept by the
 //     thread that finished them (flight_pool.hpp);
-//   * a new flight's start, reported to options.tracer with its key.
+//   * a new flight's start, reported to options.tracer with its key;
+//   * the timer's start when options.timeout > 0 (in the constructor: after
+//     Hash and KeyEqual are constructed, as when deadlines was above this rung).
 //
 // Locking: as shard_set: each shard's mutex guards it and its flights; code
 // here runs with that lock held unless a comment says otherwise. User code
@@ -17,6 +21,7 @@
 // or assignment (a new entry).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <type_traits>
 #include <utility>
@@ -24,18 +29,23 @@
 #include "../../options.hpp"
 #include "flight.hpp"
 #include "flight_pool.hpp"
-#include "notification.hpp"
+#include "lifecycle.hpp"
 #include "shard_set.hpp"
 
 namespace singleflight::detail {
 
 template <class Key, class T, class Hash, class KeyEqual>
-class flight_table : public notifier {
+class flight_table : public lifecycle {
  public:
   using flight_t = flight<Key, T>;
   using ref_t = flight_ref<flight_t>;
 
-  explicit flight_table(options opts) : notifier(std::move(opts)) {}
+  // Throws std::system_error when options.timeout > 0 and the timer cannot start. The timer
+  // starts here, once the user's Hash and KeyEqual are constructed (a throwing one leaves no
+  // thread behind), and before any rung above this one is.
+  explicit flight_table(options opts) : lifecycle(std::move(opts)) {
+    if (this->opts().timeout > std::chrono::nanoseconds::zero()) this->ensure_timer();
+  }
 
   flight_table(const flight_table&) = delete;
   flight_table& operator=(const flight_table&) = delete;

@@ -1,6 +1,6 @@
 // singleflight/detail/group/lifecycle.hpp -- internal; do not include directly.
 //
-// lifecycle<Key, T, Hash, KeyEqual>: close() and the drain. close() marks
+// lifecycle: close() and the drain (not a template, as deadlines.hpp). close() marks
 // every shard closed, one at a time (each shard rejects new calls from its
 // marking on), then settles every unsettled flight with closed_error, stops
 // their tokens, notifies, and waits until each shard's drain count (`users`:
@@ -39,12 +39,11 @@
 
 namespace singleflight::detail {
 
-template <class Key, class T, class Hash, class KeyEqual>
-class lifecycle : public deadlines<Key, T, Hash, KeyEqual> {
-  using base = deadlines<Key, T, Hash, KeyEqual>;
+class lifecycle : public deadlines {
+  using base = deadlines;
 
  public:
-  using typename base::kind;
+  using kind = outcome_kind;
 
   explicit lifecycle(options opts) : base(std::move(opts)) {}
 
