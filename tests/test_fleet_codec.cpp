@@ -360,14 +360,33 @@ TEST_CASE("metrics::fleet_metrics exports every fleet_stats field once, under it
           "[fleet][metrics]") {
   sf::fleet_stats s;
   std::uint64_t v = 100;
-  for (std::uint64_t* f :
-       {&s.gets, &s.hits, &s.leader, &s.follower_woken, &s.late_hit, &s.local_fallback,
-        &s.lease_lost, &s.fence_rejections, &s.invalidated_stores, &s.decode_failures,
-        &s.redis_errors, &s.remote_failures, &s.origin_calls, &s.breaker_opens, &s.oversized_values,
-        &s.oversized_skipped, &s.publish_failures, &s.replica_timeouts}) {
+  for (std::uint64_t* f : {&s.gets,
+                           &s.hits,
+                           &s.leader,
+                           &s.follower_woken,
+                           &s.late_hit,
+                           &s.local_fallback,
+                           &s.lease_lost,
+                           &s.fence_rejections,
+                           &s.invalidated_stores,
+                           &s.decode_failures,
+                           &s.redis_errors,
+                           &s.remote_failures,
+                           &s.origin_calls,
+                           &s.breaker_opens,
+                           &s.oversized_values,
+                           &s.oversized_skipped,
+                           &s.publish_failures,
+                           &s.replica_timeouts,
+                           &s.failover_waits,
+                           &s.failover_expired,
+                           &s.failover_no_replica,
+                           &s.local_not_run,
+                           &s.local_unshared,
+                           &s.local_max_wait}) {
     *f = ++v;
   }
-  static_assert(sizeof(sf::fleet_stats) == 18 * sizeof(std::uint64_t),
+  static_assert(sizeof(sf::fleet_stats) == 24 * sizeof(std::uint64_t),
                 "a new fleet_stats field needs a line in metrics::fleet_metrics");
   std::set<std::string_view> names;
   std::set<double> values;
@@ -379,7 +398,7 @@ TEST_CASE("metrics::fleet_metrics exports every fleet_stats field once, under it
     values.insert(d.read(s));
   }
   CHECK(names.size() == sf::metrics::fleet_metrics.size());
-  CHECK(values.size() == 18);  // every field read, none twice
+  CHECK(values.size() == 24);  // every field read, none twice
   CHECK(*values.begin() == 101);
-  CHECK(*values.rbegin() == 118);
+  CHECK(*values.rbegin() == 124);
 }

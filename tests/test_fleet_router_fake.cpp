@@ -279,6 +279,11 @@ TEST_CASE("CLUSTERDOWN loads locally and leaves the breaker closed", "[router_fa
   CHECK(o.calls == 3);
   CHECK(s.origin_calls == 3);
   CHECK(s.local_fallback == 3);
+  CHECK(s.local_not_run == 3);  // counted as the cluster's refusal, nothing else
+  CHECK(s.failover_no_replica == 0);
+  CHECK(s.failover_expired == 0);
+  CHECK(s.local_unshared == 0);
+  CHECK(s.local_max_wait == 0);
   CHECK(s.redis_errors == 0);
   CHECK(s.breaker_opens == 0);
   CHECK(f.healthy());
@@ -300,6 +305,7 @@ TEST_CASE("TRYAGAIN forever loads locally once redis_timeout has passed", "[rout
   const auto s = f.stats();
   CHECK(org.calls == 1);
   CHECK(s.local_fallback == 1);
+  CHECK(s.local_not_run == 1);
   CHECK(s.redis_errors == 0);
   CHECK(s.breaker_opens == 0);
   CHECK(f.healthy());
@@ -393,4 +399,157 @@ TEST_CASE("a pooled connection closed before any byte of the reply: sent once mo
   REQUIRE(conns.size() == 3);
   CHECK(conns[0] == conns[1]);  // pooled
   CHECK(conns[2] != conns[1]);  // fresh
+}
+
+// ---- the failover wait (fleet_options::failover_wait) and CLUSTER NODES --------------------
+
+namespace {
+
+// One line of CLUSTER NODES (redis-server 7.0's format) for node `n`.
+std::string nodes_line(const fake& n, const std::string& id, const std::string& flags,
+                       const std::string& master, const std::string& link,
+                       const std::string& slots = "") {
+  return id + " " + n.address() + "@1" + std::to_string(n.port() % 10000) + " " + flags + " " +
+         master + " 0 0 1 " + link + (slots.empty() ? "" : " " + slots) + "\n";
+}
+
+const std::string id_a(40, 'a');
+const std::string id_b(40, 'b');
+const std::string id_c(40, 'c');
+
+// Whether a command is CLUSTER <sub>.
+fake::match cluster_cmd(std::string sub) {
+  return [sub](const fake::argv& v) { return v.size() >= 2 && v[0] == "CLUSTER" && v[1] == sub; };
+}
+
+}  // namespace
+
+TEST_CASE("a master's replica that only its own CLUSTER NODES lists yet: the flight waits for it",
+          "[router_fake][failover]") {
+  // The key's master b stops answering. Its replica c just came back (a master restarted after
+  // its own failover, now b's replica): the seed a's view still has c as a failed master, the
+  // slot map lists no replica, and only c's own CLUSTER NODES says "myself,slave <b>". Then c
+  // is promoted (a's map names it).
+  fake a;
+  fake b;
+  fake c;
+  const std::string key = "rejoined";
+  a.always("GETRANGE", redirect("MOVED", key, b));
+  const auto map_b = fake::array({fake::slot_range(0, 16383, "127.0.0.1", b.port())});
+  const auto map_c = fake::array({fake::slot_range(0, 16383, "127.0.0.1", c.port())});
+  // Two reads before the promotion (the MOVED's, the failover wait's first), then c owns it.
+  a.on_if(cluster_cmd("SLOTS"), {map_b, map_b, map_c}, true);
+  a.on_if(cluster_cmd("NODES"),
+          {fake::bulk(nodes_line(a, id_a, "myself,master", "-", "connected") +
+                      nodes_line(b, id_b, "master", "-", "connected", "0-16383") +
+                      nodes_line(c, id_c, "master,fail", "-", "disconnected"))},
+          true);
+  b.always("GETRANGE", fake::cut());  // b died: every connection closed
+  c.on_if(cluster_cmd("NODES"),
+          {fake::bulk(nodes_line(c, id_c, "myself,slave", id_b, "connected") +
+                      nodes_line(a, id_a, "master", "-", "connected") +
+                      nodes_line(b, id_b, "master,fail?", "-", "disconnected", "0-16383"))},
+          true);
+  c.always("GETRANGE", record("on-c"));
+  sf::fleet_options o = opts(a);
+  o.failover_wait = 20s;  // a bound, never reached: the promotion is seen within 2 map reads
+  fleet_t f(o);
+  origin org;
+
+  CHECK(f.get(key, org.loader("local")) == "on-c");
+  const auto s = f.stats();
+  CHECK(org.calls == 0);  // was 1: a's view alone said "no replica", a local load at once
+  CHECK(s.local_fallback == 0);
+  CHECK(s.failover_no_replica == 0);
+  CHECK(s.failover_waits == 1);
+  CHECK(s.failover_expired == 0);
+  CHECK(s.hits == 1);
+  CHECK(a.commands("GETRANGE") == 1);
+  CHECK(c.commands("GETRANGE") == 1);
+}
+
+TEST_CASE("failover counters: no replica listed anywhere, and an outage past failover_wait",
+          "[router_fake][failover]") {
+  fake a;
+  fake b;
+  fake c;
+  const std::string key = "no-replica";
+  a.always("GETRANGE", redirect("MOVED", key, b));
+  a.on_if(cluster_cmd("SLOTS"), {fake::array({fake::slot_range(0, 16383, "127.0.0.1", b.port())})},
+          true);
+  b.always("GETRANGE", fake::cut());
+  sf::fleet_options o = opts(a);
+  SECTION("no node lists a replica of b: a local load at once, counted as such") {
+    const std::string nodes = nodes_line(a, id_a, "myself,master", "-", "connected") +
+                              nodes_line(b, id_b, "master", "-", "connected", "0-16383") +
+                              nodes_line(c, id_c, "master", "-", "connected");
+    a.on_if(cluster_cmd("NODES"), {fake::bulk(nodes)}, true);
+    c.on_if(cluster_cmd("NODES"), {fake::bulk(nodes)}, true);
+    o.failover_wait = 20s;
+    fleet_t f(o);
+    origin org;
+    CHECK(f.get(key, org.loader("local")) == "local");
+    const auto s = f.stats();
+    CHECK(org.calls == 1);
+    CHECK(s.local_fallback == 1);
+    CHECK(s.failover_no_replica == 1);
+    CHECK(s.failover_waits == 0);
+    CHECK(s.failover_expired == 0);
+    CHECK(s.local_not_run == 0);
+    CHECK(c.commands("CLUSTER") == 1);  // the node a's answer named was asked too
+  }
+  SECTION("a replica listed, never promoted: the wait ends at failover_wait, counted") {
+    a.on_if(cluster_cmd("NODES"),
+            {fake::bulk(nodes_line(a, id_a, "myself,master", "-", "connected") +
+                        nodes_line(b, id_b, "master", "-", "connected", "0-16383") +
+                        nodes_line(c, id_c, "slave", id_b, "connected"))},
+            true);
+    o.failover_wait = 120ms;
+    fleet_t f(o);
+    origin org;
+    CHECK(f.get(key, org.loader("local")) == "local");
+    const auto s = f.stats();
+    CHECK(org.calls == 1);
+    CHECK(s.local_fallback == 1);
+    CHECK(s.failover_waits == 1);
+    CHECK(s.failover_expired == 1);
+    CHECK(s.failover_no_replica == 0);
+  }
+}
+
+TEST_CASE("a node every view has failed, without slots, that does not answer: a possible replica",
+          "[router_fake][failover]") {
+  // As above, but no answer lists c at all: a (and b's last view) still has c as a failed,
+  // unlinked master without slots, and c itself does not answer CLUSTER NODES yet (a replica
+  // restarted moments ago, loading). Its role is unknown: the flight waits, and c is promoted.
+  fake a;
+  fake b;
+  fake c;
+  const std::string key = "rejoining";
+  a.always("GETRANGE", redirect("MOVED", key, b));
+  const auto map_b = fake::array({fake::slot_range(0, 16383, "127.0.0.1", b.port())});
+  const auto map_c = fake::array({fake::slot_range(0, 16383, "127.0.0.1", c.port())});
+  a.on_if(cluster_cmd("SLOTS"), {map_b, map_b, map_c}, true);
+  a.on_if(cluster_cmd("NODES"),
+          {fake::bulk(nodes_line(a, id_a, "myself,master", "-", "connected") +
+                      nodes_line(b, id_b, "master", "-", "connected", "0-16383") +
+                      nodes_line(c, id_c, "master,fail", "-", "disconnected"))},
+          true);
+  b.always("GETRANGE", fake::cut());
+  c.on_if(cluster_cmd("NODES"), {fake::error("LOADING Redis is loading the dataset in memory")},
+          true);
+  c.always("GETRANGE", record("on-c"));
+  sf::fleet_options o = opts(a);
+  o.failover_wait = 20s;
+  fleet_t f(o);
+  origin org;
+
+  CHECK(f.get(key, org.loader("local")) == "on-c");
+  const auto s = f.stats();
+  CHECK(org.calls == 0);
+  CHECK(s.local_fallback == 0);
+  CHECK(s.failover_no_replica == 0);
+  CHECK(s.failover_waits == 1);
+  CHECK(c.commands("CLUSTER") == 1);
+  CHECK(c.commands("GETRANGE") == 1);
 }

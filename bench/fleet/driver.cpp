@@ -40,7 +40,9 @@
 //      version from a counter every worker shares, so the record names its load), whether every
 //      caller ends on the stored record, and the time to coalesce again (probe rounds on fresh
 //      keys of the same slot, back to back from the event's start: when the last one that
-//      did not coalesce ended).
+//      did not coalesce ended). On stderr, per trial; for a trial over 2 calls or with a local
+//      load, the workers' fleet_stats over it (leader, local_fallback and its reasons, the
+//      failover waits) and the hot key's calls by process.
 // Origin calls are counted on a pipe the loader writes to (fd 3 in every worker).
 #include <singleflight/fleet.hpp>
 
@@ -245,15 +247,18 @@ int worker_main(const std::map<std::string, std::string>& a) {
       }
       std::string why = h_first_error.substr(0, 80);
       std::replace(why.begin(), why.end(), ' ', '_');
-      char line[512];
+      char line[768];
+      const auto u = [](std::uint64_t v) { return static_cast<unsigned long long>(v); };
       std::snprintf(
           line, sizeof line,
           "hammered ok=%ld err=%ld last_min=%lld last_max=%lld max_ms=%.1f fence_rejections=%llu "
-          "redis_errors=%llu local_fallback=%llu error=%s\n",
+          "redis_errors=%llu local_fallback=%llu leader=%llu failover_waits=%llu "
+          "failover_expired=%llu failover_no_replica=%llu local_not_run=%llu "
+          "local_unshared=%llu local_max_wait=%llu error=%s\n",
           h_ok.load(), h_err.load(), last_min, last_max, h_max_us.load() / 1000.0,
-          static_cast<unsigned long long>(s.fence_rejections),
-          static_cast<unsigned long long>(s.redis_errors),
-          static_cast<unsigned long long>(s.local_fallback), why.empty() ? "-" : why.c_str());
+          u(s.fence_rejections), u(s.redis_errors), u(s.local_fallback), u(s.leader),
+          u(s.failover_waits), u(s.failover_expired), u(s.failover_no_replica), u(s.local_not_run),
+          u(s.local_unshared), u(s.local_max_wait), why.empty() ? "-" : why.c_str());
       write_all(1, line);
       continue;
     }
@@ -1722,7 +1727,16 @@ struct trial_result {
   double coalesced_ms = 0;  // the last probe that did not coalesce ended (0: every one did)
   double max_ms = 0;        // the hot key callers' worst latency
   std::string error;        // the first error a caller saw
+  long local_loads = 0;     // the workers' local_fallback (hot key and probes)
+  std::string why;          // the workers' counters over the trial (hot key and probes): where
+                            // its origin calls came from
 };
+
+// The fleet_stats counters a trial's "hammered" lines report, summed over the workers as
+// deltas: why a trial cost more origin calls than a leader before and one after the event.
+constexpr const char* trial_counters[] = {
+    "leader",        "local_fallback", "failover_waits", "failover_expired", "failover_no_replica",
+    "local_not_run", "local_unshared", "local_max_wait", "redis_errors"};
 
 // Waits (bounded) until `pred`; false on the deadline.
 template <class Pred>
@@ -1790,10 +1804,14 @@ trial_result cluster_trial(cluster& c, workers& w, const std::string& prefix, cl
   const std::string name = sf::detail::fleet_names::of(prefix, key).value;
   const std::size_t slot = sf::detail::cluster_slot(name);
   std::map<pid_t, long> rejections_before;
+  std::map<pid_t, std::map<std::string, long>> counters_before;
+  const auto field = [](const std::map<std::string, std::string>& l, const std::string& f) {
+    return l.count(f) != 0 ? std::stol(l.at(f)) : 0L;
+  };
   for (auto& p : w.procs()) {
     const auto l = w.last_of(p, "hammered ");
-    rejections_before[p.pid] =
-        l.count("fence_rejections") != 0 ? std::stol(l.at("fence_rejections")) : 0;
+    rejections_before[p.pid] = field(l, "fence_rejections");
+    for (const char* f : trial_counters) counters_before[p.pid][f] = field(l, f);
   }
   const std::size_t hammered_before = w.count_of("hammered ");
   trial_result out;
@@ -1857,6 +1875,23 @@ trial_result cluster_trial(cluster& c, workers& w, const std::string& prefix, cl
     if (out.error.empty() && l.at("error") != "-") out.error = l.at("error");
   }
   out.calls = w.calls_of(key);
+  {
+    std::map<std::string, long> sum;
+    for (auto& p : w.procs()) {
+      const auto l = w.last_of(p, "hammered ");
+      for (const char* f : trial_counters) sum[f] += field(l, f) - counters_before[p.pid][f];
+    }
+    for (const char* f : trial_counters) {
+      out.why += std::string(f) + "=" + std::to_string(sum[f]) + " ";
+    }
+    out.local_loads = sum["local_fallback"];
+    std::map<pid_t, int> by_pid;  // the hot key's origin calls, by process
+    for (const auto& o : w.calls()) {
+      if (o.key == key) by_pid[o.pid] += 1;
+    }
+    out.why += "hot key calls by process:";
+    for (const auto& [pid, k] : by_pid) out.why += " " + std::to_string(k);
+  }
   out.stale = seen.went_back + (seen.final_fence < seen.max_fence ? 1 : 0);
   if (seen.final_fence == 0) out.error += " (no final record)";
   // The cluster restored for the next trial: a killed master back as a replica, in sync.
@@ -1925,6 +1960,10 @@ void cluster_trials(cluster& c, int trials, const std::string& only) {
           "%ld, event %.0f ms, coalesced again %.0f ms, max %.0f ms %s\n",
           name, i, r.calls, r.errors, r.fence_rejections, r.stale, r.diverged ? 1L : 0L, r.event_ms,
           r.coalesced_ms, r.max_ms, r.error.c_str());
+      if (r.calls > 2 || r.local_loads > 0) {
+        std::fprintf(stderr, "    %s: %s\n", r.calls > 2 ? "over 2 calls" : "local loads",
+                     r.why.c_str());
+      }
     }
     double calls = 0;
     std::size_t calls_max = 0;

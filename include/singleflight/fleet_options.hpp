@@ -194,6 +194,20 @@ struct fleet_stats {
                                          // without channel rights): followers wait wait_slice
   std::uint64_t replica_timeouts = 0;    // invalidations and stores fewer than `replicas`
                                          // replicas acknowledged within replica_timeout
+  // Redis Cluster: why flights loaded locally (each also counts in local_fallback), and the
+  // failover waits (fleet_options::failover_wait).
+  std::uint64_t failover_waits = 0;       // flights that waited for a master's replica to
+                                          // take over (once per wait)
+  std::uint64_t failover_expired = 0;     // ... that then loaded locally: the master's outage
+                                          // had lasted failover_wait
+  std::uint64_t failover_no_replica = 0;  // flights whose master stopped answering and that
+                                          // loaded locally: no replica known to take over
+  std::uint64_t local_not_run = 0;        // loads after the cluster did not run a command
+                                          // (TRYAGAIN past redis_timeout, CLUSTERDOWN, a slot
+                                          // that moved twice)
+  std::uint64_t local_unshared = 0;       // loads after the leader's value could not be stored
+                                          // (its message "n"), any server
+  std::uint64_t local_max_wait = 0;       // loads after max_wait passed, any server
 };
 
 // remote_load_error
@@ -269,6 +283,23 @@ inline constexpr std::array fleet_metrics{
     counter<&fleet_stats::replica_timeouts>(
         "singleflight_fleet_replica_timeouts_total",
         "Invalidations and stores fewer replicas than configured acknowledged in time"),
+    counter<&fleet_stats::failover_waits>(
+        "singleflight_fleet_failover_waits_total",
+        "Flights that waited for a failed master's replica to take over (Redis Cluster)"),
+    counter<&fleet_stats::failover_expired>(
+        "singleflight_fleet_failover_expired_total",
+        "Failover waits that ended in a local load: the outage outlasted failover_wait"),
+    counter<&fleet_stats::failover_no_replica>(
+        "singleflight_fleet_failover_no_replica_total",
+        "Local loads for a failed master without a known replica (Redis Cluster)"),
+    counter<&fleet_stats::local_not_run>(
+        "singleflight_fleet_local_not_run_total",
+        "Local loads after the cluster did not run a command (TRYAGAIN, CLUSTERDOWN)"),
+    counter<&fleet_stats::local_unshared>(
+        "singleflight_fleet_local_unshared_total",
+        "Local loads after the leader's value could not be stored"),
+    counter<&fleet_stats::local_max_wait>("singleflight_fleet_local_max_wait_total",
+                                          "Local loads after max_wait passed"),
 };
 
 }  // namespace metrics

@@ -141,6 +141,12 @@ struct fleet_counters {
   std::atomic<std::uint64_t> oversized_skipped{0};
   std::atomic<std::uint64_t> publish_failures{0};
   std::atomic<std::uint64_t> replica_timeouts{0};
+  std::atomic<std::uint64_t> failover_waits{0};
+  std::atomic<std::uint64_t> failover_expired{0};
+  std::atomic<std::uint64_t> failover_no_replica{0};
+  std::atomic<std::uint64_t> local_not_run{0};
+  std::atomic<std::uint64_t> local_unshared{0};
+  std::atomic<std::uint64_t> local_max_wait{0};
 
   static void bump(std::atomic<std::uint64_t>& c) noexcept {
     // Relaxed: a counter orders nothing; readers want its value, not what
@@ -288,6 +294,12 @@ class fleet_engine {
     s.oversized_skipped = get(counters.oversized_skipped);
     s.publish_failures = get(counters.publish_failures);
     s.replica_timeouts = get(counters.replica_timeouts);
+    s.failover_waits = get(counters.failover_waits);
+    s.failover_expired = get(counters.failover_expired);
+    s.failover_no_replica = get(counters.failover_no_replica);
+    s.local_not_run = get(counters.local_not_run);
+    s.local_unshared = get(counters.local_unshared);
+    s.local_max_wait = get(counters.local_max_wait);
     return s;
   }
 

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <exception>
@@ -204,7 +205,7 @@ class fleet_flight {
         }
       }
       if (st_.stop_requested()) throw cancelled_error();
-      if (clock::now() >= give_up) return load_locally();
+      if (clock::now() >= give_up) return load_locally(&n.local_max_wait);
 
       e_.at(fleet_point::waiting, text_);
       const auto until = std::min(clock::now() + e_.cfg.wait_slice, give_up);
@@ -219,7 +220,7 @@ class fleet_flight {
           // The leader has a value it could not store (over max_value_bytes, a
           // store Redis refused, an encode that threw): racing again would make
           // the followers load one after another; each loads now, at once.
-          if (message == "n") return load_locally();
+          if (message == "n") return load_locally(&n.local_unshared);
           woken = message == "v";
           break;
         case fleet_subscriber::event::moved:
@@ -242,7 +243,7 @@ class fleet_flight {
           woken = false;
           break;
       }
-      if (clock::now() >= give_up) return load_locally();
+      if (clock::now() >= give_up) return load_locally(&n.local_max_wait);
       read_value = true;
     }
   }
@@ -261,6 +262,7 @@ class fleet_flight {
   bool round_trip(Step&& step) {
     sent_ = false;
     down_ = false;
+    not_run_ = false;
     try {
       if (!conn_) conn_.emplace(node_->pool.acquire());
       sent_ = true;  // from here the command may reach the server, whatever happens next
@@ -276,6 +278,7 @@ class fleet_flight {
       conn_.reset();
       if (f.redirected()) {
         sent_ = false;  // a redirect: the command did not run
+        not_run_ = true;
         return false;
       }
       fleet_counters::bump(e_.counters.redis_errors);
@@ -304,7 +307,11 @@ class fleet_flight {
   // flight's token stops (every caller left or timed out), closed_error when the fleet closes.
   // Sleeps between map reads; holds no lock and no connection.
   bool await_failover() {
-    if (!down_ || !e_.router.cluster()) return false;
+    auto& n = e_.counters;
+    if (!down_ || !e_.router.cluster()) {
+      if (not_run_) fleet_counters::bump(n.local_not_run);
+      return false;
+    }
     redis_node* const down = node_;
     conn_.reset();
     const clock::rep since = down->down_since.load(std::memory_order_relaxed);
@@ -317,6 +324,7 @@ class fleet_flight {
     // Between map reads: short enough that a promotion is seen about when a map read may show
     // it (refresh_every, shared by every flight of the fleet), long enough not to spin.
     constexpr auto poll = redis_router::refresh_every / 4;
+    bool waited = false;
     for (;;) {
       if (st_.stop_requested()) throw cancelled_error();
       if (down->pool.closed()) throw closed_error();
@@ -330,10 +338,18 @@ class fleet_flight {
       // once per outage): without one, nobody will take over.
       if (!(e_.router.map_read_at() >= since && down->replicated.load(std::memory_order_relaxed)) &&
           !e_.router.replica_listed(*down)) {
+        fleet_counters::bump(n.failover_no_replica);
         return false;
       }
       const auto now = clock::now();
-      if (now >= until) return false;
+      if (now >= until) {
+        fleet_counters::bump(n.failover_expired);
+        return false;
+      }
+      if (!waited) {
+        waited = true;
+        fleet_counters::bump(n.failover_waits);
+      }
       std::this_thread::sleep_for(std::min<clock::duration>(poll, until - now));
       // The master itself may be back (a restart faster than the cluster's node timeout): asked
       // again when its breaker allows (at once while it is closed, once per cooldown open).
@@ -517,7 +533,10 @@ class fleet_flight {
     publish(token, fence, gen, rec, e_.cfg.error_ttl, message);
   }
 
-  void load_locally() {
+  // load_locally(why): the loader, here, without the lease; `why` (if any) is the reason's
+  // counter, besides local_fallback (await_failover() counts its own).
+  void load_locally(std::atomic<std::uint64_t>* why = nullptr) {
+    if (why != nullptr) fleet_counters::bump(*why);
     fleet_counters::bump(e_.counters.local_fallback);
     fleet_counters::bump(e_.counters.origin_calls);
     v_.load(st_);
@@ -571,6 +590,7 @@ class fleet_flight {
   std::optional<pooled> conn_;  // the flight's command connection, between round trips
   bool sent_ = false;           // the last failed round trip had a connection to send on
   bool down_ = false;           // ... and node_ did not answer it (a failure of the node)
+  bool not_run_ = false;        // ... or the cluster did not run it (a redirect not followed)
 };
 
 }  // namespace singleflight::detail

@@ -61,6 +61,7 @@
 // them).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -465,12 +466,21 @@ class redis_router {
     return false;
   }
 
-  // replica_listed(down): whether CLUSTER NODES, asked of the first other known node that
-  // answers, lists a replica of `down` (a master, found by its address) not marked failed. The
-  // slot map alone cannot tell: CLUSTER SLOTS leaves out a replica whose replication offset the
-  // node asked has not heard of (a fresh cluster, a replica that just synced). Once per outage
-  // of `down` (redis_node::down_since): later callers get the answer it stored. False when no
-  // node answers. One round trip; never throws. Thread-safe.
+  // replica_listed(down): whether CLUSTER NODES lists a replica of `down` (a master, found by
+  // its address) not marked failed, in the answer of any node asked: every other known node in
+  // turn, then the nodes those answers name that the router did not know (learnt, node_at),
+  // until one lists a replica, at most max_asked nodes. Not the first answer alone: a node's
+  // view of the others can lag by a second or more, and a master that just came back as a
+  // replica (restarted after its own failover) is still "master,fail" in the views of the nodes
+  // it has not reached yet; its own view lists it ("myself,slave <master id>"). The slot map
+  // alone cannot tell either: CLUSTER SLOTS leaves out a replica whose replication offset the
+  // node asked has not heard of (a fresh cluster, a replica that just synced). Also true when a
+  // node the answers name as failed or unlinked, owning no slot, does not answer itself (an
+  // error, a timeout, refused): such a node may be that rejoining replica, still syncing; a
+  // master that has no replica costs a wait then (at most failover_wait), not a wrong local
+  // load. Once per outage of `down` (redis_node::down_since): later callers get the answer it
+  // stored. False when no node answers. One round trip per node asked; never throws.
+  // Thread-safe.
   bool replica_listed(redis_node& down) noexcept {
     const clock::rep since = down.down_since.load(std::memory_order_relaxed);
     if (since != 0 && down.replica_asked_at.load(std::memory_order_relaxed) >= since) {
@@ -485,21 +495,87 @@ class redis_router {
           if (n.get() != &down) ask.push_back(n.get());
         }
       }
-      for (redis_node* n : ask) {
+      std::vector<redis_node*> unsure;  // named failed or unlinked, without slots: may be one
+      std::vector<redis_node*> silent;  // asked, gave no answer
+      for (std::size_t i = 0; i < ask.size() && i < max_asked && !listed; ++i) {
         try {
-          pooled c = n->pool.acquire();
+          pooled c = ask[i]->pool.acquire();
           const redis_reply r = c->command({"CLUSTER", "NODES"});
-          if (is_error(r.get()) || !is_string(r.get())) continue;
-          listed = lists_replica(text_of(r.get()), down.ep.host, down.ep.port);
-          break;
+          if (is_error(r.get()) || !is_string(r.get())) {
+            silent.push_back(ask[i]);
+            continue;
+          }
+          const std::string_view text = text_of(r.get());
+          listed = lists_replica(text, down.ep.host, down.ep.port);
+          each_address(text, [&](std::string_view host, int port, bool unknown_role) {
+            if (host.empty() || port <= 0 || (host == down.ep.host && port == down.ep.port)) {
+              return;
+            }
+            redis_node& n = node_at(std::string(host), port);
+            if (std::find(ask.begin(), ask.end(), &n) == ask.end()) ask.push_back(&n);
+            if (unknown_role) unsure.push_back(&n);
+          });
         } catch (...) {  // NOLINT(bugprone-empty-catch): this node failed: ask the next
+          silent.push_back(ask[i]);
         }
       }
-    } catch (...) {  // NOLINT(bugprone-empty-catch): out of memory: no replica known
+      // A node that others see failed or unlinked, owning no slot, and that did not answer
+      // itself: a master restarted after its own failover rejoins as a replica, and until the
+      // others hear from it (a second or more) only its own view says whose.
+      for (redis_node* n : silent) {
+        listed = listed || std::find(unsure.begin(), unsure.end(), n) != unsure.end();
+      }
+    } catch (...) {  // NOLINT(bugprone-empty-catch): out of memory: as far as known
     }
     down.replica_listed.store(listed, std::memory_order_relaxed);
     down.replica_asked_at.store(clock::now().time_since_epoch().count(), std::memory_order_relaxed);
     return listed;
+  }
+
+  // The most nodes replica_listed() asks in one outage.
+  static constexpr std::size_t max_asked = 16;
+
+  // each_address(nodes, f): f(host, port, unknown_role) for each node CLUSTER NODES' text lists
+  // ("id ip:port@cport flags master-id ping pong epoch link slots..."; host empty for a node
+  // without a known address); unknown_role: flagged "fail" or "fail?", or its link
+  // "disconnected", and it owns no slot (whose replica it is may have changed unseen).
+  template <class F>
+  static void each_address(std::string_view nodes, F&& f) {
+    while (!nodes.empty()) {
+      const std::size_t nl = nodes.find('\n');
+      const std::string_view line = nodes.substr(0, nl);
+      nodes.remove_prefix(nl == std::string_view::npos ? nodes.size() : nl + 1);
+      std::string_view fields[9];  // the first 8, and the first slot range (if any)
+      std::string_view rest = line;
+      for (auto& field : fields) {
+        const std::size_t sp = rest.find(' ');
+        field = rest.substr(0, sp);
+        rest.remove_prefix(sp == std::string_view::npos ? rest.size() : sp + 1);
+      }
+      std::string_view addr = fields[1].substr(0, fields[1].find('@'));
+      const std::size_t colon = addr.rfind(':');
+      if (colon == std::string_view::npos) continue;
+      int port = 0;
+      const std::string_view digits = addr.substr(colon + 1);
+      if (digits.empty() || digits.size() > 5) continue;
+      for (const char ch : digits) {
+        if (ch < '0' || ch > '9') {
+          port = 0;
+          break;
+        }
+        port = port * 10 + (ch - '0');
+      }
+      if (port > 65535) continue;
+      bool failed = false;
+      for (std::string_view flags = fields[2]; !flags.empty();) {
+        const std::size_t comma = flags.find(',');
+        const std::string_view flag = flags.substr(0, comma);
+        failed = failed || flag == "fail" || flag == "fail?";
+        flags.remove_prefix(comma == std::string_view::npos ? flags.size() : comma + 1);
+      }
+      const bool unknown_role = fields[8].empty() && (failed || fields[7] == "disconnected");
+      f(addr.substr(0, colon), port, unknown_role);
+    }
   }
 
   // lists_replica(nodes, host, port): CLUSTER NODES' text (a line per node: "id ip:port@cport
