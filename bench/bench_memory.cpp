@@ -13,7 +13,7 @@
 // glibc chunk, rounded up to 16 bytes with its 8-byte header), its value's box if it has one
 // (std::shared_ptr<const T>'s control block and T, likewise rounded; none for uint64_t, which
 // the node holds: detail::value_in_node), its share of the bucket arrays (one pointer per
-// bucket, between a half and one bucket per node: cache_shard::reserve_one) and, bounded, its share
+// bucket, between one and two buckets per node: cache_shard::reserve_one) and, bounded, its share
 // of the policy's tables (computed from their sizing rules in cache_policy.hpp, per shard). shrunk:
 // an unbounded cache filled to `entries`, then invalidated down to entries / 1000: the RSS it still
 // holds (the node pool keeps its slabs while the cache lives, for reuse).
@@ -61,7 +61,7 @@ constexpr std::size_t pow2_at_least(std::size_t n, std::size_t from) {
 // (12-byte slots for the window's losers, 8-byte ones for main's victims).
 constexpr std::size_t policy_bytes(std::size_t c) {
   const std::size_t sketch = 4 * pow2_at_least(2 * (c + 1), 64);
-  const std::size_t ghost_slots = pow2_at_least(2 * (c / 4), 64);
+  const std::size_t ghost_slots = pow2_at_least(c / 4, 64);
   return sketch + ghost_slots * (12 + 8);
 }
 
@@ -102,10 +102,10 @@ int main(int argc, char** argv) {
   const std::size_t box =
       sf::detail::value_in_node<std::uint64_t> ? 0 : chunk(16 + sizeof(std::uint64_t));
   const std::size_t node = pooled ? sizeof(node_t) : chunk(sizeof(node_t));
-  // The buckets of a shard holding its share: a power of two, at least half its nodes
-  // (cache_shard::reserve_one); between 4 and 8 bytes a node as the arrays fill.
+  // The buckets of a shard holding its share: a power of two, at least its nodes
+  // (cache_shard::reserve_one); between 8 and 16 bytes a node as the arrays fill.
   const double buckets =
-      static_cast<double>(shards * pow2_at_least((held / shards + 1) / 2, 8) * sizeof(void*)) /
+      static_cast<double>(shards * pow2_at_least(held / shards, 8) * sizeof(void*)) /
       static_cast<double>(held);
   const double policy = bounded ? static_cast<double>(shards * policy_bytes(entries / shards)) /
                                       static_cast<double>(held)
@@ -113,7 +113,7 @@ int main(int argc, char** argv) {
   std::printf(
       "%s cache<uint64_t, uint64_t>, %zu entries held: %.1f bytes per entry by RSS "
       "(empty cache %.1f KiB); sizeof(node) %zu, node %zu (%s) + value box %zu + "
-      "buckets %.1f (4-8)",
+      "buckets %.1f (8-16)",
       bounded ? "bounded" : "unbounded", held,
       static_cast<double>(after - empty) / static_cast<double>(held),
       static_cast<double>(empty - before) / 1024.0, sizeof(node_t), node,
@@ -124,7 +124,7 @@ int main(int argc, char** argv) {
   }
   std::printf(" = %.1f bytes per entry by accounting (%.1f-%.1f as the bucket arrays fill)\n",
               static_cast<double>(node + box) + buckets + policy,
-              static_cast<double>(node + box + 4) + policy,
-              static_cast<double>(node + box + 8) + policy);
+              static_cast<double>(node + box + 8) + policy,
+              static_cast<double>(node + box + 16) + policy);
   return 0;
 }

@@ -295,7 +295,7 @@ class ghost_table {
     const std::size_t have = slots_ ? mask_ + 1 : 0;
     const std::size_t keys = static_cast<std::size_t>(std::min<std::uint64_t>(added_ + 1, keys_));
     std::size_t want = have == 0 ? 64 : have;
-    while (want < 2 * keys) want *= 2;
+    while (want < keys) want *= 2;
     if (want == have) return;
     std::unique_ptr<slot[]> grown(new (std::nothrow) slot[want]());
     if (!grown) return;

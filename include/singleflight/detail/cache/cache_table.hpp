@@ -256,8 +256,10 @@ struct cache_node : policy_hook {
 template <class Node>
 struct alignas(64) cache_shard {
   std::mutex mu;
-  // A power-of-two count, at least half the nodes (chains of two on
-  // average when full: 4 to 8 bytes a node); grows, never shrinks.
+  // A power-of-two count, at least the nodes (8 to 16 bytes a node): a hit's
+  // chain holds at most one node on average. Two a bucket saves 4 bytes an
+  // entry and costs a hit about a fifth more time on a large cache (a second
+  // dependent load: docs/performance.md); grows, never shrinks.
   std::unique_ptr<Node*[]> buckets;
   std::size_t mask = 0;
   std::size_t nodes = 0;                // linked nodes
@@ -306,10 +308,10 @@ struct alignas(64) cache_shard {
   }
 
   // reserve_one(): makes room for one more node (may allocate a bigger bucket
-  // array, twice as many buckets, once the nodes would be more than twice
-  // the buckets, and throw std::bad_alloc, changing nothing). Writer.
+  // array, twice as many buckets, once the nodes would be more than the
+  // buckets, and throw std::bad_alloc, changing nothing). Writer.
   void reserve_one() {
-    if (nodes + 1 <= 2 * (mask + 1) && buckets != nullptr) return;
+    if (nodes + 1 <= mask + 1 && buckets != nullptr) return;
     const std::size_t count = buckets == nullptr ? 8 : 2 * (mask + 1);
     std::unique_ptr<Node*[]> grown(new Node*[count]());
     for (std::size_t i = 0; buckets != nullptr && i <= mask; ++i) {
