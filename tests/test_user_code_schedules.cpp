@@ -29,15 +29,23 @@ using sftest::gate;
 using sftest::must;
 
 // Parks the notifying thread at its second `observer_returning` (the second
-// observer of the batch, before it attaches again) until released.
-std::atomic<int> returning_hits{0};
-gate second_parked;
-gate second_release;
+// observer of the batch, before it attaches again) until released. Each test
+// case has its own parking (static: a library thread may still be in the hook
+// when the case ends), so that a case never finds gates another one opened
+// (in one process the second case used to find both already open).
+struct parking {
+  std::atomic<int> returning_hits{0};
+  gate second_parked;
+  gate second_release;
+};
+parking parkings[2];
+std::atomic<parking*> current_parking{nullptr};
 void park_second_returning(sf::detail::hook_point p, const void*) {
   if (p != sf::detail::hook_point::observer_returning) return;
-  if (returning_hits.fetch_add(1) != 1) return;
-  second_parked.open();
-  second_release.wait("second observer released");
+  parking* const pk = current_parking.load(std::memory_order_acquire);
+  if (pk == nullptr || pk->returning_hits.fetch_add(1) != 1) return;
+  pk->second_parked.open();
+  pk->second_release.wait("second observer released");
 }
 
 // A stopped flight for "k" (its only waiter left; its completion is held by
@@ -87,15 +95,17 @@ TEST_CASE(
   auto first = s.setup();
   std::atomic<int> retried{0};
   s.b2.probe = [&] { retried = g.do_("k", [] { return 30; }); };
-  returning_hits = 0;
+  parking& pk = parkings[0];
+  current_parking.store(&pk, std::memory_order_release);
   sf::detail::test_hook.store(&park_second_returning, std::memory_order_release);
   std::thread resolver([&] { first.second.set_value(1); });
-  second_parked.wait("b2 claimed, a1's flight deferred");
+  pk.second_parked.wait("b2 claimed, a1's flight deferred");
   s.s2.request_stop();  // b2's stop callback loses the claim; b2 sees it when it attaches
-  second_release.open();
+  pk.second_release.open();
   s.b2.wait("b2's on_done, with its blocking do_, returned");
   resolver.join();
   sf::detail::test_hook.store(nullptr, std::memory_order_release);
+  current_parking.store(nullptr, std::memory_order_release);
   CHECK(s.b2.threw<sf::cancelled_error>());
   CHECK(retried != 0);  // 10 if it joined a1's flight, 30 if it led its own
   s.a1.wait("a1 served");
@@ -116,15 +126,17 @@ TEST_CASE(
     g->close();
     closed_inside = true;
   };
-  returning_hits = 0;
+  parking& pk = parkings[1];
+  current_parking.store(&pk, std::memory_order_release);
   sf::detail::test_hook.store(&park_second_returning, std::memory_order_release);
   std::thread resolver([&] { first.second.set_value(1); });
-  second_parked.wait("b2 claimed, a1's flight deferred");
+  pk.second_parked.wait("b2 claimed, a1's flight deferred");
   s.s2.request_stop();
-  second_release.open();
+  pk.second_release.open();
   s.b2.wait("b2's on_done, with close() inside, returned");
   resolver.join();
   sf::detail::test_hook.store(nullptr, std::memory_order_release);
+  current_parking.store(nullptr, std::memory_order_release);
   CHECK(closed_inside);
   CHECK(s.b2.threw<sf::cancelled_error>());
   s.a1.wait("a1 got an outcome");
