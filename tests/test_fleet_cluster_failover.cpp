@@ -21,6 +21,7 @@
 
 #include "support/catch.hpp"
 #include "support/fleet.hpp"
+#include "support/jthread.hpp"
 #include "support/redis.hpp"
 #include "support/sync.hpp"
 
@@ -302,7 +303,7 @@ TEST_CASE("a master killed: calls made before its replica is promoted wait for i
   std::atomic<int> wrong{0};
   std::atomic<int> done{0};
   {
-    std::vector<std::jthread> callers;
+    std::vector<sftest::jthread> callers;
     for (fleet_t* f : {&a, &b}) {
       for (int t = 0; t < per_fleet; ++t) {
         callers.emplace_back([&, f] {
