@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/cluster.hpp"
 #include "support/fleet.hpp"
 #include "support/redis.hpp"
 #include "support/sync.hpp"
@@ -23,37 +24,12 @@ namespace {
 
 namespace sf = singleflight;
 namespace d = singleflight::detail;
+using sftest::need_cluster_or_warn;
+using sftest::node_uri;
+using sftest::owner_port;
+using sftest::port_of;
 using namespace std::chrono_literals;
 using fleet_t = sf::fleet<std::string, std::string>;
-
-// The cluster node's URI, or "" after a loud warning (the case then passes without running).
-std::string need_cluster_or_warn() {
-  std::string uri = sftest::cluster_node();
-  if (uri.empty()) {
-    WARN(
-        "NOT RUN: this test needs a Redis Cluster: redis-server and redis-cli >= 7.0 on PATH "
-        "(the ctest fixture fleet_redis_cluster starts one), or "
-        "SINGLEFLIGHT_TEST_REDIS_CLUSTER=tcp://HOST:PORT naming one node");
-  }
-  return uri;
-}
-
-// The port of the master that owns `name`'s slot (CLUSTER KEYSLOT, CLUSTER SLOTS).
-int owner_port(sftest::redis_client& c, const std::string& name) {
-  const long long slot = c.command({"CLUSTER", "KEYSLOT", name}).integer;
-  const auto slots = c.command({"CLUSTER", "SLOTS"});
-  for (const auto& range : slots.elements) {
-    if (range.elements.size() >= 3 && range.elements[0].integer <= slot &&
-        slot <= range.elements[1].integer) {
-      return static_cast<int>(range.elements[2].elements.at(1).integer);
-    }
-  }
-  return -1;
-}
-
-int port_of(const std::string& uri) { return std::stoi(uri.substr(uri.rfind(':') + 1)); }
-
-std::string node_uri(int port) { return "tcp://127.0.0.1:" + std::to_string(port); }
 
 // The ports of the cluster's masters (CLUSTER SLOTS).
 std::set<int> master_ports(sftest::redis_client& c) {

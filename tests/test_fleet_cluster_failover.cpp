@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/cluster.hpp"
 #include "support/fleet.hpp"
 #include "support/jthread.hpp"
 #include "support/redis.hpp"
@@ -29,6 +30,8 @@ namespace {
 
 namespace sf = singleflight;
 namespace d = singleflight::detail;
+using sftest::node_uri;
+using sftest::port_of;
 using namespace std::chrono_literals;
 using fleet_t = sf::fleet<std::string, std::string>;
 
@@ -58,9 +61,6 @@ std::string need_failover_cluster_or_warn() {
   }
   return dir;
 }
-
-std::string node_uri(int port) { return "tcp://127.0.0.1:" + std::to_string(port); }
-int port_of(const std::string& uri) { return std::stoi(uri.substr(uri.rfind(':') + 1)); }
 
 // A shard: a master and its replica (ports), from CLUSTER SLOTS.
 struct shard {

@@ -100,7 +100,7 @@ inline std::string need_redis() {
 // A node of the Redis Cluster of the cluster tests (tcp://127.0.0.1:PORT), or "" when there is
 // none: SINGLEFLIGHT_TEST_REDIS_CLUSTER, else the URI the ctest fixture fleet_redis_cluster
 // wrote (tests/support/redis_cluster.sh). With "" a test WARNs loudly and passes without
-// running (need_cluster_or_warn in test_fleet_cluster.cpp).
+// running (cluster.hpp's need_cluster_or_warn).
 inline std::string cluster_node() {
   const char* uri = std::getenv("SINGLEFLIGHT_TEST_REDIS_CLUSTER");
   if (uri != nullptr && *uri != '\0') return uri;
