@@ -535,12 +535,31 @@ class redis_router {
   // The most nodes replica_listed() asks in one outage.
   static constexpr std::size_t max_asked = 16;
 
-  // each_address(nodes, f): f(host, port, unknown_role) for each node CLUSTER NODES' text lists
-  // ("id ip:port@cport flags master-id ping pong epoch link slots..."; host empty for a node
-  // without a known address); unknown_role: flagged "fail" or "fail?", or its link
-  // "disconnected", and it owns no slot (whose replica it is may have changed unseen).
+  // node_line: one line of CLUSTER NODES' text ("id ip:port@cport flags master-id ping pong
+  // epoch link slots..."): the node's id, address (host empty and port 0 without a usable one:
+  // no colon, a port that is not 1-5 digits up to 65535), flags ("myself,master", "slave",
+  // "fail?"...), its master's id ("-" for a master), its link ("connected", "disconnected")
+  // and whether it owns a slot (a first slot range).
+  struct node_line {
+    std::string_view id, host, flags, master, link;
+    int port = 0;
+    bool owns_slots = false;
+
+    // flagged(flag): `flag` is one of the comma-separated flags.
+    bool flagged(std::string_view flag) const noexcept {
+      for (std::string_view rest = flags; !rest.empty();) {
+        const std::size_t comma = rest.find(',');
+        if (rest.substr(0, comma) == flag) return true;
+        rest.remove_prefix(comma == std::string_view::npos ? rest.size() : comma + 1);
+      }
+      return false;
+    }
+  };
+
+  // each_node_line(nodes, f): f(node_line) for each line of CLUSTER NODES' text; missing fields
+  // are empty.
   template <class F>
-  static void each_address(std::string_view nodes, F&& f) {
+  static void each_node_line(std::string_view nodes, F&& f) {
     while (!nodes.empty()) {
       const std::size_t nl = nodes.find('\n');
       const std::string_view line = nodes.substr(0, nl);
@@ -552,12 +571,17 @@ class redis_router {
         field = rest.substr(0, sp);
         rest.remove_prefix(sp == std::string_view::npos ? rest.size() : sp + 1);
       }
-      std::string_view addr = fields[1].substr(0, fields[1].find('@'));
+      node_line n;
+      n.id = fields[0];
+      n.flags = fields[2];
+      n.master = fields[3];
+      n.link = fields[7];
+      n.owns_slots = !fields[8].empty();
+      const std::string_view addr = fields[1].substr(0, fields[1].find('@'));
       const std::size_t colon = addr.rfind(':');
-      if (colon == std::string_view::npos) continue;
+      const std::string_view digits =
+          colon == std::string_view::npos ? std::string_view() : addr.substr(colon + 1);
       int port = 0;
-      const std::string_view digits = addr.substr(colon + 1);
-      if (digits.empty() || digits.size() > 5) continue;
       for (const char ch : digits) {
         if (ch < '0' || ch > '9') {
           port = 0;
@@ -565,60 +589,37 @@ class redis_router {
         }
         port = port * 10 + (ch - '0');
       }
-      if (port > 65535) continue;
-      bool failed = false;
-      for (std::string_view flags = fields[2]; !flags.empty();) {
-        const std::size_t comma = flags.find(',');
-        const std::string_view flag = flags.substr(0, comma);
-        failed = failed || flag == "fail" || flag == "fail?";
-        flags.remove_prefix(comma == std::string_view::npos ? flags.size() : comma + 1);
+      if (!digits.empty() && digits.size() <= 5 && port <= 65535 && port > 0) {
+        n.host = addr.substr(0, colon);
+        n.port = port;
       }
-      const bool unknown_role = fields[8].empty() && (failed || fields[7] == "disconnected");
-      f(addr.substr(0, colon), port, unknown_role);
+      f(n);
     }
   }
 
-  // lists_replica(nodes, host, port): CLUSTER NODES' text (a line per node: "id ip:port@cport
-  // flags master-id ...") lists the master at host:port and a replica of it whose flags do not
-  // hold "fail".
+  // each_address(nodes, f): f(host, port, unknown_role) for each node CLUSTER NODES' text lists
+  // with a usable address; unknown_role: flagged "fail" or "fail?", or its link "disconnected",
+  // and it owns no slot (whose replica it is may have changed unseen).
+  template <class F>
+  static void each_address(std::string_view nodes, F&& f) {
+    each_node_line(nodes, [&](const node_line& n) {
+      if (n.port == 0) return;
+      const bool failed = n.flagged("fail") || n.flagged("fail?");
+      f(n.host, n.port, !n.owns_slots && (failed || n.link == "disconnected"));
+    });
+  }
+
+  // lists_replica(nodes, host, port): CLUSTER NODES' text lists the master at host:port and a
+  // replica of it whose flags do not hold "fail".
   static bool lists_replica(std::string_view nodes, std::string_view host, int port) {
-    const auto field = [](std::string_view line, int i) {
-      for (; i > 0; --i) {
-        const std::size_t sp = line.find(' ');
-        if (sp == std::string_view::npos) return std::string_view();
-        line.remove_prefix(sp + 1);
-      }
-      return line.substr(0, line.find(' '));
-    };
-    const auto lines = [&](auto&& each) {
-      std::string_view rest = nodes;
-      while (!rest.empty()) {
-        const std::size_t nl = rest.find('\n');
-        each(rest.substr(0, nl));
-        if (nl == std::string_view::npos) break;
-        rest.remove_prefix(nl + 1);
-      }
-    };
-    const std::string addr = std::string(host) + ":" + std::to_string(port);
     std::string_view id;
-    lines([&](std::string_view line) {
-      std::string_view a = field(line, 1);
-      a = a.substr(0, a.find('@'));
-      if (a == addr) id = field(line, 0);
+    each_node_line(nodes, [&](const node_line& n) {
+      if (n.port == port && n.host == host) id = n.id;
     });
     if (id.empty()) return false;
     bool listed = false;
-    lines([&](std::string_view line) {
-      if (field(line, 3) != id) return;
-      std::string_view flags = field(line, 2);
-      bool failed = false;
-      while (!flags.empty()) {
-        const std::size_t comma = flags.find(',');
-        if (flags.substr(0, comma) == "fail") failed = true;
-        if (comma == std::string_view::npos) break;
-        flags.remove_prefix(comma + 1);
-      }
-      if (!failed) listed = true;
+    each_node_line(nodes, [&](const node_line& n) {
+      if (n.master == id && !n.flagged("fail")) listed = true;
     });
     return listed;
   }
