@@ -16,16 +16,25 @@
 // end; the segment's evictions that took the window's candidate (it lost its duel against main's
 // victim: "lost") and those that took an entry of main ("victims": a candidate won its duel, or
 // entered without one as the window shrank); the hit ratios of the policy, LRU and CLOCK (one
-// reference bit over the whole capacity: the cache's window at 100 %).
+// reference bit over the whole capacity: the cache's window at 100 %) and S3-FIFO with promotion
+// after one hit and a ghost of 1.0x the capacity (reference.hpp, the best S3-FIFO on the web
+// traces). Then the accesses on which S3-FIFO hit and the policy missed, by what the policy last
+// did with the key (the window lost it in a duel, "lost", or main evicted it, "victim"), how
+// many reads it had while it was held (0, 1, 2 or more), how long before the access it was
+// evicted (in accesses, against the capacity) and where S3-FIFO held it (small, main after a
+// promotion, main after a ghost hit); the ten largest classes.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <list>
+#include <map>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "singleflight/detail/cache/cache_policy.hpp"
+#include "traces/reference.hpp"
 #include "traces/trace_file.hpp"
 
 namespace {
@@ -33,6 +42,14 @@ namespace {
 struct entry : singleflight::detail::policy_hook {
   std::uint32_t key = 0;
   bool in_window = false;  // before the eviction being counted
+  int reads = 0;           // hits while held
+};
+
+// What the policy last did with a key: how it left, when, after how many reads.
+struct fate {
+  bool lost = false;
+  std::size_t at = 0;
+  int reads = 0;
 };
 
 // One reference policy, fed one access at a time.
@@ -108,19 +125,44 @@ int main(int argc, char** argv) {
   const auto dead = [](const singleflight::detail::policy_hook*) { return false; };
   lru l(capacity);
   clock_ref c(capacity);
-  std::uint64_t seg[3] = {0, 0, 0};
+  std::vector<sftrace::s3fifo_where> where;
+  const std::vector<bool> s3 = sftrace::s3fifo_replay(t, capacity, 1, 1.0, &where);
+  std::unordered_map<std::uint32_t, fate> fates;
+  std::map<std::string, std::uint64_t> s3_only;  // class -> accesses
+  std::uint64_t policy_only = 0;                 // accesses the policy hit and S3-FIFO missed
+  std::uint64_t seg[4] = {0, 0, 0, 0};
   std::uint64_t lost = 0;
   std::uint64_t victims = 0;
-  std::uint64_t all[3] = {0, 0, 0};
+  std::uint64_t all[4] = {0, 0, 0, 0};
   std::printf(
-      "| accesses | window %% | protected %% of main | lost | victims | policy | LRU | CLOCK "
-      "|\n");
-  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+      "| accesses | window %% | protected %% of main | lost | victims | policy | LRU | CLOCK | "
+      "S3-FIFO |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (std::size_t i = 0; i < t.size(); ++i) {
     const std::uint32_t k = t[i];
+    policy_only += !s3[i] && at.count(k) != 0 ? 1 : 0;
+    if (s3[i] && at.count(k) == 0) {
+      std::string cls = "never held";
+      if (const auto f = fates.find(k); f != fates.end()) {
+        const std::size_t age = i - f->second.at;
+        cls = std::string(f->second.lost ? "lost" : "victim") + ", " +
+              std::to_string(std::min(f->second.reads, 2)) +
+              (f->second.reads >= 2   ? "+ reads, "
+               : f->second.reads == 1 ? " read, "
+                                      : " reads, ") +
+              (age < capacity       ? "< 1x"
+               : age < 4 * capacity ? "1-4x"
+                                    : ">= 4x");
+      }
+      cls += where[i] == sftrace::s3fifo_where::small      ? ", S3-FIFO: small"
+             : where[i] == sftrace::s3fifo_where::promoted ? ", S3-FIFO: main (promoted)"
+                                                           : ", S3-FIFO: main (from ghost)";
+      ++s3_only[cls];
+    }
     if (auto f = at.find(k); f != at.end()) {
       ++hits;
       ++seg[0];
+      ++f->second->reads;
       f->second->touch();
     } else {
       if (policy.size() >= capacity) {
@@ -130,6 +172,7 @@ int main(int argc, char** argv) {
         }
         auto* v = static_cast<entry*>(policy.evict(dead, clock));
         (v->in_window ? lost : victims) += 1;
+        fates[v->key] = {v->in_window, i, v->reads};
         at.erase(v->key);
         delete v;
       }
@@ -141,6 +184,7 @@ int main(int argc, char** argv) {
     }
     seg[1] += l.access(k) ? 1 : 0;
     seg[2] += c.access(k) ? 1 : 0;
+    seg[3] += s3[i] ? 1 : 0;
     if ((i + 1) % segment == 0 || i + 1 == t.size()) {
       std::size_t prot = 0;
       std::size_t main = 0;
@@ -149,13 +193,13 @@ int main(int argc, char** argv) {
         prot += e->queue == singleflight::detail::wtinylfu::protected_q ? 1 : 0;
       }
       const double n = static_cast<double>(i % segment + 1);
-      std::printf("| %zu | %.0f | %.0f | %llu | %llu | %.2f | %.2f | %.2f |\n", i + 1,
+      std::printf("| %zu | %.0f | %.0f | %llu | %llu | %.2f | %.2f | %.2f | %.2f |\n", i + 1,
                   100.0 * static_cast<double>(policy.window()) / static_cast<double>(capacity),
                   main == 0 ? 0.0 : 100.0 * static_cast<double>(prot) / static_cast<double>(main),
                   static_cast<unsigned long long>(lost), static_cast<unsigned long long>(victims),
                   100.0 * static_cast<double>(seg[0]) / n, 100.0 * static_cast<double>(seg[1]) / n,
-                  100.0 * static_cast<double>(seg[2]) / n);
-      for (int j = 0; j < 3; ++j) {
+                  100.0 * static_cast<double>(seg[2]) / n, 100.0 * static_cast<double>(seg[3]) / n);
+      for (int j = 0; j < 4; ++j) {
         all[j] += seg[j];
         seg[j] = 0;
       }
@@ -163,10 +207,25 @@ int main(int argc, char** argv) {
     }
   }
   const auto total = static_cast<double>(t.size());
-  std::printf("\n%s@%zu: policy %.2f, LRU %.2f, CLOCK %.2f\n", name.c_str(), capacity,
-              100.0 * static_cast<double>(all[0]) / total,
-              100.0 * static_cast<double>(all[1]) / total,
-              100.0 * static_cast<double>(all[2]) / total);
+  std::printf(
+      "\n%s@%zu: policy %.2f, LRU %.2f, CLOCK %.2f, S3-FIFO %.2f\n", name.c_str(), capacity,
+      100.0 * static_cast<double>(all[0]) / total, 100.0 * static_cast<double>(all[1]) / total,
+      100.0 * static_cast<double>(all[2]) / total, 100.0 * static_cast<double>(all[3]) / total);
+  std::vector<std::pair<std::uint64_t, std::string>> classes;
+  std::uint64_t s3_only_all = 0;
+  for (const auto& [cls, n] : s3_only) {
+    classes.emplace_back(n, cls);
+    s3_only_all += n;
+  }
+  std::sort(classes.rbegin(), classes.rend());
+  std::printf(
+      "\npolicy hit, S3-FIFO missed: %llu accesses; S3-FIFO hit, policy missed: %llu\n\n"
+      "| the key | accesses |\n|---|---:|\n",
+      static_cast<unsigned long long>(policy_only), static_cast<unsigned long long>(s3_only_all));
+  for (std::size_t j = 0; j < classes.size() && j < 10; ++j) {
+    std::printf("| %s | %llu |\n", classes[j].second.c_str(),
+                static_cast<unsigned long long>(classes[j].first));
+  }
   for (const auto& [key, e] : at) delete e;
   return 0;
 }

@@ -208,12 +208,17 @@ namespace sftrace {
 // queue remembers the last `ghost_ratio` x capacity keys that left small unread (the paper:
 // 0.9). Small is 10% of the capacity; main is a CLOCK with 2-bit frequencies. An exact FIFO of
 // keys for the ghost (the library keeps fingerprints).
-// s3fifo_replay returns, for each access, whether it hit.
+// s3fifo_replay returns, for each access, whether it hit; with `where`, also where each hit
+// found its key (s3fifo_where: small, main after a promotion, main after a ghost hit; none on a
+// miss), for policy_timeline.
+enum class s3fifo_where : std::uint8_t { none, small, promoted, from_ghost };
 inline std::vector<bool> s3fifo_replay(const std::vector<std::uint32_t>& t, std::size_t capacity,
-                                       int promote_at, double ghost_ratio) {
+                                       int promote_at, double ghost_ratio,
+                                       std::vector<s3fifo_where>* where = nullptr) {
   struct entry {
     int freq = 0;
     bool in_main = false;
+    bool from_ghost = false;
   };
   std::unordered_map<std::uint32_t, entry> at;
   std::list<std::uint32_t> small, main;  // front = newest
@@ -260,10 +265,16 @@ inline std::vector<bool> s3fifo_replay(const std::vector<std::uint32_t>& t, std:
     }
   };
   std::vector<bool> hit(t.size(), false);
+  if (where != nullptr) where->assign(t.size(), s3fifo_where::none);
   for (std::size_t i = 0; i < t.size(); ++i) {
     const std::uint32_t k = t[i];
     if (auto f = at.find(k); f != at.end()) {
       hit[i] = true;
+      if (where != nullptr) {
+        (*where)[i] = !f->second.in_main     ? s3fifo_where::small
+                      : f->second.from_ghost ? s3fifo_where::from_ghost
+                                             : s3fifo_where::promoted;
+      }
       f->second.freq = std::min(f->second.freq + 1, 3);
       continue;
     }
@@ -271,6 +282,7 @@ inline std::vector<bool> s3fifo_replay(const std::vector<std::uint32_t>& t, std:
     entry& e = at[k];
     if (in_ghost.count(k) != 0) {
       e.in_main = true;
+      e.from_ghost = true;
       main.push_front(k);
     } else {
       small.push_front(k);

@@ -1,0 +1,126 @@
+// bench/traces/policy_cells.cpp: the cache's eviction policy (detail::wtinylfu) driven alone, as
+// one shard, over every cell of bench_traces (the seven traces at their three capacities and the
+// round-robin hot sets of 1.00x and 1.05x) and the scan case; a second for the lot, where
+// bench_traces takes minutes, so that a change of the policy can be screened on every cell before
+// the full run (docs/performance.md, "Eviction, measured", reads it). Not built by CMake:
+//   g++ -O2 -DNDEBUG -std=c++20 -I include -I bench bench/traces/policy_cells.cpp -o /tmp/pc
+//   /tmp/pc            # every cell
+//   /tmp/pc web07      # the cells whose name contains "web07"
+// The traces' directory as for bench_traces ($SINGLEFLIGHT_TRACES, else ../shared/traces).
+//
+// The policy is driven as policy_timeline drives it (a hit touches the entry's bits, a miss evicts
+// first when the shard holds its capacity, then inserts; the policy's clock is the hits so far;
+// the fingerprint is the key times the mixing constant). It does not reproduce the cache in every
+// detail: its figures differ from bench_traces's "1 shard" column by up to a few tenths on some
+// cells (round-robin 1.05x: 92.33 against 93.03), so a variant it passes still needs the full run.
+// Output: one line a cell, "name@capacity hit-ratio-in-%", and "scan" with the scan case's
+// hot-key miss ratio (bench_traces's last table).
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "singleflight/detail/cache/cache_policy.hpp"
+#include "traces/trace_file.hpp"
+
+namespace {
+
+struct entry : singleflight::detail::policy_hook {
+  std::uint32_t key = 0;
+};
+
+// The policy over t at `capacity`; `hit(i)` is told whether access i hit.
+template <class OnAccess>
+double drive(const std::vector<std::uint32_t>& t, std::size_t capacity, OnAccess&& on_access) {
+  singleflight::detail::wtinylfu policy;
+  policy.configure(capacity);
+  std::unordered_map<std::uint32_t, entry*> at;
+  std::uint64_t hits = 0;
+  const auto clock = [&hits] { return hits; };
+  const auto dead = [](const singleflight::detail::policy_hook*) { return false; };
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    const std::uint32_t k = t[i];
+    if (auto f = at.find(k); f != at.end()) {
+      ++hits;
+      f->second->touch();
+      on_access(i, true);
+      continue;
+    }
+    on_access(i, false);
+    if (policy.size() >= capacity) {
+      auto* v = static_cast<entry*>(policy.evict(dead, clock));
+      at.erase(v->key);
+      delete v;
+    }
+    auto* n = new entry;
+    n->key = k;
+    n->fingerprint = std::uint64_t{k} * 0x9E3779B97F4A7C15ULL;
+    policy.insert(n, clock);
+    at[k] = n;
+  }
+  for (const auto& [key, e] : at) delete e;
+  return 100.0 * static_cast<double>(hits) / static_cast<double>(t.size());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* only = argc > 1 ? argv[1] : nullptr;
+  const auto wanted = [only](const std::string& name) {
+    return only == nullptr || name.find(only) != std::string::npos;
+  };
+  struct plan {
+    const char* name;
+    std::size_t caps[3];
+  };
+  const plan plans[] = {
+      {"web07", {1000, 3000, 10000}},    {"web12", {1000, 3000, 8000}},
+      {"orm-busy", {1000, 5000, 20000}}, {"w106", {5000, 25000, 100000}},
+      {"multi2", {500, 1000, 2000}},     {"sprite", {100, 500, 1000}},
+      {"gli", {250, 1000, 2000}},
+  };
+  const auto dir = sftrace::traces_dir(nullptr);
+  const auto none = [](std::size_t, bool) {};
+  for (const plan& p : plans) {
+    if (!wanted(p.name)) continue;
+    std::vector<std::uint32_t> t;
+    for (const auto& spec : sftrace::all_traces) {
+      if (std::strcmp(spec.name, p.name) == 0) t = sftrace::read_trace(dir, spec);
+    }
+    for (const std::size_t c : p.caps) std::printf("%s@%zu %.2f\n", p.name, c, drive(t, c, none));
+    std::fflush(stdout);
+  }
+  for (const std::size_t hot : {std::size_t{1024}, std::size_t{1075}}) {
+    const std::string name = "round-robin-" + std::to_string(hot);
+    if (!wanted(name)) continue;
+    std::vector<std::uint32_t> t;
+    for (int r = 0; r < 100; ++r) {
+      for (std::size_t k = 0; k < hot; ++k) t.push_back(static_cast<std::uint32_t>(k));
+    }
+    std::printf("%s@1024 %.2f\n", name.c_str(), drive(t, 1024, none));
+  }
+  if (wanted(
+          "scan")) {  // bench_traces's scan case: 64 entries, the hot keys' misses after round one
+    std::vector<std::uint32_t> t;
+    std::uint32_t next_scan = 1000;
+    for (int round = 0; round < 100; ++round) {
+      for (std::uint32_t h = 0; h < 40; ++h) t.push_back(h);
+      for (int i = 0; i < 40; ++i) {
+        t.push_back(next_scan);
+        t.push_back(next_scan);
+        ++next_scan;
+      }
+    }
+    std::uint64_t hot = 0;
+    std::uint64_t missed = 0;
+    drive(t, 64, [&](std::size_t i, bool hit) {
+      if (i < 120 || t[i] >= 40) return;
+      ++hot;
+      missed += hit ? 0 : 1;
+    });
+    std::printf("scan %.2f\n", 100.0 * static_cast<double>(missed) / static_cast<double>(hot));
+  }
+  return 0;
+}
