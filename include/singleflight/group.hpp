@@ -102,6 +102,7 @@
 //   notification.hpp    notifying claimed waiters; notification loops;
 //   deadlines.hpp       the timer and delivery threads;
 //   lifecycle.hpp       close(), the drain, joining the group's threads;
+//   leader_stop.hpp     an inline leader's stop callback;
 //   flight_table.hpp    Hash, KeyEqual, the lookup, recycling (the first layer
 //                       that is a template on Key and T: those below are not);
 //   execution.hpp       tasks, executors, running fn, completions;

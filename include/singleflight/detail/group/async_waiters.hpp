@@ -41,6 +41,20 @@
 
 namespace singleflight::detail {
 
+// An async waiter as its stop callback sees it: `stopped` is its group's
+// async_calls::async_stopped. Not a template, so the callback
+// (std::stop_callback<async_on_stop> and its optional, a member of every
+// async node) is compiled once in a translation unit, not once per (Key, T).
+struct async_stop_target : bounded_wait {
+  void (*stopped)(async_stop_target*) noexcept = nullptr;
+};
+
+// An async caller's stop callback: runs on the thread that requested stop.
+struct async_on_stop {
+  async_stop_target* n;
+  void operator()() const noexcept { n->stopped(n); }
+};
+
 template <class Key, class T, class Hash, class KeyEqual>
 class async_calls : public blocking_calls<Key, T, Hash, KeyEqual> {
   using base = blocking_calls<Key, T, Hash, KeyEqual>;
@@ -61,15 +75,10 @@ class async_calls : public blocking_calls<Key, T, Hash, KeyEqual> {
     return this->hash_(key);
   }
 
-  struct async_node;
-  struct async_on_stop {
-    async_node* n;
-    void operator()() const noexcept { async_stopped(n); }
-  };
-
-  struct async_node : bounded_wait {
+  struct async_node : async_stop_target {
     async_node(async_calls* grp, stop_token tok) noexcept : g(grp), caller(std::move(tok)) {
       this->notify = &on_notify;
+      this->stopped = &on_stop;
       this->async = true;
     }
     async_node(const async_node&) = delete;
@@ -90,6 +99,9 @@ class async_calls : public blocking_calls<Key, T, Hash, KeyEqual> {
     void (*complete)(async_node*) noexcept = nullptr;  // deliver `result`; may destroy the node
     void (*again)(async_node*) noexcept = nullptr;     // an observer's wait is over
 
+    static void on_stop(async_stop_target* t) noexcept {
+      async_stopped(static_cast<async_node*>(t));
+    }
     static void on_notify(waiter* w) noexcept {
       auto* n = static_cast<async_node*>(w);
       if (n->observer) {

@@ -66,46 +66,8 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
     wake_batch wake;         // waiters this call claimed, to notify after unlocking
   };
 
-  // An inline leader's stop: it cannot stop waiting (it is running fn), so it
-  // leaves right here, which may stop the flight under the ownership policy.
-  // The leader's thread destroys this callback before it stops counting as a
-  // user, so the group outlives every run of it.
-  //
-  // It runs no callback or resumption itself: the leader's thread, once fn
-  // returns, waits in ~stop_callback for this to finish, and an on_done run
-  // here that waited for that fn (a retry with a blocking do_ after
-  // cancelled_error) would never let it. Blocked followers are only woken;
-  // async ones, and the settle's report to options.tracer, go to the
-  // group's delivery thread.
-  struct leave_on_stop {
-    blocking_calls* g;
-    flight_t* f;
-    blocking_waiter* w;
-    void operator()() const noexcept {
-      shard& s = g->shard_of(*f);
-      bool stop = false;
-      wake_batch wake;
-      {
-        std::lock_guard<std::mutex> lk(s.mu);
-        // A flight that already settled keeps its outcome for the leader.
-        if (w->stop_fired.load(std::memory_order_relaxed) || w->bound_fired ||
-            f->kind != kind::pending)
-          return;
-        w->stop_fired.store(true, std::memory_order_relaxed);  // read under this lock
-        stop = g->leave(s, *f, /*is_leader=*/true, wake);
-      }
-      if (stop) {  // stop first, then notify: a notified waiter may block on this fn
-#if defined(SINGLEFLIGHT_TEST_HOOKS)
-        ::singleflight::detail::hook(::singleflight::detail::hook_point::stop_requesting, g);
-#endif
-        f->stop.request_stop();
-      }
-      wake_batch async;
-      wake.split([](const waiter& x) { return x.async; }, async);
-      wake.signal_all();  // blocked threads: no user code
-      if (!async.empty() && !g->queue_delivery(s, async)) base::notify(g, s, async);  // closing
-    }
-  };
+  // An inline leader's stop callback (leader_stop.hpp: not a template).
+  using typename base::leave_on_stop;
 
   // call_with(key, fn, caller, fresh, info, local)
   //

@@ -113,7 +113,9 @@ class execution : public flight_table<Key, T, Hash, KeyEqual> {
     std::exception_ptr submit_error;
     bool handed_off = false;
     try {
-      task tk(std::make_unique<task_impl<Fn>>(this, f, std::forward<F>(fn)));
+      // Owned as a task_base from the start: no unique_ptr<task_impl<Fn>> (its
+      // tuple, deleter and conversion) is instantiated for each body type.
+      task tk(std::unique_ptr<task_base>(new task_impl<Fn>(this, f, std::forward<F>(fn))));
       handed_off = true;
       if (later != nullptr) {
         // Run when the loop is over (or by this thread before it blocks

@@ -4,7 +4,8 @@
 // and the first rung of the group that is a template. Below it, none of which
 // depends on Key or T: shard_set (shard_set.hpp: the shards, the links, the
 // bookkeeping), notifier (notification.hpp), deadlines (the timer and delivery
-// threads) and lifecycle (close, the drain, the joins). Here:
+// threads), lifecycle (close, the drain, the joins) and leader_stop (an inline
+// leader's stop callback). Here:
 //   * the user's Hash and KeyEqual, and the lookup of a key (the flight
 //     carries its key and is its own node);
 //   * making a flight the entry for a key (its key assigned into the storage
@@ -29,13 +30,14 @@
 #include "../../options.hpp"
 #include "flight.hpp"
 #include "flight_pool.hpp"
+#include "leader_stop.hpp"
 #include "lifecycle.hpp"
 #include "shard_set.hpp"
 
 namespace singleflight::detail {
 
 template <class Key, class T, class Hash, class KeyEqual>
-class flight_table : public lifecycle {
+class flight_table : public leader_stop {
  public:
   using flight_t = flight<Key, T>;
   using ref_t = flight_ref<flight_t>;
@@ -43,7 +45,7 @@ class flight_table : public lifecycle {
   // Throws std::system_error when options.timeout > 0 and the timer cannot start. The timer
   // starts here, once the user's Hash and KeyEqual are constructed (a throwing one leaves no
   // thread behind), and before any rung above this one is.
-  explicit flight_table(options opts) : lifecycle(std::move(opts)) {
+  explicit flight_table(options opts) : leader_stop(std::move(opts)) {
     if (this->opts().timeout > std::chrono::nanoseconds::zero()) this->ensure_timer();
   }
 
