@@ -86,7 +86,9 @@ class cache_calls {
 
   // Throws std::invalid_argument for invalid options, and what group's constructor throws.
   explicit cache_calls(const cache_options& opts)
-      : core_(std::make_shared<core>(opts)),
+      // Its own allocation, not std::make_shared: no in-place control block type to
+      // instantiate for each cache type.
+      : core_(new core(opts)),
         owned_(opts.loads == load_owner::cache),
         soft_timeout_(opts.soft_timeout),
         group_has_executor_(static_cast<bool>(opts.flight.executor)),
@@ -595,10 +597,10 @@ class cache_calls {
         core_->run_async(k, mixed, started, st, d, foreground);
         return;
       }
-      std::unique_ptr<detail::worker_threads::job> j =
-          std::make_unique<load_job<shared_loader<Key, T>>>(core_.get(), &runs_, std::move(k),
-                                                            mixed, std::move(ld), std::move(st),
-                                                            std::move(d), foreground);
+      // Owned as a job from the start: no unique_ptr<load_job<...>> is instantiated.
+      std::unique_ptr<detail::worker_threads::job> j(new load_job<shared_loader<Key, T>>(
+          core_.get(), &runs_, std::move(k), mixed, std::move(ld), std::move(st), std::move(d),
+          foreground));
       (void)threads_.post(j);  // after close(): j dies here, unrun (its completion breaks)
     };
   }

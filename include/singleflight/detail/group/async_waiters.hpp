@@ -33,6 +33,7 @@
 #include "../../stats.hpp"
 #include "../../stop_token.hpp"
 #include "../fn_shapes.hpp"
+#include "../kept.hpp"
 #include "../unwind.hpp"
 #include "blocking_calls.hpp"
 #include "hooks.hpp"
@@ -160,8 +161,8 @@ class async_calls : public blocking_calls<Key, T, Hash, KeyEqual> {
       this->again = &again_fn;
     }
     Cb on_done;
-    std::optional<Fn> fn;
-    std::optional<Key> key;
+    kept<Fn> fn;
+    kept<Key> key;
 
     static void complete_fn(async_node* b) noexcept {
       auto* n = static_cast<callback_node*>(b);
@@ -364,7 +365,7 @@ class async_calls : public blocking_calls<Key, T, Hash, KeyEqual> {
     // may do while fn runs: take it out while nothing can deliver the node
     // (found by the spin model). Fn's move (or copy) runs under the lock
     // here, only on this rare path (a caller that waited for a stopped fn).
-    std::optional<Fn> owned;
+    kept<Fn> owned;
     flight_t* f = nullptr;
     try {
       if (!fn_is_callers) owned.emplace(std::forward<F>(fn));  // nothing changed yet
