@@ -97,8 +97,9 @@ run() {
   fi
 }
 
-# The header set that must be installed: every header under include/singleflight.
-expected_headers="$(cd "$src/include" && find singleflight -name '*.hpp' | LC_ALL=C sort)"
+# The header set that must be installed: every header under include/singleflight, and the
+# definitions they include in header-only mode (impl/*.ipp; detail/config.hpp).
+expected_headers="$(cd "$src/include" && find singleflight \( -name '*.hpp' -o -name '*.ipp' \) | LC_ALL=C sort)"
 
 # install_project <dir> <prefix> [cmake args...]: configure, build and install the library.
 install_project() {
@@ -116,7 +117,7 @@ install_project() {
 check_install_tree() {
   local prefix="$1" f
   local got
-  got="$(cd "$prefix/include" && find singleflight -name '*.hpp' | LC_ALL=C sort)"
+  got="$(cd "$prefix/include" && find singleflight \( -name '*.hpp' -o -name '*.ipp' \) | LC_ALL=C sort)"
   [ "$got" = "$expected_headers" ] || fail "installed headers differ from include/singleflight"
   for f in singleflight-config.cmake singleflight-config-version.cmake \
     singleflight-targets.cmake; do

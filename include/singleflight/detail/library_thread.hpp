@@ -20,20 +20,26 @@
 // outside closer does).
 #pragma once
 
+#include "config.hpp"
+
 namespace singleflight::detail {
 
 class library_thread {
  public:
   // Marks the calling thread as the library's, for the rest of its life.
-  static void mark() noexcept { mark_ = true; }
+  SINGLEFLIGHT_DECL static void mark() noexcept;
   // Whether the calling thread was started by the library (a group or a worker_threads).
-  static bool current() noexcept { return mark_; }
+  SINGLEFLIGHT_DECL static bool current() noexcept;
 
  private:
   static inline thread_local bool mark_ = false;
 };
 
 // on_library_thread(): see above. The predicate every layer's close() uses.
-inline bool on_library_thread() noexcept { return library_thread::current(); }
+SINGLEFLIGHT_DECL bool on_library_thread() noexcept;
 
 }  // namespace singleflight::detail
+
+#if !defined(SINGLEFLIGHT_SEPARATE_COMPILATION)
+#include "impl/library_thread.ipp"
+#endif

@@ -56,6 +56,7 @@
 #include <utility>
 
 #include "../errors.hpp"
+#include "config.hpp"
 #include "library_thread.hpp"
 
 namespace singleflight::detail {
@@ -69,7 +70,7 @@ class worker_threads {
     job() = default;
     job(const job&) = delete;
     job& operator=(const job&) = delete;
-    virtual ~job() = default;
+    SINGLEFLIGHT_DECL virtual ~job();
     virtual void run() = 0;
   };
 
@@ -88,94 +89,34 @@ class worker_threads {
   // The default bound on threads per object (as fleet_options::max_async_threads).
   static constexpr std::size_t default_max_threads = 64;
 
-  explicit worker_threads(std::chrono::nanoseconds idle_for = default_idle_for,
-                          std::size_t max_threads = default_max_threads) noexcept
-      : idle_for_(idle_for), max_threads_(max_threads) {}
+  SINGLEFLIGHT_DECL explicit worker_threads(std::chrono::nanoseconds idle_for = default_idle_for,
+                                            std::size_t max_threads = default_max_threads) noexcept;
   worker_threads(const worker_threads&) = delete;
   worker_threads& operator=(const worker_threads&) = delete;
-  ~worker_threads() {
-    if (current_ == this) {
-      std::fputs(
-          "singleflight: an object was destroyed on one of its own threads (inside its loader, "
-          "bulk function or callback); call close() there and destroy it elsewhere\n",
-          stderr);
-      std::abort();
-    }
-    std::unique_lock<std::mutex> lk(mu_);
-    closing_ = true;
-    cv_.notify_all();
-    join_all(lk);
-  }
+  // Closes and waits like an outside close(); aborts with a message on one of this object's
+  // own threads (it would join itself).
+  SINGLEFLIGHT_DECL ~worker_threads();
 
   // post(j): runs `*j` soon on one of these threads and takes it (j is then null). Returns
   // false after close(), leaving `j` with the caller. Throws std::system_error when a thread
   // is needed and cannot be started, std::bad_alloc; `j` is then left with the caller too.
-  bool post(std::unique_ptr<job>& j) {
-    std::list<worker> done;
-    bool posted = false;
-    {
-      std::unique_lock<std::mutex> lk(mu_);
-      reap_locked(done);
-      if (!closing_) {
-        queue_.push_back(std::move(j));
-        posted = true;
-        if (idle_ >= queue_.size() || (max_threads_ != 0 && workers_.size() >= max_threads_)) {
-          cv_.notify_one();  // an idle thread takes it, or the next thread to finish a job
-        } else {
-          try {
-            workers_.emplace_back();
-            worker& w = workers_.back();
-            w.thread = std::thread([this, &w] { loop(w); });
-          } catch (...) {
-            workers_.pop_back();
-            j = std::move(queue_.back());
-            queue_.pop_back();
-            posted = false;
-            lk.unlock();
-            join_reaped(done);
-            throw;
-          }
-        }
-      }
-    }
-    join_reaped(done);
-    return posted;
-  }
+  SINGLEFLIGHT_DECL bool post(std::unique_ptr<job>& j);
 
   // try_post(j): post() that reports a refusal instead of throwing it: null when `j` was
   // taken, else why not (closed_error after close(), the std::system_error or bad_alloc of
   // a thread that could not start), `j` then left with the caller.
-  std::exception_ptr try_post(std::unique_ptr<job>& j) noexcept {
-    try {
-      if (post(j)) return nullptr;
-      return std::make_exception_ptr(closed_error());
-    } catch (...) {
-      return std::current_exception();
-    }
-  }
+  SINGLEFLIGHT_DECL std::exception_ptr try_post(std::unique_ptr<job>& j) noexcept;
 
   // close(): see the top of this file. Idempotent.
-  void close() {
-    std::unique_lock<std::mutex> lk(mu_);
-    closing_ = true;
-    cv_.notify_all();
-    if (on_library_thread()) return;  // a library thread (any layer's): stop, reject, never wait
-    join_all(lk);
-  }
+  SINGLEFLIGHT_DECL void close();
 
-  bool closed() const {
-    std::lock_guard<std::mutex> lk(mu_);
-    return closing_;
-  }
+  SINGLEFLIGHT_DECL bool closed() const;
 
   // on_own_thread(): whether the caller is one of this object's threads.
-  bool on_own_thread() const noexcept { return current_ == this; }
+  SINGLEFLIGHT_DECL bool on_own_thread() const noexcept;
 
   // The number of threads started and not yet joined (for tests and stats).
-  std::size_t threads() const {
-    std::lock_guard<std::mutex> lk(mu_);
-    return workers_.size() + joining_;
-  }
+  SINGLEFLIGHT_DECL std::size_t threads() const;
 
   std::size_t max_threads() const noexcept { return max_threads_; }
 
@@ -188,77 +129,16 @@ class worker_threads {
   // A job may end its thread (pthread_exit in user code): the forced unwind passes through
   // here (not noexcept: that would terminate) with the lock released, and `ended` marks the
   // thread finished so that post() or close() joins it.
-  void loop(worker& self) {
-    current_ = this;
-    library_thread::mark();
-    struct ended_mark {
-      worker_threads* o;
-      worker* w;
-      ~ended_mark() {
-        const std::lock_guard<std::mutex> lk(o->mu_);
-        w->finished = true;
-      }
-    } ended{this, &self};
-    std::unique_lock<std::mutex> lk(mu_);
-    for (;;) {
-      while (!queue_.empty()) {
-        std::unique_ptr<job> j = std::move(queue_.front());
-        queue_.pop_front();
-        lk.unlock();
-        j->run();
-        j.reset();  // whatever the job owned goes before the lock is retaken
-        lk.lock();
-      }
-      if (closing_) break;
-      ++idle_;
-      const bool woke = cv_.wait_for(lk, idle_for_, [&] { return closing_ || !queue_.empty(); });
-      --idle_;
-      if (!woke) break;
-    }
-    lk.unlock();  // `ended` marks this thread finished
-  }
+  SINGLEFLIGHT_DECL void loop(worker& self);
 
   // join_all(lk): claims every thread not yet claimed and joins it without the lock, then
   // waits until the threads other joiners claimed are joined too. Not on a library thread
   // (it would wait for one), nor before closing_ (threads could still start).
-  void join_all(std::unique_lock<std::mutex>& lk) {
-    for (;;) {
-      if (!workers_.empty()) {
-        std::list<worker> mine;
-        mine.swap(workers_);
-        const std::size_t n = mine.size();
-        joining_ += n;
-        lk.unlock();
-        for (worker& w : mine) w.thread.join();
-        mine.clear();
-        lk.lock();
-        joining_ -= n;
-        joined_cv_.notify_all();
-        continue;
-      }
-      if (joining_ == 0) return;
-      joined_cv_.wait(lk, [&] { return joining_ == 0 || !workers_.empty(); });
-    }
-  }
+  SINGLEFLIGHT_DECL void join_all(std::unique_lock<std::mutex>& lk);
 
   // Moves finished workers to `out` (counted in joining_), to be joined without the lock.
-  void reap_locked(std::list<worker>& out) {
-    for (auto it = workers_.begin(); it != workers_.end();) {
-      auto next = std::next(it);
-      if (it->finished) {
-        out.splice(out.end(), workers_, it);
-        ++joining_;
-      }
-      it = next;
-    }
-  }
-  void join_reaped(std::list<worker>& done) {
-    if (done.empty()) return;
-    for (worker& w : done) w.thread.join();  // finished: returns at once
-    std::lock_guard<std::mutex> lk(mu_);
-    joining_ -= done.size();
-    joined_cv_.notify_all();
-  }
+  SINGLEFLIGHT_DECL void reap_locked(std::list<worker>& out);
+  SINGLEFLIGHT_DECL void join_reaped(std::list<worker>& done);
 
   // The worker_threads whose thread this is (null on any other thread).
   static inline thread_local const worker_threads* current_ = nullptr;
@@ -276,3 +156,7 @@ class worker_threads {
 };
 
 }  // namespace singleflight::detail
+
+#if !defined(SINGLEFLIGHT_SEPARATE_COMPILATION)
+#include "impl/worker_threads.ipp"
+#endif

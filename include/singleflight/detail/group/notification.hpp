@@ -25,6 +25,7 @@
 
 #include "../../options.hpp"
 #include "../../task.hpp"
+#include "../config.hpp"
 #include "frames.hpp"
 #include "shard_set.hpp"
 #include "wake_batch.hpp"
@@ -33,7 +34,8 @@ namespace singleflight::detail {
 
 class notifier : public shard_set {
  public:
-  explicit notifier(options opts) : shard_set(std::move(opts)) {}
+  SINGLEFLIGHT_DECL explicit notifier(options opts);
+  SINGLEFLIGHT_DECL ~notifier();
 
   // notify(g, s, wake)
   //
@@ -42,40 +44,14 @@ class notifier : public shard_set {
   // the group, which may be gone by then (the caller no longer counts as a
   // user). A batch with them registers a loop record (with a user count of
   // its own, so that it can unregister: the group stays alive meanwhile).
-  static void notify(notifier* g, shard& s, wake_batch& wake) noexcept {
-    if (!wake.has_observers()) {
-      wake.signal_all();
-      return;
-    }
-    loop_record rec(&wake);
-    {
-      std::lock_guard<std::mutex> lk(s.mu);
-      g->enter_user(s);
-      s.loops.push(rec);
-      g->loops_registered_.fetch_add(1, std::memory_order_relaxed);
-    }
-    g->run_loop(rec);
-    if (rec.orphaned) return;  // code this loop ran destroyed the group
-    std::lock_guard<std::mutex> lk(s.mu);
-    s.loops.erase(rec);
-    g->loops_registered_.fetch_sub(1, std::memory_order_relaxed);
-    g->exit_user(s);
-  }
+  SINGLEFLIGHT_DECL static void notify(notifier* g, shard& s, wake_batch& wake) noexcept;
 
  protected:
   // Notifies what is left of a loop's batch, then runs the flights started
   // inside it (deferred by hand_off), including any started meanwhile. On
   // the loop's own thread, without any lock. A forced unwind out of a
   // deferred fn meets this noexcept frame: std::terminate (documented).
-  void run_loop(loop_record& rec) noexcept {
-    for (;;) {
-      rec.batch->signal_all();
-      if (rec.orphaned || rec.deferred.empty()) return;
-      task t = std::move(rec.deferred.front());
-      rec.deferred.erase(rec.deferred.begin());
-      t();
-    }
-  }
+  SINGLEFLIGHT_DECL void run_loop(loop_record& rec) noexcept;
 
   // A thread about to block inside the group first runs what it itself holds
   // back: the rest of its notification loops and the flights started in
@@ -84,18 +60,11 @@ class notifier : public shard_set {
   // it sees it (memory ordering: relaxed suffices for that).
   void drain_own() {
     if (loops_registered_.load(std::memory_order_relaxed) == 0) return;
-    const auto me = std::this_thread::get_id();
-    for (;;) {
-      loop_record* r = nullptr;
-      for (std::size_t i = 0; i < this->shard_count() && r == nullptr; ++i) {
-        shard& s = this->shard_at(i);
-        std::lock_guard<std::mutex> lk(s.mu);
-        r = loop_with_work(s.loops, me);
-      }
-      if (r == nullptr) return;
-      run_loop(*r);
-    }
+    drain_own_loops();
   }
+
+  // drain_own()'s work once some loop is registered.
+  SINGLEFLIGHT_DECL void drain_own_loops();
 
   // The user counts `me` holds in shard s (its frames and loops): close()
   // from code this thread runs does not wait for them. Under s's lock.
@@ -111,25 +80,14 @@ class notifier : public shard_set {
 
   // Marks every loop of this thread orphaned and unlinks it (the destructor,
   // run by code one of them called). Takes each shard's lock.
-  void orphan_own_loops() noexcept {
-    const auto me = std::this_thread::get_id();
-    for (std::size_t i = 0; i < this->shard_count(); ++i) {
-      shard& s = this->shard_at(i);
-      std::lock_guard<std::mutex> lk(s.mu);
-      for (loop_record* l = s.loops.head(); l != nullptr;) {
-        loop_record* next = l->next;
-        if (l->thread == me) {
-          l->orphaned = true;
-          s.loops.erase(*l);
-          loops_registered_.fetch_sub(1, std::memory_order_relaxed);
-        }
-        l = next;
-      }
-    }
-  }
+  SINGLEFLIGHT_DECL void orphan_own_loops() noexcept;
 
  private:
   std::atomic<std::size_t> loops_registered_{0};
 };
 
 }  // namespace singleflight::detail
+
+#if !defined(SINGLEFLIGHT_SEPARATE_COMPILATION)
+#include "impl/notification.ipp"
+#endif

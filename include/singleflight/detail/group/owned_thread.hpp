@@ -30,6 +30,7 @@
 #include <utility>
 
 #include "../../task.hpp"
+#include "../config.hpp"
 #include "../library_thread.hpp"
 
 namespace singleflight::detail {
@@ -57,16 +58,15 @@ class owned_thread {
   // Neither is a template on the body: the thread's entry (its std::thread state) is compiled
   // once for every group type, and a group type adds one plain function per loop.
   using loop_fn = void (*)(void* owner, home& self);
-  owned_thread(loop_fn loop, void* owner)
-      : owned_thread(started_tag{}, [loop, owner](home& h) { loop(owner, h); }) {}
-  explicit owned_thread(task tk)
-      : owned_thread(started_tag{}, [body = std::move(tk)](home&) mutable { body(); }) {}
+  SINGLEFLIGHT_DECL owned_thread(loop_fn loop, void* owner);
+  SINGLEFLIGHT_DECL explicit owned_thread(task tk);
 
-  owned_thread(owned_thread&&) noexcept = default;
-  owned_thread& operator=(owned_thread&&) noexcept = default;
+  SINGLEFLIGHT_DECL owned_thread(owned_thread&&) noexcept;
+  SINGLEFLIGHT_DECL owned_thread& operator=(owned_thread&&) noexcept;
   owned_thread(const owned_thread&) = delete;
   owned_thread& operator=(const owned_thread&) = delete;
-  ~owned_thread() = default;  // joined or orphaned by then (std::thread terminates otherwise)
+  // Joined or orphaned by then (std::thread terminates otherwise).
+  SINGLEFLIGHT_DECL ~owned_thread();
 
   bool started() const noexcept { return thread_.joinable(); }
   bool is_current() const noexcept { return started() && id_ == std::this_thread::get_id(); }
@@ -74,39 +74,17 @@ class owned_thread {
 
   // Joins the thread unless it is the calling thread. Returns false (and
   // leaves the thread alone) when it is.
-  bool join_unless_current() {
-    if (!started()) return true;
-    if (is_current()) return false;
-    thread_.join();
-    return true;
-  }
+  SINGLEFLIGHT_DECL bool join_unless_current();
 
   // For the destructor: joins the thread, or, on the thread itself, detaches
   // it and marks it orphaned.
-  void join_or_orphan() {
-    if (!started()) return;
-    if (is_current()) {
-      home_->orphaned = true;
-      thread_.detach();
-      return;
-    }
-    thread_.join();
-  }
+  SINGLEFLIGHT_DECL void join_or_orphan();
 
  private:
   struct started_tag {};
+  // Starts body(home&) on a new thread. Defined, and instantiated, in the .ipp only.
   template <class F>
-  owned_thread(started_tag, F body) : home_(std::make_shared<home>()) {
-    thread_ = std::thread([h = home_, body = std::move(body)]() mutable {
-      library_thread::mark();
-      struct finished {
-        home* h;
-        ~finished() { h->done.store(true, std::memory_order_release); }  // also on unwind
-      } mark{h.get()};
-      body(*h);
-    });
-    id_ = thread_.get_id();
-  }
+  owned_thread(started_tag, F body);
 
   std::shared_ptr<home> home_;
   std::thread thread_;
@@ -114,3 +92,7 @@ class owned_thread {
 };
 
 }  // namespace singleflight::detail
+
+#if !defined(SINGLEFLIGHT_SEPARATE_COMPILATION)
+#include "impl/owned_thread.ipp"
+#endif
