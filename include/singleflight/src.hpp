@@ -12,6 +12,7 @@
     "singleflight/src.hpp is for compiled mode: define SINGLEFLIGHT_SEPARATE_COMPILATION for every translation unit of the program (or link singleflight::compiled)"
 #endif
 
+#include "detail/cache/impl/read_gate.ipp"
 #include "detail/group/impl/deadlines.ipp"
 #include "detail/group/impl/lifecycle.ipp"
 #include "detail/group/impl/notification.ipp"

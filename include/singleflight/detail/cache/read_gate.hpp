@@ -45,6 +45,8 @@
 #include <new>
 #include <thread>
 
+#include "../config.hpp"
+
 namespace singleflight::detail {
 
 // A small per-thread number, assigned round-robin on first use, used to pick
@@ -62,17 +64,11 @@ inline std::size_t this_thread_ordinal() noexcept {
 class read_gate {
  public:
   // read_gate(shards, stripes): `stripes` must be a power of two.
-  read_gate(std::size_t shards, std::size_t stripes)
-      : shards_(shards),
-        stripes_(stripes),
-        row_(round_up(shards * sizeof(counter), line) / sizeof(counter)),
-        flags_(new flag[shards]),
-        counters_(new counter_line[stripes * row_ / per_line]),
-        spilled_(new total[stripes]) {}
+  SINGLEFLIGHT_DECL read_gate(std::size_t shards, std::size_t stripes);
 
   read_gate(const read_gate&) = delete;
   read_gate& operator=(const read_gate&) = delete;
-  ~read_gate() = default;
+  SINGLEFLIGHT_DECL ~read_gate();
 
   std::size_t stripes() const noexcept { return stripes_; }
 
@@ -99,38 +95,16 @@ class read_gate {
   }
 
   // hits(): hits counted by leave(), over every stripe and shard.
-  std::uint64_t hits() const noexcept {
-    std::uint64_t n = 0;
-    for (std::size_t s = 0; s < stripes_; ++s) {
-      n += spilled_[s].n.load(std::memory_order_relaxed);
-      for (std::size_t sh = 0; sh < shards_; ++sh) {
-        n += at(s, sh).load(std::memory_order_relaxed) >> 32U;
-      }
-    }
-    return n;
-  }
+  SINGLEFLIGHT_DECL std::uint64_t hits() const noexcept;
 
   // hits_of(shard): the hits counted by leave() for one shard, over every
   // stripe (relaxed: a count). Runs back by 2^31 when a stripe's counter of
   // the shard spills its hits to the stripe's total (spill()).
-  std::uint64_t hits_of(std::size_t shard) const noexcept {
-    std::uint64_t n = 0;
-    for (std::size_t s = 0; s < stripes_; ++s)
-      n += at(s, shard).load(std::memory_order_relaxed) >> 32U;
-    return n;
-  }
+  SINGLEFLIGHT_DECL std::uint64_t hits_of(std::size_t shard) const noexcept;
 
   // lock_out(shard): with the shard's mutex held, makes new readers back off
   // and waits for those inside to leave.
-  void lock_out(std::size_t shard) noexcept {
-    flags_[shard].closed.store(true, std::memory_order_seq_cst);
-    for (std::size_t s = 0; s < stripes_; ++s) {
-      const counter& c = at(s, shard);
-      for (unsigned spins = 0; (c.load(std::memory_order_seq_cst) & readers_mask) != 0; ++spins) {
-        if (spins >= 64) std::this_thread::yield();  // a reader was preempted inside
-      }
-    }
-  }
+  SINGLEFLIGHT_DECL void lock_out(std::size_t shard) noexcept;
 
   // let_in(shard): readers may enter again; publishes the writer's changes.
   void let_in(std::size_t shard) noexcept {
@@ -160,15 +134,7 @@ class read_gate {
   }
   // Moves the hits of `c` to the stripe's total (exactly what was read, with
   // a CAS, so that concurrent spills never subtract twice).
-  void spill(counter& c, std::size_t stripe) noexcept {
-    std::uint64_t v = c.load(std::memory_order_relaxed);
-    while ((v >> 32U) >= (std::uint64_t{1} << 31U)) {
-      if (c.compare_exchange_weak(v, v & readers_mask, std::memory_order_relaxed)) {
-        spilled_[stripe].n.fetch_add(v >> 32U, std::memory_order_relaxed);
-        return;
-      }
-    }
-  }
+  SINGLEFLIGHT_DECL void spill(counter& c, std::size_t stripe) noexcept;
 
   std::size_t shards_;
   std::size_t stripes_;
@@ -179,3 +145,7 @@ class read_gate {
 };
 
 }  // namespace singleflight::detail
+
+#if !defined(SINGLEFLIGHT_SEPARATE_COMPILATION)
+#include "impl/read_gate.ipp"
+#endif
