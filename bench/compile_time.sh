@@ -10,6 +10,13 @@
 # disturbed than wall time by other work on the machine), peak RSS (from /usr/bin/time, when
 # it is installed), and each program's ratio to its baseline (of the CPU seconds).
 #
+# Then compiled mode (SINGLEFLIGHT_SEPARATE_COMPILATION, docs/performance.md "Compile time"):
+# group.cpp and cache.cpp compiled in both modes, alternately (run i of one mode, then run i
+# of the other: a machine's load drifts, and both modes see the same drift), with the number
+# of functions each TU defines (exact: clang++ -O0 -S -emit-llvm, lines starting "define"), and
+# src/singleflight.cpp, the one TU that compiled mode adds to a build (a fixed cost per build,
+# not per TU).
+#
 #   bench/compile_time.sh                     # g++ and clang++, 3 runs each
 #   RUNS=5 bench/compile_time.sh              # medians of 5
 #   COMPILERS=g++ bench/compile_time.sh       # one compiler
@@ -32,30 +39,51 @@ trap 'rm -rf "$tmp"' EXIT
 # median of the numbers on stdin
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.3f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
-# measure <compiler> <file>: prints "wall cpu rss_mb" (medians of $runs)
+# once <tag> <compiler> <file> [flag...]: compiles file once, appends wall, CPU and RSS to
+# $tmp/<tag>.w, .c, .r
+once() {
+  local tag=$1 cxx=$2 file=$3
+  shift 3
+  if [ -n "$timebin" ]; then
+    "$timebin" -f '%e %U %S %M' -o "$tmp/t" \
+      "$cxx" -std=c++20 -O2 "${extra[@]}" "$@" -I "$root/include" -c "$file" -o "$tmp/o.o"
+    read -r wall user sys rss <"$tmp/t"
+  else
+    local t0 t1
+    t0=$(date +%s.%N)
+    "$cxx" -std=c++20 -O2 "${extra[@]}" "$@" -I "$root/include" -c "$file" -o "$tmp/o.o"
+    t1=$(date +%s.%N)
+    wall=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')
+    user=$wall sys=0 rss=0
+  fi
+  echo "$wall" >>"$tmp/$tag.w"
+  awk -v u="$user" -v s="$sys" 'BEGIN { printf "%.2f\n", u + s }' >>"$tmp/$tag.c"
+  echo "$rss" >>"$tmp/$tag.r"
+}
+
+# medians <tag>: prints "wall cpu rss_mb", the medians of what once() recorded under tag
+medians() {
+  echo "$(median <"$tmp/$1.w") $(median <"$tmp/$1.c") $(median <"$tmp/$1.r" | awk '{ printf "%.0f", $1 / 1024 }')"
+}
+
+# measure <compiler> <file> [flag...]: prints "wall cpu rss_mb" (medians of $runs)
 measure() {
-  local cxx=$1 file=$2 i
-  : >"$tmp/w"
-  : >"$tmp/c"
-  : >"$tmp/r"
-  for ((i = 0; i < runs; i++)); do
-    if [ -n "$timebin" ]; then
-      "$timebin" -f '%e %U %S %M' -o "$tmp/t" \
-        "$cxx" -std=c++20 -O2 "${extra[@]}" -I "$root/include" -c "$file" -o "$tmp/o.o"
-      read -r wall user sys rss <"$tmp/t"
-    else
-      local t0 t1
-      t0=$(date +%s.%N)
-      "$cxx" -std=c++20 -O2 "${extra[@]}" -I "$root/include" -c "$file" -o "$tmp/o.o"
-      t1=$(date +%s.%N)
-      wall=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')
-      user=$wall sys=0 rss=0
-    fi
-    echo "$wall" >>"$tmp/w"
-    awk -v u="$user" -v s="$sys" 'BEGIN { printf "%.2f\n", u + s }' >>"$tmp/c"
-    echo "$rss" >>"$tmp/r"
-  done
-  echo "$(median <"$tmp/w") $(median <"$tmp/c") $(median <"$tmp/r" | awk '{ printf "%.0f", $1 / 1024 }')"
+  local i
+  rm -f "$tmp"/m.*
+  for ((i = 0; i < runs; i++)); do once m "$@"; done
+  medians m
+}
+
+# functions <file> [flag...]: the number of functions the TU defines (clang++ -O0), or "-"
+functions() {
+  local file=$1
+  shift
+  if ! command -v clang++ >/dev/null; then
+    echo -
+    return
+  fi
+  clang++ -std=c++20 -O0 "${extra[@]}" "$@" -I "$root/include" -S -emit-llvm "$file" -o - |
+    grep -c '^define'
 }
 
 echo "compile time, -std=c++20 -O2 -c ${extra[*]:-}, medians of $runs ($(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?'))"
@@ -73,4 +101,28 @@ for cxx in "${compilers[@]}"; do
     printf '%-10s %-18s %8s %8s %8s %8s\n' "$cxx" "$naive.cpp" "$nw" "$nc" "$nr" "1.00x"
     printf '%-10s %-18s %8s %8s %8s %8s\n' "$cxx" "$prog.cpp" "$pw" "$pc" "$pr" "$ratio"
   done
+done
+
+sep=-DSINGLEFLIGHT_SEPARATE_COMPILATION
+echo
+echo "compiled mode ($sep), the two modes alternately, medians of $runs; functions: clang++ -O0"
+printf '%-10s %-18s %-12s %8s %8s %8s %9s\n' compiler program mode wall_s cpu_s rss_MB functions
+for cxx in "${compilers[@]}"; do
+  command -v "$cxx" >/dev/null || continue
+  for prog in group cache; do
+    rm -f "$tmp"/h.* "$tmp"/s.*
+    for ((i = 0; i < runs; i++)); do
+      once h "$cxx" "$src/$prog.cpp"
+      once s "$cxx" "$src/$prog.cpp" "$sep"
+    done
+    read -r hw hc hr <<<"$(medians h)"
+    read -r sw sc sr <<<"$(medians s)"
+    printf '%-10s %-18s %-12s %8s %8s %8s %9s\n' "$cxx" "$prog.cpp" header-only "$hw" "$hc" "$hr" \
+      "$(functions "$src/$prog.cpp")"
+    printf '%-10s %-18s %-12s %8s %8s %8s %9s\n' "$cxx" "$prog.cpp" compiled "$sw" "$sc" "$sr" \
+      "$(functions "$src/$prog.cpp" "$sep")"
+  done
+  read -r lw lc lr <<<"$(measure "$cxx" "$root/src/singleflight.cpp" "$sep")"
+  printf '%-10s %-18s %-12s %8s %8s %8s %9s\n' "$cxx" "src/singleflight" "once/build" "$lw" "$lc" \
+    "$lr" "$(functions "$root/src/singleflight.cpp" "$sep")"
 done
