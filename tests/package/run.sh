@@ -214,6 +214,16 @@ $(grep 'consumer:' "$dir/configure.log" || cat "$dir/configure.log")"
     out="$("$dir/build/consumer_asio")" || fail "$mode: the consumer's Asio program failed: $out"
     log "  $out"
   fi
+  # From a source tree (add_subdirectory, FetchContent of the checkout) singleflight::compiled
+  # exists too, and the same program linked against it (compiled mode) must work; an installed
+  # package has no such target.
+  if grep -q 'consumer: singleflight::compiled available' "$dir/configure.log"; then
+    out="$("$dir/build/consumer_compiled")" ||
+      fail "$mode: the consumer's compiled-mode program failed: $out"
+    log "  compiled mode: $out"
+  elif grep -q 'built from the source tree' "$dir/configure.log"; then
+    fail "$mode: singleflight::compiled is not defined from the source tree"
+  fi
 }
 
 re_quote() { printf '%s' "$1" | sed 's/[][\.*^$(){}+?|/]/\\&/g'; }
