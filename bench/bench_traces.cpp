@@ -189,25 +189,13 @@ int main(int argc, char** argv) {
     }
   }
   const auto dir = sftrace::traces_dir(dir_arg);
-  struct plan {
-    const char* name;
-    std::size_t caps[3];
-  };
-  const plan plans[] = {
-      {"web07", {1000, 3000, 10000}},    {"web12", {1000, 3000, 8000}},
-      {"orm-busy", {1000, 5000, 20000}}, {"w106", {5000, 25000, 100000}},
-      {"multi2", {500, 1000, 2000}},     {"sprite", {100, 500, 1000}},
-      {"gli", {250, 1000, 2000}},
-  };
   std::vector<std::vector<std::uint32_t>> traces;
-  traces.reserve(std::size(plans) + 2);
+  traces.reserve(std::size(sftrace::all_traces) + 2);
   std::vector<cell> cells;
-  for (const plan& p : plans) {
-    if (only != nullptr && std::strcmp(only, p.name) != 0) continue;
-    for (const auto& spec : sftrace::all_traces) {
-      if (std::strcmp(spec.name, p.name) == 0) traces.push_back(sftrace::read_trace(dir, spec));
-    }
-    for (const std::size_t c : p.caps) cells.push_back({p.name, c, &traces.back()});
+  for (const auto& spec : sftrace::all_traces) {
+    if (only != nullptr && std::strcmp(only, spec.name) != 0) continue;
+    traces.push_back(sftrace::read_trace(dir, spec));
+    for (const std::size_t c : spec.capacity) cells.push_back({spec.name, c, &traces.back()});
   }
   if (only == nullptr || std::strcmp(only, "round-robin") == 0) {
     traces.push_back(round_robin(1024, 100));

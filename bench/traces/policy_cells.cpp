@@ -8,59 +8,31 @@
 //   /tmp/pc web07      # the cells whose name contains "web07"
 // The traces' directory as for bench_traces ($SINGLEFLIGHT_TRACES, else ../shared/traces).
 //
-// The policy is driven as policy_timeline drives it (a hit touches the entry's bits, a miss evicts
-// first when the shard holds its capacity, then inserts; the policy's clock is the hits so far;
-// the fingerprint is the key times the mixing constant). It does not reproduce the cache in every
-// detail: its figures differ from bench_traces's "1 shard" column by up to a few tenths on some
-// cells (round-robin 1.05x: 92.33 against 93.03), so a variant it passes still needs the full run.
-// Output: one line a cell, "name@capacity hit-ratio-in-%", and "scan" with the scan case's
-// hot-key miss ratio (bench_traces's last table).
+// The policy is driven as policy_timeline drives it (policy_shard.hpp). It does not reproduce the
+// cache in every detail: its figures differ from bench_traces's "1 shard" column by up to a few
+// tenths on some cells (round-robin 1.05x: 92.33 against 93.03), so a variant it passes still needs
+// the full run. Output: one line a cell, "name@capacity hit-ratio-in-%", and "scan" with the scan
+// case's hot-key miss ratio (bench_traces's last table).
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
-#include "singleflight/detail/cache/cache_policy.hpp"
+#include "traces/policy_shard.hpp"
 #include "traces/trace_file.hpp"
 
 namespace {
 
-struct entry : singleflight::detail::policy_hook {
-  std::uint32_t key = 0;
-};
-
-// The policy over t at `capacity`; `hit(i)` is told whether access i hit.
+// The policy over t at `capacity`; `on_access(i, hit)` is told whether access i hit.
 template <class OnAccess>
 double drive(const std::vector<std::uint32_t>& t, std::size_t capacity, OnAccess&& on_access) {
-  singleflight::detail::wtinylfu policy;
-  policy.configure(capacity);
-  std::unordered_map<std::uint32_t, entry*> at;
+  sftrace::policy_shard<> shard(capacity);
   std::uint64_t hits = 0;
-  const auto clock = [&hits] { return hits; };
-  const auto dead = [](const singleflight::detail::policy_hook*) { return false; };
   for (std::size_t i = 0; i < t.size(); ++i) {
-    const std::uint32_t k = t[i];
-    if (auto f = at.find(k); f != at.end()) {
-      ++hits;
-      f->second->touch();
-      on_access(i, true);
-      continue;
-    }
-    on_access(i, false);
-    if (policy.size() >= capacity) {
-      auto* v = static_cast<entry*>(policy.evict(dead, clock));
-      at.erase(v->key);
-      delete v;
-    }
-    auto* n = new entry;
-    n->key = k;
-    n->fingerprint = std::uint64_t{k} * 0x9E3779B97F4A7C15ULL;
-    policy.insert(n, clock);
-    at[k] = n;
+    const bool hit = shard.access(t[i]) != nullptr;
+    hits += hit ? 1 : 0;
+    on_access(i, hit);
   }
-  for (const auto& [key, e] : at) delete e;
   return 100.0 * static_cast<double>(hits) / static_cast<double>(t.size());
 }
 
@@ -71,25 +43,14 @@ int main(int argc, char** argv) {
   const auto wanted = [only](const std::string& name) {
     return only == nullptr || name.find(only) != std::string::npos;
   };
-  struct plan {
-    const char* name;
-    std::size_t caps[3];
-  };
-  const plan plans[] = {
-      {"web07", {1000, 3000, 10000}},    {"web12", {1000, 3000, 8000}},
-      {"orm-busy", {1000, 5000, 20000}}, {"w106", {5000, 25000, 100000}},
-      {"multi2", {500, 1000, 2000}},     {"sprite", {100, 500, 1000}},
-      {"gli", {250, 1000, 2000}},
-  };
   const auto dir = sftrace::traces_dir(nullptr);
   const auto none = [](std::size_t, bool) {};
-  for (const plan& p : plans) {
-    if (!wanted(p.name)) continue;
-    std::vector<std::uint32_t> t;
-    for (const auto& spec : sftrace::all_traces) {
-      if (std::strcmp(spec.name, p.name) == 0) t = sftrace::read_trace(dir, spec);
+  for (const auto& spec : sftrace::all_traces) {
+    if (!wanted(spec.name)) continue;
+    const std::vector<std::uint32_t> t = sftrace::read_trace(dir, spec);
+    for (const std::size_t c : spec.capacity) {
+      std::printf("%s@%zu %.2f\n", spec.name, c, drive(t, c, none));
     }
-    for (const std::size_t c : p.caps) std::printf("%s@%zu %.2f\n", p.name, c, drive(t, c, none));
     std::fflush(stdout);
   }
   for (const std::size_t hot : {std::size_t{1024}, std::size_t{1075}}) {

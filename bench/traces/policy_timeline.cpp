@@ -7,11 +7,9 @@
 // Arguments: trace name, capacity, segment length in accesses; the traces' directory as for
 // bench_traces ($SINGLEFLIGHT_TRACES, else ../shared/traces).
 //
-// The policy is driven as a shard of a cache with one shard drives it: a hit touches the
-// entry's bits, a miss evicts first when the shard holds its capacity, then inserts; the
-// policy's clock is the hits so far. The fingerprint is the cache's (the key times the mixing
-// constant); it does not reproduce the cache in every detail, so the totals can differ from
-// bench_traces's "1 shard" column by tenths (sprite@1000: 89.32 against 89.51). Per segment: the
+// The policy is driven as a shard of a cache with one shard drives it (policy_shard.hpp); it
+// does not reproduce the cache in every detail, so the totals can differ from bench_traces's
+// "1 shard" column by tenths (sprite@1000: 89.32 against 89.51). Per segment: the
 // window's target share of the capacity and the protected queue's share of main at the segment's
 // end; the segment's evictions that took the window's candidate (it lost its duel against main's
 // victim: "lost") and those that took an entry of main ("victims": a candidate won its duel, or
@@ -33,14 +31,13 @@
 #include <unordered_map>
 #include <vector>
 
-#include "singleflight/detail/cache/cache_policy.hpp"
+#include "traces/policy_shard.hpp"
 #include "traces/reference.hpp"
 #include "traces/trace_file.hpp"
 
 namespace {
 
-struct entry : singleflight::detail::policy_hook {
-  std::uint32_t key = 0;
+struct entry : sftrace::policy_entry {
   bool in_window = false;  // before the eviction being counted
   int reads = 0;           // hits while held
 };
@@ -117,12 +114,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "no trace %s, or a capacity or segment of 0\n", name.c_str());
     return 2;
   }
-  singleflight::detail::wtinylfu policy;
-  policy.configure(capacity);
-  std::unordered_map<std::uint32_t, entry*> at;
-  std::uint64_t hits = 0;
-  const auto clock = [&hits] { return hits; };
-  const auto dead = [](const singleflight::detail::policy_hook*) { return false; };
+  sftrace::policy_shard<entry> shard(capacity);
   lru l(capacity);
   clock_ref c(capacity);
   std::vector<sftrace::s3fifo_where> where;
@@ -140,8 +132,8 @@ int main(int argc, char** argv) {
   std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (std::size_t i = 0; i < t.size(); ++i) {
     const std::uint32_t k = t[i];
-    policy_only += !s3[i] && at.count(k) != 0 ? 1 : 0;
-    if (s3[i] && at.count(k) == 0) {
+    policy_only += !s3[i] && shard.holds(k) ? 1 : 0;
+    if (s3[i] && !shard.holds(k)) {
       std::string cls = "never held";
       if (const auto f = fates.find(k); f != fates.end()) {
         const std::size_t age = i - f->second.at;
@@ -159,28 +151,19 @@ int main(int argc, char** argv) {
                                                            : ", S3-FIFO: main (from ghost)";
       ++s3_only[cls];
     }
-    if (auto f = at.find(k); f != at.end()) {
-      ++hits;
-      ++seg[0];
-      ++f->second->reads;
-      f->second->touch();
-    } else {
-      if (policy.size() >= capacity) {
-        // The eviction took the window's candidate, or an entry of main.
-        for (const auto& [key, e] : at) {
-          e->in_window = e->queue == singleflight::detail::wtinylfu::window_q;
-        }
-        auto* v = static_cast<entry*>(policy.evict(dead, clock));
-        (v->in_window ? lost : victims) += 1;
-        fates[v->key] = {v->in_window, i, v->reads};
-        at.erase(v->key);
-        delete v;
+    // An eviction took the window's candidate (it lost its duel), or an entry of main.
+    const auto mark_window = [&shard] {
+      for (const auto& [key, e] : shard.entries()) {
+        e->in_window = e->queue == singleflight::detail::wtinylfu::window_q;
       }
-      auto* n = new entry;
-      n->key = k;
-      n->fingerprint = std::uint64_t{k} * 0x9E3779B97F4A7C15ULL;
-      policy.insert(n, clock);
-      at[k] = n;
+    };
+    const auto evicted = [&](entry& v) {
+      (v.in_window ? lost : victims) += 1;
+      fates[v.key] = {v.in_window, i, v.reads};
+    };
+    if (entry* e = shard.access(k, mark_window, evicted); e != nullptr) {
+      ++seg[0];
+      ++e->reads;
     }
     seg[1] += l.access(k) ? 1 : 0;
     seg[2] += c.access(k) ? 1 : 0;
@@ -188,17 +171,18 @@ int main(int argc, char** argv) {
     if ((i + 1) % segment == 0 || i + 1 == t.size()) {
       std::size_t prot = 0;
       std::size_t main = 0;
-      for (const auto& [key, e] : at) {
+      for (const auto& [key, e] : shard.entries()) {
         main += e->queue != singleflight::detail::wtinylfu::window_q ? 1 : 0;
         prot += e->queue == singleflight::detail::wtinylfu::protected_q ? 1 : 0;
       }
       const double n = static_cast<double>(i % segment + 1);
-      std::printf("| %zu | %.0f | %.0f | %llu | %llu | %.2f | %.2f | %.2f | %.2f |\n", i + 1,
-                  100.0 * static_cast<double>(policy.window()) / static_cast<double>(capacity),
-                  main == 0 ? 0.0 : 100.0 * static_cast<double>(prot) / static_cast<double>(main),
-                  static_cast<unsigned long long>(lost), static_cast<unsigned long long>(victims),
-                  100.0 * static_cast<double>(seg[0]) / n, 100.0 * static_cast<double>(seg[1]) / n,
-                  100.0 * static_cast<double>(seg[2]) / n, 100.0 * static_cast<double>(seg[3]) / n);
+      std::printf(
+          "| %zu | %.0f | %.0f | %llu | %llu | %.2f | %.2f | %.2f | %.2f |\n", i + 1,
+          100.0 * static_cast<double>(shard.policy().window()) / static_cast<double>(capacity),
+          main == 0 ? 0.0 : 100.0 * static_cast<double>(prot) / static_cast<double>(main),
+          static_cast<unsigned long long>(lost), static_cast<unsigned long long>(victims),
+          100.0 * static_cast<double>(seg[0]) / n, 100.0 * static_cast<double>(seg[1]) / n,
+          100.0 * static_cast<double>(seg[2]) / n, 100.0 * static_cast<double>(seg[3]) / n);
       for (int j = 0; j < 4; ++j) {
         all[j] += seg[j];
         seg[j] = 0;
@@ -226,6 +210,5 @@ int main(int argc, char** argv) {
     std::printf("| %s | %llu |\n", classes[j].second.c_str(),
                 static_cast<unsigned long long>(classes[j].first));
   }
-  for (const auto& [key, e] : at) delete e;
   return 0;
 }

@@ -6,6 +6,7 @@
 //   text, one key a line, gzip:   multi2, sprite, gli (lines "*" and empty are skipped)
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -17,13 +18,16 @@
 namespace sftrace {
 
 struct trace_spec {
-  const char* name;  // file stem
-  bool binary;       // big-endian u32 in .xz; else decimal text in .gz
+  const char* name;         // file stem
+  bool binary;              // big-endian u32 in .xz; else decimal text in .gz
+  std::size_t capacity[3];  // the cache sizes every hit-ratio table measures it at
 };
 
 inline constexpr trace_spec all_traces[] = {
-    {"web07", true},   {"web12", true},   {"orm-busy", true}, {"w106", true},
-    {"multi2", false}, {"sprite", false}, {"gli", false},
+    {"web07", true, {1000, 3000, 10000}},    {"web12", true, {1000, 3000, 8000}},
+    {"orm-busy", true, {1000, 5000, 20000}}, {"w106", true, {5000, 25000, 100000}},
+    {"multi2", false, {500, 1000, 2000}},    {"sprite", false, {100, 500, 1000}},
+    {"gli", false, {250, 1000, 2000}},
 };
 
 // The traces' directory: `arg` if given, else $SINGLEFLIGHT_TRACES, else ../shared/traces next
