@@ -103,9 +103,10 @@
 //   deadlines.hpp       the timer and delivery threads;
 //   lifecycle.hpp       close(), the drain, joining the group's threads;
 //   leader_stop.hpp     an inline leader's stop callback;
+//   execution.hpp       tasks, executors, running fn, completions (a flight's
+//                       body erased: compiled once, not per Key, T or body);
 //   flight_table.hpp    Hash, KeyEqual, the lookup, recycling (the first layer
 //                       that is a template on Key and T: those below are not);
-//   execution.hpp       tasks, executors, running fn, completions;
 //   blocking_calls.hpp  do_, do_fresh, try_do;
 //   async_waiters.hpp   async_do (callbacks) and what co_do builds on;
 //   coroutine.hpp       co_do's awaiter;

@@ -139,7 +139,8 @@ class async_calls : public blocking_calls<Key, T, Hash, KeyEqual> {
   static outcome<T> make_outcome(const async_node& n) noexcept {
     if (!n.error && n.result == kind::value) {
       try {
-        return outcome<T>(from_flight, n.info, std::in_place, *n.f->value);
+        return outcome<T>(from_flight, n.info, std::in_place,
+                          *static_cast<flight_t*>(n.f.get())->value);
       } catch (...) {
         return outcome<T>(from_flight, n.info, status::failed, std::current_exception());
       }
@@ -369,7 +370,7 @@ class async_calls : public blocking_calls<Key, T, Hash, KeyEqual> {
     flight_t* f = nullptr;
     try {
       if (!fn_is_callers) owned.emplace(std::forward<F>(fn));  // nothing changed yet
-      f = this->acquire(s, base::template needs_stop<Fn>);
+      f = this->acquire(s, base::template needs_stop<Fn, T>);
       this->insert(s, key, n->mixed, f);
     } catch (...) {
       this->unreserve_entry();
@@ -404,8 +405,12 @@ class async_calls : public blocking_calls<Key, T, Hash, KeyEqual> {
     // (they could not even leave on their stop; found by the spin model).
     // Without an executor it is queued and run once the loop is over.
     const bool defer = !first;
-    const bool stop = owned ? this->hand_off(lk, f, std::move(*owned), wake, defer)
-                            : this->hand_off(lk, f, std::forward<F>(fn), wake, defer);
+    // fn, or the node's copy (moved into the task).
+    void* fnp =
+        owned ? base::fn_ptr(__builtin_addressof(*owned)) : base::fn_ptr(__builtin_addressof(fn));
+    const typename base::body b{
+        fnp, owned ? &base::template body_ops_of<Fn, T> : &base::template body_ops_of<F, T>};
+    const bool stop = this->hand_off(lk, f, b, wake, defer);
     unwind.disarm();
     s.frames.erase(fr);
     this->exit_user(s);
@@ -428,7 +433,7 @@ class async_calls : public blocking_calls<Key, T, Hash, KeyEqual> {
       // Not attached (yet, or between two rounds): the attaching thread
       // sees `leaving` and answers cancelled itself.
       if (!n->linked) return;
-      flight_t* f = n->f.get();
+      flight_base* f = n->f.get();
       f->list.erase(*n);
       s.bounds.unlink(*n);
       if (n->observer) {

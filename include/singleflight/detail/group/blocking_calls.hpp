@@ -37,6 +37,7 @@
 #include "../unwind.hpp"
 #include "blocking_waiters.hpp"
 #include "execution.hpp"
+#include "flight_table.hpp"
 #include "hooks.hpp"
 #include "outcomes.hpp"
 #include "placement.hpp"
@@ -44,8 +45,8 @@
 namespace singleflight::detail {
 
 template <class Key, class T, class Hash, class KeyEqual>
-class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
-  using base = execution<Key, T, Hash, KeyEqual>;
+class blocking_calls : public flight_table<Key, T, Hash, KeyEqual> {
+  using base = flight_table<Key, T, Hash, KeyEqual>;
 
  public:
   using typename base::flight_t;
@@ -69,6 +70,19 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
   // An inline leader's stop callback (leader_stop.hpp: not a template).
   using typename base::leave_on_stop;
 
+  // Whether F is a body erased by call_with (execution::body).
+  template <class Fn>
+  static constexpr bool erased = std::is_same_v<Fn, typename base::body>;
+  // Whether a body of type Fn may run on its leader's thread (lead_inline):
+  // a sync fn that is not task_only.
+  template <class Fn>
+  static constexpr bool has_inline_path = !async_fn<Fn, T> && !is_task_only<Fn>;
+  // Whether call_with erases a body passed as F (it has no inline path).
+  template <class F>
+  static constexpr bool erases = !erased<std::decay_t<F>> && !has_inline_path<std::decay_t<F>>;
+  template <class F>
+  static constexpr bool keeps = !erases<F>;
+
   // call_with(key, fn, caller, fresh, info, local)
   //
   // The whole blocking call but the delivery: returns the ticket once the
@@ -82,8 +96,9 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
   // an immediate timeout; otherwise the timer is made sure to run (an inline
   // leader's bound needs it), which may throw std::system_error first.
   template <class P, class F>
-  ticket call_with(const P& key, F&& fn, const stop_token& caller, bool fresh, call_info* info,
-                   std::optional<T>& local, const steady::time_point* bound = nullptr) {
+  requires keeps<F> ticket call_with(const P& key, F&& fn, const stop_token& caller, bool fresh,
+                                     call_info* info, std::optional<T>& local,
+                                     const steady::time_point* bound = nullptr) {
     if (info != nullptr) *info = call_info{};
     const bool expired = bound != nullptr && *bound <= steady::now();
     if (bound != nullptr && !expired) this->ensure_timer();
@@ -106,6 +121,20 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
     return t;
   }
 
+  // A body that always runs as a task (an async fn, task_only) reaches fn
+  // only through hand_off: erased here, so that the route below (locked_call
+  // down to lead) is compiled once for all such bodies of this group type
+  // rather than once for each.
+  template <class P, class F>
+  requires erases<F> ticket call_with(const P& key, F&& fn, const stop_token& caller, bool fresh,
+                                      call_info* info, std::optional<T>& local,
+                                      const steady::time_point* bound = nullptr) {
+    return call_with(key,
+                     typename base::body{base::fn_ptr(__builtin_addressof(fn)),
+                                         &base::template body_ops_of<F, T>},
+                     caller, fresh, info, local, bound);
+  }
+
   // to_outcome(t, local, info): the same as an outcome, without a throw.
   // g++ 12 at -O1 (the tsan preset) reports `local`'s payload as maybe
   // uninitialized once this is inlined into try_do, though it is read only
@@ -120,7 +149,8 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
       case kind::value:
         try {
           if (local) return outcome<T>(from_flight, info, std::in_place, std::move(*local));
-          return outcome<T>(from_flight, info, std::in_place, *t.f->value);  // our own copy
+          return outcome<T>(from_flight, info, std::in_place,
+                            *static_cast<flight_t*>(t.f.get())->value);  // our own copy
         } catch (...) {
           return outcome<T>(from_flight, info, status::failed, std::current_exception());
         }
@@ -144,7 +174,8 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
         // lets GCC see that its payload is initialized here (-O3
         // -Wmaybe-uninitialized otherwise, in the caller's code).
         if (local) return std::move(*local);
-        return *t.f->value;  // each caller's own copy, made outside the lock
+        return *static_cast<flight_t*>(t.f.get())
+                    ->value;  // each caller's own copy, made outside the lock
       case kind::fn_error:
       case kind::dropped:
         std::rethrow_exception(t.f->error);
@@ -356,7 +387,11 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
     }
     flight_t* f = nullptr;
     try {
-      f = this->acquire(s, base::template needs_stop<Fn>);
+      if constexpr (erased<Fn>) {
+        f = this->acquire(s, fn.ops->needs_stop);
+      } else {
+        f = this->acquire(s, base::template needs_stop<Fn, T>);
+      }
       this->insert(s, key, mixed, f);
     } catch (...) {
       this->unreserve_entry();
@@ -368,57 +403,69 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
     if (info != nullptr) *info = call_info{role::leader, this->number(*f)};
     ref_t mine = ref_t::share(f);
 
-    if constexpr (is_inline_only<Fn>) {
+    if constexpr (erased<Fn>) {
+      // An async fn, or task_only: only ever passed to a group with an
+      // executor (placement.hpp); lead_inline is never taken.
+      assert((this->opts().executor || fn.ops->run->start != nullptr) &&
+             "singleflight: task_only body in a group without an executor");
+      return lead_task(lk, s, std::move(mine), fn, caller, w, bound);
+    } else if constexpr (is_inline_only<Fn>) {
       // Only ever passed to a group without an executor (placement.hpp): the task path below,
       // and the task it would compile for fn, is never taken.
       assert(!this->opts().executor &&
              "singleflight: inline_only body in a group with an executor");
       return lead_inline(lk, s, std::move(mine), fn, caller, w, local, bound);
     } else {
-      // task_only: only ever passed to a group with an executor; lead_inline is never taken.
-      assert((!is_task_only<Fn> || this->opts().executor) &&
-             "singleflight: task_only body in a group without an executor");
-      if constexpr (!async_fn<Fn, T> && !is_task_only<Fn>) {
-        if (!this->opts().executor)
-          return lead_inline(lk, s, std::move(mine), fn, caller, w, local, bound);
-      }
-
-      // Executor, or an async fn: package fn into a task, hand it off (to the
-      // executor; an async fn without one is started right here) and wait like
-      // everyone else. The leader counts in f->waiters from the start, but
-      // links its waiter only once the hand-off is over: a waiter claimed while
-      // this thread still had to come back for the lock would be counted out
-      // too early (found by the spin model: close() could return while the
-      // leader was in here).
-      ticket t;
-      {
-        // The executor (or an async fn started here) is user code run while
-        // this caller's count is held: close() from it must not wait for it.
-        frame fr;
-        s.frames.push(fr);
-        // A synchronous executor's fn may end this thread: run_task fails the
-        // flight; this caller's count goes here (call_with rethrows untouched).
-        on_unwind unwind([&] {
-          if (!lk.owns_lock()) lk.lock();
-          s.frames.erase(fr);
-          this->exit_user(s);
-          lk.unlock();
-        });
-        t.stop = this->hand_off(lk, f, std::forward<F>(fn), t.wake);
-        unwind.disarm();
-        s.frames.erase(fr);
-      }
-      if (f->kind != kind::pending) {
-        // Settled while we were submitting (the task ran, the deadline, close,
-        // or the failure above): take the outcome directly.
-        t.outcome = f->kind;
-        t.f = std::move(mine);
-        return t;  // lock held: the caller does the bookkeeping
-      }
-      w.reset(/*as_observer=*/false);
-      f->list.push(w);
-      return wait_outcome(lk, s, std::move(mine), caller, w, /*is_leader=*/true, bound);
+      static_assert(has_inline_path<Fn>, "erased by call_with");
+      if (!this->opts().executor)
+        return lead_inline(lk, s, std::move(mine), fn, caller, w, local, bound);
+      return lead_task(lk, s, std::move(mine),
+                       {base::fn_ptr(__builtin_addressof(fn)), &base::template body_ops_of<F, T>},
+                       caller, w, bound);
     }
+  }
+
+  // lead_task(lk, s, mine, fn, caller, w, bound): the leader's part when fn
+  // runs as a task: an executor, or an async fn. Not a template on the body
+  // (fn is erased, execution::body): compiled once per group type.
+  ticket lead_task(std::unique_lock<std::mutex>& lk, shard& s, ref_t mine, typename base::body fn,
+                   const stop_token& caller, blocking_waiter& w, const steady::time_point* bound) {
+    flight_base* f = mine.get();
+    // Executor, or an async fn: package fn into a task, hand it off (to the
+    // executor; an async fn without one is started right here) and wait like
+    // everyone else. The leader counts in f->waiters from the start, but
+    // links its waiter only once the hand-off is over: a waiter claimed while
+    // this thread still had to come back for the lock would be counted out
+    // too early (found by the spin model: close() could return while the
+    // leader was in here).
+    ticket t;
+    {
+      // The executor (or an async fn started here) is user code run while
+      // this caller's count is held: close() from it must not wait for it.
+      frame fr;
+      s.frames.push(fr);
+      // A synchronous executor's fn may end this thread: run_task fails the
+      // flight; this caller's count goes here (call_with rethrows untouched).
+      on_unwind unwind([&] {
+        if (!lk.owns_lock()) lk.lock();
+        s.frames.erase(fr);
+        this->exit_user(s);
+        lk.unlock();
+      });
+      t.stop = this->hand_off(lk, f, fn, t.wake);
+      unwind.disarm();
+      s.frames.erase(fr);
+    }
+    if (f->kind != kind::pending) {
+      // Settled while we were submitting (the task ran, the deadline, close,
+      // or the failure above): take the outcome directly.
+      t.outcome = f->kind;
+      t.f = std::move(mine);
+      return t;  // lock held: the caller does the bookkeeping
+    }
+    w.reset(/*as_observer=*/false);
+    f->list.push(w);
+    return wait_outcome(lk, s, std::move(mine), caller, w, /*is_leader=*/true, bound);
   }
 
   // Runs fn on the leader's own thread. The leader counts as a waiter and
@@ -427,7 +474,7 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
   ticket lead_inline(std::unique_lock<std::mutex>& lk, shard& s, ref_t mine, F& fn,
                      const stop_token& caller, blocking_waiter& w, std::optional<T>& local,
                      const steady::time_point* bound) {
-    flight_t* f = mine.get();
+    auto* f = static_cast<flight_t*>(mine.get());
     w.reset(/*as_observer=*/false);
     if (bound != nullptr) {  // the timer leaves the flight on our behalf when it passes
       w.caller_until = *bound;
@@ -461,7 +508,7 @@ class blocking_calls : public execution<Key, T, Hash, KeyEqual> {
     {
       std::optional<stop_callback<leave_on_stop>> cb;
       if (caller.stop_possible()) cb.emplace(caller, leave_on_stop{this, f, &w});
-      k = base::invoke_fn(local, err, f, fn);
+      k = base::template invoke_fn<F, T>(f, err, base::fn_ptr(__builtin_addressof(fn)), &local);
     }
     unwind.disarm();
     SINGLEFLIGHT_HOOK(leader_fn_returned);

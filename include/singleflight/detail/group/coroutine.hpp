@@ -80,7 +80,8 @@ class co_awaiter {
 
   value_type await_resume() {
     if (info_ != nullptr) *info_ = node_.info;
-    if (!node_.error && node_.result == Core::kind::value) return *node_.f->value;  // our copy
+    if (!node_.error && node_.result == Core::kind::value)
+      return *static_cast<typename Core::flight_t*>(node_.f.get())->value;  // our copy
     std::rethrow_exception(Core::failure_of(node_));
   }
 

@@ -1,6 +1,15 @@
 // singleflight/detail/group/execution.hpp -- internal; do not include directly.
 //
-// execution<Key, T, Hash, KeyEqual>: how a flight's fn gets run.
+// execution: how a flight's fn gets run. The rung between leader_stop and
+// flight_table, not a template: a flight's body is erased (body: the fn
+// object and two constant tables for its type, run_ops and body_ops), so
+// hand_off, run_task and the rest are compiled once in a translation unit,
+// not once per (Key, T) and body. What depends on the body's type is a few
+// small templates: the task (task_impl), its packaging (package) and the
+// call of fn (invoke_fn, start_async). An indirect call or two per flight on
+// the task path; none on an inline leader's (blocking_calls::lead_inline
+// calls invoke_fn directly). It adds no member, so the group's layout and
+// the order of construction are unchanged.
 //   * hand_off(): package fn as a task for the executor, or run it right
 //     here (no executor), or defer it to the end of the notification loop
 //     this thread is running (a flight started by an async observer going
@@ -36,33 +45,97 @@
 #include "../fn_shapes.hpp"
 #include "../task_base.hpp"
 #include "../unwind.hpp"
-#include "flight_table.hpp"
+#include "flight.hpp"
+#include "frames.hpp"
 #include "hooks.hpp"
+#include "leader_stop.hpp"
 #include "lifecycle.hpp"
+#include "shard_set.hpp"
+#include "wake_batch.hpp"
 
 namespace singleflight::detail {
 
-template <class Key, class T, class Hash, class KeyEqual>
-class execution : public flight_table<Key, T, Hash, KeyEqual> {
-  using base = flight_table<Key, T, Hash, KeyEqual>;
+class execution : public leader_stop {
+  using base = leader_stop;
 
  public:
-  using typename base::flight_t;
-  using typename base::kind;
+  using kind = outcome_kind;
 
   explicit execution(options opts) : base(std::move(opts)) {}
 
  protected:
-  // Whether a flight running Fn needs a stop state of its own.
-  template <class Fn>
+  // Whether a flight running Fn (for a T) needs a stop state of its own.
+  template <class Fn, class T>
   static constexpr bool needs_stop = takes_token<Fn> || async_fn<Fn, T>;
 
+  // A flight body, erased: what depends on its type is reached through two
+  // constant tables, one per body type (blocking_calls::lead_inline, the
+  // inline leader's path, stays a template on the body and calls it
+  // directly).
+  //
+  // run_ops: how run_task calls a body of type Fn (Fn may be const).
+  struct run_ops {
+    // A sync fn (invoke_fn; `out` null: its value into the flight's). Null
+    // for an async fn.
+    kind (*invoke)(flight_base* f, std::exception_ptr& err, void* fn, void* out);
+    // An async fn: its call (start_async), then the bookkeeping once it
+    // returned (async_started, not a template: referenced only from here, so
+    // a translation unit whose bodies are all sync does not compile it).
+    // Null for a sync fn.
+    std::exception_ptr (*start)(execution* g, flight_base* f, void* fn);
+    void (*started)(execution* g, shard& s, flight_base* f, frame& fr, std::exception_ptr thrown,
+                    wake_batch& wake);
+  };
+  template <class Fn, class T>
+  static constexpr run_ops make_run_ops() noexcept {
+    if constexpr (async_fn<Fn, T>) {
+      return {nullptr, &execution::template start_async<Fn, T>, &execution::async_started};
+    } else {
+      return {&execution::template invoke_fn<Fn, T>, nullptr, nullptr};
+    }
+  }
+  template <class Fn, class T>
+  static constexpr run_ops run_ops_of = make_run_ops<Fn, T>();
+
+  // body_ops: what hand_off needs of a body passed as F&& (one per F and T):
+  // how to package it as a task (moved from an rvalue, copied from an
+  // lvalue) and how to run it.
+  struct body_ops {
+    const run_ops* run;
+    task_base* (*package)(execution* g, flight_base* f, void* fn);
+    bool needs_stop;  // needs_stop<Fn, T>
+  };
+  // package<F, T>(g, f, fn): a new task running f's fn, which it moves (F
+  // an rvalue) or copies (an lvalue) from *fn. Owned as a task_base from the
+  // start: no unique_ptr<task_impl> (its tuple, deleter and conversion) is
+  // instantiated for each body type.
+  template <class F, class T>
+  static task_base* package(execution* g, flight_base* f, void* fn) {
+    return new task_impl<std::decay_t<F>, T>(
+        g, f, std::forward<F>(*static_cast<std::remove_reference_t<F>*>(fn)));
+  }
+
+  template <class F, class T>
+  static constexpr body_ops body_ops_of = {&run_ops_of<std::remove_reference_t<F>, T>,
+                                           &execution::template package<F, T>,
+                                           needs_stop<std::decay_t<F>, T>};
+
+  // body: the caller's fn object (alive until hand_off returns) and its ops.
+  struct body {
+    void* fn;
+    const body_ops* ops;
+  };
+  // fn_ptr(&fn): a body's fn object as body::fn (pass __builtin_addressof(fn),
+  // what std::addressof is made of in GCC, Clang and MSVC alike: no
+  // std::addressof<F> is instantiated for each body type).
+  static void* fn_ptr(const volatile void* fn) noexcept { return const_cast<void*>(fn); }
+
   // The task handed to an executor: one flight's fn.
-  template <class Fn>
+  template <class Fn, class T>
   class task_impl final : public task_base {
    public:
     template <class G>
-    task_impl(execution* g, flight_t* f, G&& fn) : g_(g), f_(f), fn_(std::forward<G>(fn)) {
+    task_impl(execution* g, flight_base* f, G&& fn) : g_(g), f_(f), fn_(std::forward<G>(fn)) {
       f_->retain();
     }
     task_impl(const task_impl&) = delete;
@@ -75,12 +148,12 @@ class execution : public flight_table<Key, T, Hash, KeyEqual> {
     // pass; nothing else escapes.
     void run() override {
       ran_ = true;
-      g_->run_task(f_, fn_);
+      g_->run_task(f_, fn_ptr(__builtin_addressof(fn_)), run_ops_of<Fn, T>);
     }
 
    private:
     execution* g_;
-    flight_t* f_;
+    flight_base* f_;
     Fn fn_;
     bool ran_ = false;
   };
@@ -93,17 +166,15 @@ class execution : public flight_table<Key, T, Hash, KeyEqual> {
   // Called with `lk` (f's shard lock) held by a thread that counts as a user;
   // returns with it held. Returns whether f's token must be stopped once the
   // lock is released. A failure to hand off fails the flight.
-  template <class F>
-  bool hand_off(std::unique_lock<std::mutex>& lk, flight_t* f, F&& fn, wake_batch& wake,
+  bool hand_off(std::unique_lock<std::mutex>& lk, flight_base* f, body fn, wake_batch& wake,
                 bool defer = false) {
-    using Fn = std::decay_t<F>;
     shard& s = this->shard_of(*f);
     this->enter_user(s);  // the task is a user until it finishes or is dropped
-    loop_record* later = defer && !this->opts().executor ? base::current_loop(s) : nullptr;
+    loop_record* later = defer && !this->opts().executor ? current_loop(s) : nullptr;
     if (!this->opts().executor && later == nullptr) {
       lk.unlock();  // no executor: run the body right here, without packaging it
       if (f->trace.tracer) f->trace.report_start(f->error);
-      run_task(f, fn);
+      run_task(f, fn.fn, *fn.ops->run);
       lk.lock();
       return false;
     }
@@ -113,9 +184,7 @@ class execution : public flight_table<Key, T, Hash, KeyEqual> {
     std::exception_ptr submit_error;
     bool handed_off = false;
     try {
-      // Owned as a task_base from the start: no unique_ptr<task_impl<Fn>> (its
-      // tuple, deleter and conversion) is instantiated for each body type.
-      task tk(std::unique_ptr<task_base>(new task_impl<Fn>(this, f, std::forward<F>(fn))));
+      task tk(std::unique_ptr<task_base>(fn.ops->package(this, f, fn.fn)));
       handed_off = true;
       if (later != nullptr) {
         // Run when the loop is over (or by this thread before it blocks
@@ -150,11 +219,10 @@ class execution : public flight_table<Key, T, Hash, KeyEqual> {
     return stop;
   }
 
-  // run_task(f, fn): the body of f's task, on whatever thread runs it. Not
-  // noexcept only so that a forced unwind (fn ending its thread) passes: the
-  // flight fails for the others and the task's count is given back first.
-  template <class Fn>
-  void run_task(flight_t* f, Fn& fn) {
+  // run_task(f, fn, ops): the body of f's task, on whatever thread runs it.
+  // Not noexcept only so that a forced unwind (fn ending its thread) passes:
+  // the flight fails for the others and the task's count is given back first.
+  void run_task(flight_base* f, void* fn, const run_ops& ops) {
     shard& s = this->shard_of(*f);
     wake_batch wake;
     frame fr;  // the task's count (held since submission) while fn runs
@@ -171,7 +239,7 @@ class execution : public flight_table<Key, T, Hash, KeyEqual> {
         f->fn_started = true;
         f->runner = std::this_thread::get_id();
         s.frames.push(fr);
-        if constexpr (async_fn<Fn, T>) {
+        if (ops.start != nullptr) {
           // The completion is a user of its own until it is resolved, so a
           // completion resolved on another thread while fn is still being
           // called cannot let close() return under this thread.
@@ -181,7 +249,7 @@ class execution : public flight_table<Key, T, Hash, KeyEqual> {
       }
     }
     if (!fr.linked) {
-      base::notify(this, s, wake);  // observers of the stopped flight: users, the group is alive
+      notify(this, s, wake);  // observers of the stopped flight: users, the group is alive
       return;
     }
     on_unwind unwind([&] {
@@ -191,37 +259,15 @@ class execution : public flight_table<Key, T, Hash, KeyEqual> {
         abandon(s, f, fr, lost);
         this->exit_user(s);  // the task's
       }
-      base::notify(this, s, lost);
+      notify(this, s, lost);
     });
-    if constexpr (async_fn<Fn, T>) {
-      std::exception_ptr thrown;
-      try {
-        f->retain();  // the completion's reference
-        std::invoke(fn, f->stop.get_token(),
-                    completion_access::make<T>(static_cast<void*>(this), &execution::resolve, f));
-      } catch (...) {
-        SINGLEFLIGHT_RETHROW_FOREIGN();
-        thrown = std::current_exception();
-      }
+    if (ops.start != nullptr) {
+      std::exception_ptr thrown = ops.start(this, f, fn);
       unwind.disarm();
-      std::lock_guard<std::mutex> lk(s.mu);
-      f->runner = std::thread::id{};
-      s.frames.erase(fr);
-      f->starting = false;
-      if (!f->fn_done && f->kind == kind::pending && (thrown || f->broken_in_start)) {
-        // fn threw, or let its completion die, before returning. A thrown
-        // exception says more than the broken promise it caused.
-        f->error = thrown ? thrown : broken_promise();
-        this->finish(s, f, thrown ? kind::fn_error : kind::dropped, wake);
-      } else if (!f->fn_done && f->broken_in_start) {
-        this->finish(s, f, f->kind, wake);  // settled meanwhile: free the key
-      }
-      // A completion still held elsewhere after a throw resolves later and
-      // only gives back its own count.
-      this->exit_user(s);  // the task's
+      ops.started(this, s, f, fr, std::move(thrown), wake);
     } else {
       std::exception_ptr err;
-      const kind k = invoke_fn(f->value, err, f, fn);
+      const kind k = ops.invoke(f, err, fn, nullptr);
       unwind.disarm();
       SINGLEFLIGHT_HOOK(leader_fn_returned);
       std::lock_guard<std::mutex> lk(s.mu);
@@ -233,21 +279,63 @@ class execution : public flight_table<Key, T, Hash, KeyEqual> {
     }
     // No longer a user: the group may be gone unless `wake` holds observers
     // (users until they go round; see notify).
-    base::notify(this, s, wake);
+    notify(this, s, wake);
   }
 
-  // invoke_fn(out, err, f, fn): runs a sync fn with the flight's token (or
-  // none). The value goes to `out`, an exception to `err`, not to f->error:
-  // the flight may have settled meanwhile (deadline, close, an executor's
-  // error) and its error been handed out; the caller publishes `err` under
-  // the lock only if it is still pending. A forced unwind passes through.
-  template <class Fn>
-  static kind invoke_fn(std::optional<T>& out, std::exception_ptr& err, flight_t* f, Fn& fn) {
+  // start_async<Fn, T>(g, f, fn): calls an async fn (*fn, an Fn) with f's
+  // token and a completion; returns what it threw. A forced unwind passes.
+  template <class Fn, class T>
+  static std::exception_ptr start_async(execution* g, flight_base* f, void* fn) {
+    try {
+      f->retain();  // the completion's reference
+      std::invoke(*static_cast<Fn*>(fn), f->stop.get_token(),
+                  completion_access::make<T>(static_cast<void*>(g), &execution::resolve<T>,
+                                             static_cast<flight_value<T>*>(f)));
+      return nullptr;
+    } catch (...) {
+      SINGLEFLIGHT_RETHROW_FOREIGN();
+      return std::current_exception();
+    }
+  }
+
+  // An async fn returned (`thrown`: what it threw): the flight fails if fn
+  // threw or let its completion die meanwhile, and the task's count is
+  // given back.
+  static void async_started(execution* g, shard& s, flight_base* f, frame& fr,
+                            std::exception_ptr thrown, wake_batch& wake) noexcept {
+    std::lock_guard<std::mutex> lk(s.mu);
+    f->runner = std::thread::id{};
+    s.frames.erase(fr);
+    f->starting = false;
+    if (!f->fn_done && f->kind == kind::pending && (thrown || f->broken_in_start)) {
+      // fn threw, or let its completion die, before returning. A thrown
+      // exception says more than the broken promise it caused.
+      f->error = thrown ? thrown : broken_promise();
+      g->finish(s, f, thrown ? kind::fn_error : kind::dropped, wake);
+    } else if (!f->fn_done && f->broken_in_start) {
+      g->finish(s, f, f->kind, wake);  // settled meanwhile: free the key
+    }
+    // A completion still held elsewhere after a throw resolves later and
+    // only gives back its own count.
+    g->exit_user(s);  // the task's
+  }
+
+  // invoke_fn<Fn, T>(f, err, fn, out): runs a sync fn (*fn, an Fn) with f's
+  // token (or none). The value goes to *out (a std::optional<T>; null: f's
+  // own value), an exception to `err`, not to f->error: the flight may have
+  // settled meanwhile (deadline, close, an executor's error) and its error
+  // been handed out; the caller publishes `err` under the lock only if it is
+  // still pending. A forced unwind passes through.
+  template <class Fn, class T>
+  static kind invoke_fn(flight_base* f, std::exception_ptr& err, void* fn, void* out) {
+    Fn& call = *static_cast<Fn*>(fn);
+    std::optional<T>& v = out != nullptr ? *static_cast<std::optional<T>*>(out)
+                                         : static_cast<flight_value<T>*>(f)->value;
     try {
       if constexpr (takes_token<Fn>) {
-        out.emplace(std::invoke(fn, f->stop.get_token()));
+        v.emplace(std::invoke(call, f->stop.get_token()));
       } else {
-        out.emplace(std::invoke(fn));
+        v.emplace(std::invoke(call));
       }
       return kind::value;
     } catch (...) {
@@ -259,7 +347,7 @@ class execution : public flight_table<Key, T, Hash, KeyEqual> {
 
   // fn ended its thread before returning (forced unwind): the flight fails
   // with abandoned_error for the others and its key is freed. Under s's lock.
-  void abandon(shard& s, flight_t* f, frame& fr, wake_batch& wake) noexcept {
+  void abandon(shard& s, flight_base* f, frame& fr, wake_batch& wake) noexcept {
     f->runner = std::thread::id{};
     f->starting = false;
     s.frames.erase(fr);
@@ -272,13 +360,19 @@ class execution : public flight_table<Key, T, Hash, KeyEqual> {
     }
   }
 
-  // A completion<T> was resolved (or destroyed unresolved). Any thread,
-  // without any lock; the completion counts as a user until here.
+  // A completion<T> was resolved (or destroyed unresolved): its resolve
+  // function, handed to completion_access::make. `self` is the group (an
+  // execution).
+  template <class T>
   static void resolve(void* self, flight_value<T>* fv, resolution r,
                       std::exception_ptr e) noexcept {
-    auto* g = static_cast<execution*>(self);
-    auto* f = static_cast<flight_t*>(fv);
-    shard& s = g->shard_of(*f);
+    static_cast<execution*>(self)->resolved(fv, r, std::move(e));
+  }
+
+  // A completion was resolved (or destroyed unresolved). Any thread,
+  // without any lock; the completion counts as a user until here.
+  void resolved(flight_base* f, resolution r, std::exception_ptr e) noexcept {
+    shard& s = this->shard_of(*f);
     wake_batch wake;
     {
       std::lock_guard<std::mutex> lk(s.mu);
@@ -286,21 +380,21 @@ class execution : public flight_table<Key, T, Hash, KeyEqual> {
         if (r == resolution::broken && f->starting) {
           f->broken_in_start = true;  // fn may still throw: the starter decides
         } else if (f->kind != kind::pending) {
-          g->finish(s, f, f->kind, wake);  // settled early: only free the key
+          this->finish(s, f, f->kind, wake);  // settled early: only free the key
         } else if (r == resolution::value) {
-          g->finish(s, f, kind::value, wake);
+          this->finish(s, f, kind::value, wake);
         } else {
           f->error = r == resolution::error ? std::move(e) : broken_promise();
-          g->finish(s, f, r == resolution::error ? kind::fn_error : kind::dropped, wake);
+          this->finish(s, f, r == resolution::error ? kind::fn_error : kind::dropped, wake);
         }
       }
-      g->exit_user(s);  // the completion's
+      this->exit_user(s);  // the completion's
     }
-    base::notify(g, s, wake);  // touches g only while `wake` holds observers (users)
+    notify(this, s, wake);  // touches the group only while `wake` holds observers (users)
   }
 
   // An executor destroyed f's task without running it.
-  void task_dropped(flight_t* f) noexcept {
+  void task_dropped(flight_base* f) noexcept {
     std::exception_ptr e = dropped_error();
     shard& s = this->shard_of(*f);
     wake_batch wake;
@@ -319,7 +413,7 @@ class execution : public flight_table<Key, T, Hash, KeyEqual> {
       this->finish(s, f, kind::dropped, wake);
       this->exit_user(s);
     }
-    base::notify(this, s, wake);
+    notify(this, s, wake);
   }
 
   static std::exception_ptr broken_promise() noexcept {

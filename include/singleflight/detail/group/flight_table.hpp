@@ -4,8 +4,9 @@
 // and the first rung of the group that is a template. Below it, none of which
 // depends on Key or T: shard_set (shard_set.hpp: the shards, the links, the
 // bookkeeping), notifier (notification.hpp), deadlines (the timer and delivery
-// threads), lifecycle (close, the drain, the joins) and leader_stop (an inline
-// leader's stop callback). Here:
+// threads), lifecycle (close, the drain, the joins), leader_stop (an inline
+// leader's stop callback) and execution (running a flight's fn, its body
+// erased). Here:
 //   * the user's Hash and KeyEqual, and the lookup of a key (the flight
 //     carries its key and is its own node);
 //   * making a flight the entry for a key (its key assigned into the storage
@@ -28,24 +29,27 @@
 #include <utility>
 
 #include "../../options.hpp"
+#include "execution.hpp"
 #include "flight.hpp"
 #include "flight_pool.hpp"
-#include "leader_stop.hpp"
 #include "lifecycle.hpp"
 #include "shard_set.hpp"
 
 namespace singleflight::detail {
 
 template <class Key, class T, class Hash, class KeyEqual>
-class flight_table : public leader_stop {
+class flight_table : public execution {
  public:
   using flight_t = flight<Key, T>;
-  using ref_t = flight_ref<flight_t>;
+  // A reference to one of this table's flights, typed as its base: its
+  // members are compiled once in a translation unit, not once per (Key, T).
+  // Where the value or the key is needed, get() is cast to flight_t.
+  using ref_t = flight_ref<flight_base>;
 
   // Throws std::system_error when options.timeout > 0 and the timer cannot start. The timer
   // starts here, once the user's Hash and KeyEqual are constructed (a throwing one leaves no
   // thread behind), and before any rung above this one is.
-  explicit flight_table(options opts) : leader_stop(std::move(opts)) {
+  explicit flight_table(options opts) : execution(std::move(opts)) {
     if (this->opts().timeout > std::chrono::nanoseconds::zero()) this->ensure_timer();
   }
 
@@ -114,7 +118,7 @@ class flight_table : public leader_stop {
   // Keeps a settled, unlinked flight that nobody else references for this
   // thread's next start, or leaves `mine` to release it.
   void recycle(ref_t& mine) noexcept {
-    flight_t* f = mine.get();
+    auto* f = static_cast<flight_t*>(mine.get());
     if (!f->unique() || f->value || f->error) return;
     f->retire();
     if (flight_pool<flight_t>::give(f)) mine.detach();
