@@ -155,8 +155,11 @@ TEST_CASE("try_do reports cancelled, closed, overloaded and timeout as statuses 
     sftest::finish(th, holder, "holder");
   }
   SECTION("timeout: the flight's deadline") {
+    // The follower must join before the deadline: one second leaves a loaded machine's thread
+    // start ample room (at 50 ms a busy tsan build beside it made the follower arrive after the
+    // flight had settled, and lead a flight of its own).
     sf::options opts;
-    opts.timeout = 50ms;
+    opts.timeout = 1s;
     group_t g(opts);
     std::atomic<bool> started{false};
     sftest::result<sf::outcome<int>> follower;
