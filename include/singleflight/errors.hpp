@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "detail/config.hpp"
+
 // SINGLEFLIGHT_EXCEPTION_VISIBLE: default symbol visibility for the library's exception types,
 // so that one thrown in a shared object built with -fvisibility=hidden is caught by its type in
 // another module. libc++abi matches a catch clause by the address of the type_info, and each
@@ -32,14 +34,21 @@ class SINGLEFLIGHT_EXCEPTION_VISIBLE error : public std::runtime_error {
   // what(): the message. The library's own errors carry a string literal, so
   // throwing one allocates nothing beyond the exception object itself (a
   // caller leaving on its stop_token stays allocation-free).
-  const char* what() const noexcept override {
-    return literal_ != nullptr ? literal_ : std::runtime_error::what();
-  }
+  SINGLEFLIGHT_DECL const char* what() const noexcept override;
+
+  // Copy and destruction, here and in each class below: declared, and defined in
+  // impl/errors.ipp, so that in compiled mode (detail/config.hpp) each class has a key function
+  // (here what(), below the destructor) and its vtable and type_info are emitted once. A copy
+  // shares the message (std::runtime_error's copy); a move is a copy. Thread-compatible, like any
+  // exception.
+  SINGLEFLIGHT_DECL error(const error&) noexcept;
+  error& operator=(const error&) = default;
+  SINGLEFLIGHT_DECL ~error() override;
 
  protected:
   struct literal_tag {};
   // An empty runtime_error message shares libstdc++'s empty representation.
-  error(literal_tag, const char* literal) : std::runtime_error(""), literal_(literal) {}
+  SINGLEFLIGHT_DECL error(literal_tag, const char* literal);
 
  private:
   const char* literal_ = nullptr;
@@ -53,8 +62,11 @@ class SINGLEFLIGHT_EXCEPTION_VISIBLE error : public std::runtime_error {
 // caller starts and joins nothing).
 class SINGLEFLIGHT_EXCEPTION_VISIBLE cancelled_error : public error {
  public:
-  cancelled_error() : error(literal_tag{}, "singleflight: the call was cancelled") {}
+  SINGLEFLIGHT_DECL cancelled_error();
   using error::error;
+  SINGLEFLIGHT_DECL cancelled_error(const cancelled_error&) noexcept;
+  cancelled_error& operator=(const cancelled_error&) = default;
+  SINGLEFLIGHT_DECL ~cancelled_error() override;
 };
 
 // closed_error
@@ -63,8 +75,11 @@ class SINGLEFLIGHT_EXCEPTION_VISIBLE cancelled_error : public error {
 // every waiter of a flight that `close()` stopped.
 class SINGLEFLIGHT_EXCEPTION_VISIBLE closed_error : public error {
  public:
-  closed_error() : error(literal_tag{}, "singleflight: the group is closed") {}
+  SINGLEFLIGHT_DECL closed_error();
   using error::error;
+  SINGLEFLIGHT_DECL closed_error(const closed_error&) noexcept;
+  closed_error& operator=(const closed_error&) = default;
+  SINGLEFLIGHT_DECL ~closed_error() override;
 };
 
 // timeout_error
@@ -74,8 +89,11 @@ class SINGLEFLIGHT_EXCEPTION_VISIBLE closed_error : public error {
 // predecessor outlasted the same bound.
 class SINGLEFLIGHT_EXCEPTION_VISIBLE timeout_error : public error {
  public:
-  timeout_error() : error(literal_tag{}, "singleflight: the flight's deadline passed") {}
+  SINGLEFLIGHT_DECL timeout_error();
   using error::error;
+  SINGLEFLIGHT_DECL timeout_error(const timeout_error&) noexcept;
+  timeout_error& operator=(const timeout_error&) = default;
+  SINGLEFLIGHT_DECL ~timeout_error() override;
 };
 
 // overloaded_error
@@ -85,8 +103,11 @@ class SINGLEFLIGHT_EXCEPTION_VISIBLE timeout_error : public error {
 // existing flight is never rejected.
 class SINGLEFLIGHT_EXCEPTION_VISIBLE overloaded_error : public error {
  public:
-  overloaded_error() : error(literal_tag{}, "singleflight: max_in_flight reached") {}
+  SINGLEFLIGHT_DECL overloaded_error();
   using error::error;
+  SINGLEFLIGHT_DECL overloaded_error(const overloaded_error&) noexcept;
+  overloaded_error& operator=(const overloaded_error&) = default;
+  SINGLEFLIGHT_DECL ~overloaded_error() override;
 };
 
 // broken_promise_error
@@ -97,9 +118,11 @@ class SINGLEFLIGHT_EXCEPTION_VISIBLE overloaded_error : public error {
 // than stranding its waiters.
 class SINGLEFLIGHT_EXCEPTION_VISIBLE broken_promise_error : public error {
  public:
-  broken_promise_error()
-      : error(literal_tag{}, "singleflight: the completion was destroyed without a result") {}
+  SINGLEFLIGHT_DECL broken_promise_error();
   using error::error;
+  SINGLEFLIGHT_DECL broken_promise_error(const broken_promise_error&) noexcept;
+  broken_promise_error& operator=(const broken_promise_error&) = default;
+  SINGLEFLIGHT_DECL ~broken_promise_error() override;
 };
 
 // abandoned_error
@@ -110,10 +133,15 @@ class SINGLEFLIGHT_EXCEPTION_VISIBLE broken_promise_error : public error {
 // unwind continue on the thread that ran fn.
 class SINGLEFLIGHT_EXCEPTION_VISIBLE abandoned_error : public error {
  public:
-  abandoned_error()
-      : error(literal_tag{}, "singleflight: fn's thread ended (forced unwind) before fn returned") {
-  }
+  SINGLEFLIGHT_DECL abandoned_error();
   using error::error;
+  SINGLEFLIGHT_DECL abandoned_error(const abandoned_error&) noexcept;
+  abandoned_error& operator=(const abandoned_error&) = default;
+  SINGLEFLIGHT_DECL ~abandoned_error() override;
 };
 
 }  // namespace singleflight
+
+#if !defined(SINGLEFLIGHT_SEPARATE_COMPILATION)
+#include "impl/errors.ipp"
+#endif

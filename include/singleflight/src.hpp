@@ -12,11 +12,14 @@
     "singleflight/src.hpp is for compiled mode: define SINGLEFLIGHT_SEPARATE_COMPILATION for every translation unit of the program (or link singleflight::compiled)"
 #endif
 
+#include "detail/cache/impl/cache_policy.ipp"
 #include "detail/cache/impl/read_gate.ipp"
 #include "detail/group/impl/deadlines.ipp"
 #include "detail/group/impl/lifecycle.ipp"
 #include "detail/group/impl/notification.ipp"
 #include "detail/group/impl/owned_thread.ipp"
 #include "detail/group/impl/shard_set.ipp"
+#include "detail/group/impl/wake_batch.ipp"
 #include "detail/impl/library_thread.ipp"
 #include "detail/impl/worker_threads.ipp"
+#include "impl/errors.ipp"

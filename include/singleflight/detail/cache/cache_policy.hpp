@@ -82,9 +82,9 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <memory>
-#include <new>
+
+#include "../config.hpp"
 
 namespace singleflight::detail {
 
@@ -123,62 +123,14 @@ struct policy_hook {
 // must not throw): the rows then stay as they are (more collisions).
 class frequency_sketch {
  public:
-  void configure(std::size_t capacity) noexcept {
-    sample_ = 10 * std::max<std::uint64_t>(1, capacity);
-  }
+  SINGLEFLIGHT_DECL void configure(std::size_t capacity) noexcept;
   // fit(entries): rows at least `entries` wide (and made, if not yet).
-  void fit(std::size_t entries) noexcept {
-    if (words_ && width_ >= entries) return;
-    std::size_t want = words_ ? width_ : 64;
-    while (want < entries) want *= 2;
-    if (words_ && want == width_) return;
-    // The counters (4 rows of want / 16 words), then the doorkeeper (want / 4
-    // words: 16 bits a counter of one row, as many bytes as the counters).
-    const std::size_t per_row = want / 16;
-    std::unique_ptr<std::uint64_t[]> grown(new (std::nothrow) std::uint64_t[8 * per_row]());
-    if (!grown) return;
-    if (words_) {
-      const std::size_t old_row = width_ / 16;
-      const auto tile = [](std::uint64_t* to, std::size_t to_n, const std::uint64_t* from,
-                           std::size_t from_n) {
-        for (std::size_t at = 0; at < to_n; at += from_n) {
-          std::memcpy(to + at, from, from_n * sizeof(std::uint64_t));
-        }
-      };
-      for (std::size_t r = 0; r < 4; ++r) {
-        tile(&grown[r * per_row], per_row, &words_[r * old_row], old_row);
-      }
-      tile(&grown[4 * per_row], 4 * per_row, door(), 4 * old_row);
-    }
-    words_ = std::move(grown);
-    width_ = want;
-  }
+  SINGLEFLIGHT_DECL void fit(std::size_t entries) noexcept;
   // estimate(fp): how often fp was seen (0 to 16), an overestimate.
-  int estimate(std::uint64_t fp) const noexcept {
-    if (!words_) return 0;
-    int m = 15;
-    for (std::size_t r = 0; r < 4; ++r) m = std::min(m, get(r, slot(fp, r)));
-    return m + (door_has(fp) ? 1 : 0);
-  }
+  SINGLEFLIGHT_DECL int estimate(std::uint64_t fp) const noexcept;
   // add(fp, times): fp seen `times` more times.
-  void add(std::uint64_t fp, int times) noexcept {
-    if (!words_) return;
-    for (; times > 0; --times) {
-      if (++adds_ >= sample_) halve();
-      if (door_set(fp)) continue;  // a first sighting since the last reset
-      std::size_t s[4];
-      int m = 15;
-      for (std::size_t r = 0; r < 4; ++r) {
-        s[r] = slot(fp, r);
-        m = std::min(m, get(r, s[r]));
-      }
-      if (m == 15) continue;
-      for (std::size_t r = 0; r < 4; ++r) {
-        if (get(r, s[r]) == m) words_[r * (width_ / 16) + s[r] / 16] += one(s[r]);
-      }
-    }
-  }
-  std::size_t bytes() const noexcept { return words_ ? width_ / 2 * sizeof(std::uint64_t) : 0; }
+  SINGLEFLIGHT_DECL void add(std::uint64_t fp, int times) noexcept;
+  SINGLEFLIGHT_DECL std::size_t bytes() const noexcept;
 
  private:
   std::size_t slot(std::uint64_t fp, std::size_t r) const noexcept {
@@ -220,13 +172,7 @@ class frequency_sketch {
   int get(std::size_t r, std::size_t s) const noexcept {
     return static_cast<int>((words_[r * (width_ / 16) + s / 16] >> (4 * (s % 16))) & 15U);
   }
-  void halve() noexcept {
-    for (std::size_t i = 0; i < width_ / 4; ++i) {
-      words_[i] = (words_[i] >> 1U) & 0x7777777777777777ULL;
-    }
-    std::memset(door(), 0, width_ / 4 * sizeof(std::uint64_t));
-    adds_ /= 2;
-  }
+  SINGLEFLIGHT_DECL void halve() noexcept;
 
   std::unique_ptr<std::uint64_t[]> words_;  // row r: words [r * width / 16, (r + 1) * width / 16);
                                             // the doorkeeper: [width / 4, width / 2)
@@ -265,54 +211,31 @@ class ghost_table {
  public:
   using slot = ghost_slot<Stamped>;
   // configure(keys): remembers up to `keys` (< 2^31) keys.
-  void configure(std::size_t keys) noexcept {
-    keys_ = std::clamp<std::size_t>(keys, 1, (std::size_t{1} << 31U) - 1);
-  }
+  SINGLEFLIGHT_DECL void configure(std::size_t keys) noexcept;
   // add(fp, stamp): `stamp` is kept if Stamped.
-  void add(std::uint64_t fp, [[maybe_unused]] std::uint32_t stamp = 0) noexcept {
-    grow();
-    if (!slots_) return;
-    const std::uint32_t tag = tag_of(fp);
-    slot& s = slots_[tag & mask_];
-    s.tag = tag;
-    s.number = static_cast<std::uint32_t>(++added_);
-    if constexpr (Stamped) s.stamp = stamp;
-  }
+  SINGLEFLIGHT_DECL void add(std::uint64_t fp, std::uint32_t stamp = 0) noexcept;
   // find(fp): fp's slot if fp is remembered, else nullptr.
-  const slot* find(std::uint64_t fp) const noexcept {
-    if (!slots_) return nullptr;
-    const std::uint32_t tag = tag_of(fp);
-    const slot& s = slots_[tag & mask_];
-    const auto age = static_cast<std::uint32_t>(static_cast<std::uint32_t>(added_) - s.number);
-    return s.tag == tag && age < keys_ ? &s : nullptr;
-  }
-  std::size_t bytes() const noexcept { return slots_ ? (mask_ + 1) * sizeof(slot) : 0; }
+  SINGLEFLIGHT_DECL const slot* find(std::uint64_t fp) const noexcept;
+  SINGLEFLIGHT_DECL std::size_t bytes() const noexcept;
 
  private:
   static std::uint32_t tag_of(std::uint64_t fp) noexcept {
     const auto t = static_cast<std::uint32_t>(fp >> 32U);
     return t == 0 ? 1 : t;
   }
-  void grow() noexcept {
-    const std::size_t have = slots_ ? mask_ + 1 : 0;
-    const std::size_t keys = static_cast<std::size_t>(std::min<std::uint64_t>(added_ + 1, keys_));
-    std::size_t want = have == 0 ? 64 : have;
-    while (want < keys) want *= 2;
-    if (want == have) return;
-    std::unique_ptr<slot[]> grown(new (std::nothrow) slot[want]());
-    if (!grown) return;
-    for (std::size_t i = 0; i < have; ++i) {
-      if (slots_[i].tag != 0) grown[slots_[i].tag & (want - 1)] = slots_[i];
-    }
-    slots_ = std::move(grown);
-    mask_ = want - 1;
-  }
+  SINGLEFLIGHT_DECL void grow() noexcept;
 
   std::unique_ptr<slot[]> slots_;
   std::size_t mask_ = 0;
   std::size_t keys_ = 1;
   std::uint64_t added_ = 0;
 };
+
+#if defined(SINGLEFLIGHT_SEPARATE_COMPILATION)
+// Instantiated once, in singleflight/src.hpp's translation unit (impl/cache_policy.ipp).
+extern template class ghost_table<true>;
+extern template class ghost_table<false>;
+#endif
 
 class wtinylfu {
  public:
@@ -322,35 +245,23 @@ class wtinylfu {
   static constexpr int sweep_budget = 4;
 
   // wtinylfu(): unbounded until configure() says otherwise.
-  wtinylfu() = default;
+  SINGLEFLIGHT_DECL wtinylfu() noexcept;
 
   // configure(capacity): this shard's share of max_entries (0 =
   // unbounded). Call once, before any insert. Allocates nothing: the sketch
   // and the ghost tables grow with the entries.
-  void configure(std::size_t capacity) noexcept {
-    capacity_ = capacity;
-    if (capacity == 0) return;
-    horizon_ =
-        static_cast<std::uint32_t>(std::min<std::size_t>(capacity, (std::size_t{1} << 31U) - 1));
-    window_ = std::max<std::size_t>(1, capacity / 100);
-    window_max_ = std::max<std::size_t>(1, capacity - std::max<std::size_t>(1, capacity / 100));
-    sketch_.configure(capacity);
-    lost_.configure(capacity / 4);
-    evicted_.configure(capacity / 4);
-  }
+  SINGLEFLIGHT_DECL void configure(std::size_t capacity) noexcept;
 
   wtinylfu(const wtinylfu&) = delete;
   wtinylfu& operator=(const wtinylfu&) = delete;
-  ~wtinylfu() = default;
+  SINGLEFLIGHT_DECL ~wtinylfu();
 
   std::size_t size() const noexcept { return q_[window_q].n + main_size(); }
   std::size_t capacity() const noexcept { return capacity_; }
   // window(): the window's target size now (bounded caches).
   std::size_t window() const noexcept { return window_; }
   // ghost_bytes(): what the ghost tables and the sketch hold allocated now.
-  std::size_t ghost_bytes() const noexcept {
-    return lost_.bytes() + evicted_.bytes() + sketch_.bytes();
-  }
+  SINGLEFLIGHT_DECL std::size_t ghost_bytes() const noexcept;
 
   // insert(n, hits): a node that starts holding an entry (a miss, or a put).
   // It must be in no queue. `hits()`: the shard's hits so far (see
@@ -382,19 +293,10 @@ class wtinylfu {
   // rewritten(n): a node in a queue got a new value (refresh, put). Bounded:
   // an access. Unbounded: back to the head, so that the queue stays in write
   // order.
-  void rewritten(policy_hook* n) noexcept {
-    if (capacity_ == 0) {
-      unlink(n);
-      push_head(window_q, n);
-    } else {
-      n->touch();
-    }
-  }
+  SINGLEFLIGHT_DECL void rewritten(policy_hook* n) noexcept;
 
   // remove(n): n stops holding an entry (invalidate, clear, expiry).
-  void remove(policy_hook* n) noexcept {
-    if (n->queue != none) unlink(n);
-  }
+  SINGLEFLIGHT_DECL void remove(policy_hook* n) noexcept;
 
   // evict(dead, hits): removes one entry from the queues and returns it,
   // preferring dead ones (`dead(hook)` says whether an entry is past every
@@ -492,21 +394,9 @@ class wtinylfu {
 
   // fold(n): n's reads since it was last looked at go into the sketch, and
   // its bits are reset. True if it was read.
-  bool fold(policy_hook* n) noexcept {
-    const std::uint8_t f = n->freq.load(std::memory_order_relaxed);
-    if (f == 0) return false;
-    n->freq.store(0, std::memory_order_relaxed);
-    sketch_.add(n->fingerprint, f);
-    return true;
-  }
+  SINGLEFLIGHT_DECL bool fold(policy_hook* n) noexcept;
   // admits(c, v): the window's candidate c takes the place of main's victim v.
-  bool admits(const policy_hook* c, const policy_hook* v) noexcept {
-    const int cf = sketch_.estimate(c->fingerprint);
-    if (cf > sketch_.estimate(v->fingerprint)) return true;
-    if (cf < 6) return false;
-    rng_ = rng_ * 6364136223846793005ULL + 1442695040888963407ULL;
-    return ((rng_ >> 33U) & 127U) == 0;
-  }
+  SINGLEFLIGHT_DECL bool admits(const policy_hook* c, const policy_hook* v) noexcept;
   // victim(dead): main's victim, left in its queue: probation's tail once it
   // was not read since it came (or is dead); one that was read moves to
   // protected. protected's tail when probation is empty. main not empty.
@@ -523,40 +413,14 @@ class wtinylfu {
   }
   // demote(): protected back to 80 % of main: its tail returns to
   // probation's head, unless read since it was last looked at.
-  void demote() noexcept {
-    const std::size_t limit = (capacity_ - window_) * 8 / 10;
-    while (q_[protected_q].n > limit) {
-      policy_hook* t = q_[protected_q].tail;
-      unlink(t);
-      push_head(fold(t) ? protected_q : probation_q, t);
-    }
-  }
+  SINGLEFLIGHT_DECL void demote() noexcept;
   policy_hook* take(policy_hook* n) noexcept {
     unlink(n);
     return n;
   }
 
-  void push_head(std::uint8_t id, policy_hook* n) noexcept {
-    queue_list& q = q_[id];
-    n->queue = id;
-    n->prev = nullptr;
-    n->next = q.head;
-    if (q.head != nullptr) q.head->prev = n;
-    q.head = n;
-    if (q.tail == nullptr) q.tail = n;
-    ++q.n;
-  }
-  void unlink(policy_hook* n) noexcept {
-    queue_list& q = q_[n->queue];
-    if (hand_ == n) hand_ = n->prev;
-    if (n->prev != nullptr) n->prev->next = n->next;
-    if (n->next != nullptr) n->next->prev = n->prev;
-    if (q.head == n) q.head = n->next;
-    if (q.tail == n) q.tail = n->prev;
-    n->prev = n->next = nullptr;
-    n->queue = none;
-    --q.n;
-  }
+  SINGLEFLIGHT_DECL void push_head(std::uint8_t id, policy_hook* n) noexcept;
+  SINGLEFLIGHT_DECL void unlink(policy_hook* n) noexcept;
 
   std::size_t capacity_ = 0;
   std::size_t window_ = 0;      // the window's target size
@@ -574,3 +438,7 @@ class wtinylfu {
 };
 
 }  // namespace singleflight::detail
+
+#if !defined(SINGLEFLIGHT_SEPARATE_COMPILATION)
+#include "impl/cache_policy.ipp"
+#endif
