@@ -43,6 +43,7 @@
 #include "cache_clock.hpp"
 #include "cache_policy.hpp"
 #include "node_pool.hpp"
+#include "owned_array.hpp"
 #include "read_gate.hpp"
 
 namespace singleflight::detail {
@@ -260,7 +261,7 @@ struct alignas(64) cache_shard {
   // chain holds at most one node on average. Two a bucket saves 4 bytes an
   // entry and costs a hit about a fifth more time on a large cache (a second
   // dependent load: docs/performance.md); grows, never shrinks.
-  std::unique_ptr<Node*[]> buckets;
+  owned_array<Node*> buckets;
   std::size_t mask = 0;
   std::size_t nodes = 0;                // linked nodes
   wtinylfu policy;                      // nodes that hold an entry
@@ -300,7 +301,7 @@ struct alignas(64) cache_shard {
   // With the mutex held, or inside a read section.
   template <class K, class Eq>
   Node* find(const K& key, std::uint64_t mixed, const Eq& eq) const {
-    if (buckets == nullptr) return nullptr;
+    if (buckets.get() == nullptr) return nullptr;
     for (Node* n = buckets[mixed & mask]; n != nullptr; n = n->chain) {
       if (n->fingerprint == mixed && eq(n->key, key)) return n;
     }
@@ -311,10 +312,10 @@ struct alignas(64) cache_shard {
   // array, twice as many buckets, once the nodes would be more than the
   // buckets, and throw std::bad_alloc, changing nothing). Writer.
   void reserve_one() {
-    if (nodes + 1 <= mask + 1 && buckets != nullptr) return;
-    const std::size_t count = buckets == nullptr ? 8 : 2 * (mask + 1);
-    std::unique_ptr<Node*[]> grown(new Node*[count]());
-    for (std::size_t i = 0; buckets != nullptr && i <= mask; ++i) {
+    if (nodes + 1 <= mask + 1 && buckets.get() != nullptr) return;
+    const std::size_t count = buckets.get() == nullptr ? 8 : 2 * (mask + 1);
+    Node** const grown = new Node*[count]();  // the only throw; owned by buckets below
+    for (std::size_t i = 0; buckets.get() != nullptr && i <= mask; ++i) {
       for (Node* n = buckets[i]; n != nullptr;) {
         Node* next = n->chain;
         n->chain = grown[n->fingerprint & (count - 1)];
@@ -322,7 +323,7 @@ struct alignas(64) cache_shard {
         n = next;
       }
     }
-    buckets = std::move(grown);
+    buckets.reset(grown);
     mask = count - 1;
   }
 
@@ -381,10 +382,14 @@ class cache_table {
   explicit cache_table(std::size_t max_entries)
       : max_entries_(max_entries),
         shard_bits_(bits_for(shard_count(max_entries))),
-        shards_(make_shards(std::size_t{1} << shard_bits_, max_entries)),
+        shards_(new shard[std::size_t{1} << shard_bits_]),
         gate_(std::size_t{1} << shard_bits_, stripe_count()),
         stripes_(new stripe_counters[gate_.stripes()]) {
-    for (std::size_t i = 0; i < shard_total(); ++i) {
+    // The shares of the entry budget: they add up to max_entries.
+    const std::size_t count = shard_total();
+    for (std::size_t i = 0; i < count; ++i) {
+      shards_[i].policy.configure(
+          max_entries == 0 ? 0 : max_entries / count + (i < max_entries % count ? 1 : 0));
       shards_[i].rng.state = mix64(reinterpret_cast<std::uintptr_t>(this) + i);
     }
 #if defined(SINGLEFLIGHT_TEST_HOOKS)
@@ -398,7 +403,7 @@ class cache_table {
   ~cache_table() {
     for (std::size_t i = 0; i < shard_total(); ++i) {
       shard& s = shards_[i];
-      for (std::size_t b = 0; s.buckets != nullptr && b <= s.mask; ++b) {
+      for (std::size_t b = 0; s.buckets.get() != nullptr && b <= s.mask; ++b) {
         for (node* n = s.buckets[b]; n != nullptr;) {
           node* next = n->chain;
           n->~node();
@@ -587,21 +592,13 @@ class cache_table {
     while ((std::size_t{2} << b) <= n) ++b;
     return b;
   }
-  static std::unique_ptr<shard[]> make_shards(std::size_t count, std::size_t max_entries) {
-    std::unique_ptr<shard[]> shards(new shard[count]);
-    for (std::size_t i = 0; i < count; ++i) {
-      shards[i].policy.configure(
-          max_entries == 0 ? 0 : max_entries / count + (i < max_entries % count ? 1 : 0));
-    }
-    return shards;
-  }
 
   std::size_t max_entries_;
   alignas(64) std::atomic<std::size_t> used_{0};  // entries held, bounded tables (the budget)
   unsigned shard_bits_;
-  std::unique_ptr<shard[]> shards_;
+  owned_array<shard> shards_;
   read_gate gate_;
-  std::unique_ptr<stripe_counters[]> stripes_;
+  owned_array<stripe_counters> stripes_;
 };
 
 }  // namespace singleflight::detail

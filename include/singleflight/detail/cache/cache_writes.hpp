@@ -309,7 +309,7 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
       if (s.nodes == 0) continue;
       lk.write();
       const time_point now = Clock::now();
-      for (std::size_t b = 0; s.buckets != nullptr && b <= s.mask; ++b) {
+      for (std::size_t b = 0; s.buckets.get() != nullptr && b <= s.mask; ++b) {
         for (node_t* n = s.buckets[b]; n != nullptr;) {
           node_t* next = n->chain;  // n may be unlinked
           (void)mark_stale(s, n, now, g);
@@ -327,7 +327,7 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
       auto& s = table.at(si);
       shard_lock lk(table, si);
       lk.write();
-      for (std::size_t b = 0; s.buckets != nullptr && b <= s.mask; ++b) {
+      for (std::size_t b = 0; s.buckets.get() != nullptr && b <= s.mask; ++b) {
         for (node_t* n = s.buckets[b]; n != nullptr;) {
           node_t* next = n->chain;
           n->set_version(s.next_version());
