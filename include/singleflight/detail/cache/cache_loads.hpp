@@ -292,21 +292,22 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
     });
   }
 
-  // serve_on_error(n, e): the stale-if-error answer for a caller whose load
-  // failed with `e`, if n (pinned by the caller) still has a value within
-  // stale_if_error. Also throttles the key's loads (a failure the load
-  // itself did not record: a deadline, overload).
-  std::optional<cached<T>> serve_on_error(node_t* n, const std::exception_ptr& e) {
-    if (n == nullptr || !applies(e)) return std::nullopt;
+  // serve_on_error(n, e, out): the stale-if-error answer for a caller whose
+  // load failed with `e`, into `out` (an empty cached<T>), if n (pinned by the
+  // caller) still has a value within stale_if_error; false, `out` untouched,
+  // otherwise. Also throttles the key's loads (a failure the load itself did
+  // not record: a deadline, overload). An out-parameter, not a
+  // std::optional<cached<T>>: no optional's layers to instantiate per T.
+  bool serve_on_error(node_t* n, const std::exception_ptr& e, cached<T>& out) {
+    if (n == nullptr || !applies(e)) return false;
     const time_point now = Clock::now();
     std::shared_ptr<const T> v;
     std::exception_ptr old_error;
     auto spare = std::make_unique<side_t>();  // for the throttle, if n has no side record
-    cached<T> out;
     {
       const std::size_t si = table.shard_index(n->fingerprint);
       shard_lock lk(table, si);
-      if (n->kind != detail::held::value || now >= error_until(*n)) return std::nullopt;
+      if (n->kind != detail::held::value || now >= error_until(*n)) return false;
       take(*n, v, out);
       out.version = n->version;
       out.age = std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -322,7 +323,7 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
     sc.add(sc.stale_on_error);
     if (v) out.value.emplace(*v);  // user code: no lock
     out.state = freshness::stale_on_error;
-    return out;
+    return true;
   }
 
   // usable_old(n): whether n (pinned by the caller; null: none) holds a value
@@ -334,18 +335,18 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
     return n->kind == detail::held::value && now < error_until(*n);
   }
 
-  // serve_on_timeout(n): the soft-timeout answer for a caller that stopped
-  // waiting on a load at soft_timeout: n's value if it is still within
-  // stale_if_error, as freshness::stale_on_timeout. The load goes on; nothing
-  // is throttled (the origin has not failed).
-  std::optional<cached<T>> serve_on_timeout(node_t* n) {
-    if (n == nullptr) return std::nullopt;
+  // serve_on_timeout(n, out): the soft-timeout answer for a caller that
+  // stopped waiting on a load at soft_timeout, into `out` (an empty
+  // cached<T>): n's value if it is still within stale_if_error, as
+  // freshness::stale_on_timeout; false, `out` untouched, otherwise. The load
+  // goes on; nothing is throttled (the origin has not failed).
+  bool serve_on_timeout(node_t* n, cached<T>& out) {
+    if (n == nullptr) return false;
     const time_point now = Clock::now();
     std::shared_ptr<const T> v;
-    cached<T> out;
     {
       shard_lock lk(table, table.shard_index(n->fingerprint));
-      if (n->kind != detail::held::value || now >= error_until(*n)) return std::nullopt;
+      if (n->kind != detail::held::value || now >= error_until(*n)) return false;
       take(*n, v, out);
       out.version = n->version;
       out.age = std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -355,7 +356,7 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
     out.state = freshness::stale_on_timeout;
     auto& sc = table.stripe(table.gate().my_stripe());
     sc.add(sc.stale_on_timeout);
-    return out;
+    return true;
   }
 
   // take(n, v, out): n's value for a caller, under the mutex: copied into
