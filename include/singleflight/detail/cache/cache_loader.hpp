@@ -11,10 +11,11 @@
 //     done): call a loader in its shape;
 //   * shared_loader<Key, T>: a cache-wide loader (synchronous or
 //     asynchronous), shared by the cache and the flights and refreshes that
-//     run it.
+//     run it (one type-erased copy in a loader_box, loader_box.hpp).
 //
-// Locking: none; nothing here has state. The calls run user code: they are
-// made with no lock of the cache held (cache_loads::run_sync, run_async).
+// Locking: none; the only state is a shared_loader's reference count (atomic,
+// loader_box.hpp). The calls run user code: they are made with no lock of
+// the cache held (cache_loads::run_sync, run_async).
 #pragma once
 
 #include <cassert>
@@ -30,6 +31,7 @@
 #include "../../stop_token.hpp"
 #include "../completion_relay.hpp"
 #include "../fn_shapes.hpp"
+#include "loader_box.hpp"
 
 namespace singleflight::detail {
 
@@ -77,8 +79,9 @@ void start_loader(L& loader, const Key& key, stop_token st, completion<X> done) 
 }
 
 // shared_loader<Key, T>: a cache-wide loader, owned by the cache and by every
-// flight or refresh that runs it (a shared_ptr to one type-erased copy of
-// the user's loader), so a copy kept for a later refresh can never dangle.
+// flight or refresh that runs it (a counted reference, box_ref, to one
+// type-erased copy of the user's loader: loader_box.hpp), so a copy kept for
+// a later refresh can never dangle.
 // It holds one of two forms, fixed at construction:
 //   * synchronous: called as load_result<T>(const Key&, stop_token);
 //   * asynchronous (is_async()): started through async(), an async_form
@@ -91,90 +94,107 @@ void start_loader(L& loader, const Key& key, stop_token st, completion<X> done) 
 template <class Key, class T>
 class shared_loader {
  public:
-  using fn = std::function<load_result<T>(const Key&, stop_token)>;
-  using async_fn = std::function<void(const Key&, stop_token, completion<load_result<T>>)>;
+  // The forms, as plain functions of the box (no std::function): what each loader type adds
+  // is its holder (below) and the one of these it fills in.
+  using call_fn = load_result<T> (*)(loader_box*, const Key&, stop_token);
+  using start_fn = void (*)(loader_box*, const Key&, stop_token, completion<load_result<T>>);
 
   // async_form: the asynchronous form as a loader of its own type (loader_traits sees an
   // asynchronous loader taking the key). Shares the type-erased copy.
   class async_form {
    public:
     void operator()(const Key& k, stop_token st, completion<load_result<T>> done) const {
-      (*f_)(k, std::move(st), std::move(done));
+      start_(box_.get(), k, std::move(st), std::move(done));
     }
     // loader(): the shared_loader this form came from (the same type-erased copy).
-    shared_loader loader() const noexcept { return shared_loader(nullptr, f_); }
+    shared_loader loader() const noexcept { return shared_loader(box_, nullptr, start_); }
 
    private:
     friend class shared_loader;
-    explicit async_form(std::shared_ptr<async_fn> f) noexcept : f_(std::move(f)) {}
-    std::shared_ptr<async_fn> f_;
+    async_form(box_ref b, start_fn s) noexcept : box_(std::move(b)), start_(s) {}
+    box_ref box_;
+    start_fn start_;
   };
 
   shared_loader() noexcept = default;
 
   // Wraps a loader of any shape loader_traits accepts that takes the key, or not
-  // (synchronous or asynchronous).
+  // (synchronous or asynchronous): one allocation holding a copy of it (moved from an
+  // rvalue). Throws what that allocation or copy throws.
   template <class L>
   static shared_loader of(L&& loader) {
     using Ld = std::decay_t<L>;
     using traits = loader_traits<Ld, Key, T>;
-    if constexpr (traits::async_result) {
-      auto f = std::make_shared<async_fn>(
-          [l = Ld(std::forward<L>(loader))](const Key& k, stop_token st,
-                                            completion<load_result<T>> done) mutable {
-            start_loader<T>(l, k, std::move(st), std::move(done));
-          });
-      return shared_loader(nullptr, std::move(f));
-    } else if constexpr (traits::async_value) {
-      // completion<T> form: relayed (detail/completion_relay.hpp) into the load_result form.
-      auto f = std::make_shared<async_fn>(
-          [l = Ld(std::forward<L>(loader))](const Key& k, stop_token st,
-                                            completion<load_result<T>> done) mutable {
-            auto start = [&](completion<T> c) { start_loader<T>(l, k, st, std::move(c)); };
-            detail::start_relayed<T>(start, [d = std::move(done)](outcome<T>&& o) mutable noexcept {
-              if (!o.has_value()) {
-                d.set_exception(o.error());
-                return;
-              }
-              try {
-                d.set_value(load_result<T>::value(std::move(o).value()));
-              } catch (...) {  // T's move threw: the load fails with that
-                if (d) d.set_exception(std::current_exception());
-              }
-            });
-          });
-      return shared_loader(nullptr, std::move(f));
+    box_ref b(new held<Ld>(std::forward<L>(loader)));
+    if constexpr (traits::is_async) {
+      return shared_loader(std::move(b), nullptr, &held<Ld>::start);
     } else {
-      auto f = std::make_shared<fn>(
-          [l = Ld(std::forward<L>(loader))](const Key& k, stop_token st) mutable -> load_result<T> {
-            if constexpr (traits::returns_result) {
-              return call_loader<T>(l, k, st);
-            } else {
-              return load_result<T>::value(T(call_loader<T>(l, k, st)));
-            }
-          });
-      return shared_loader(std::move(f), nullptr);
+      return shared_loader(std::move(b), &held<Ld>::call, nullptr);
     }
   }
 
   // The synchronous form. Undefined when is_async() (asserts).
   load_result<T> operator()(const Key& k, stop_token st) const {
-    assert(f_ != nullptr);
-    return (*f_)(k, std::move(st));
+    assert(call_ != nullptr);
+    return call_(box_.get(), k, std::move(st));
   }
   // The asynchronous form. Undefined unless is_async() (asserts).
   async_form async() const noexcept {
-    assert(a_ != nullptr);
-    return async_form(a_);
+    assert(start_ != nullptr);
+    return async_form(box_, start_);
   }
-  bool is_async() const noexcept { return a_ != nullptr; }
-  explicit operator bool() const noexcept { return f_ != nullptr || a_ != nullptr; }
+  bool is_async() const noexcept { return start_ != nullptr; }
+  explicit operator bool() const noexcept { return box_.get() != nullptr; }
 
  private:
-  shared_loader(std::shared_ptr<fn> f, std::shared_ptr<async_fn> a) noexcept
-      : f_(std::move(f)), a_(std::move(a)) {}
-  std::shared_ptr<fn> f_;        // the synchronous form, or null
-  std::shared_ptr<async_fn> a_;  // the asynchronous form, or null
+  // held<Ld>: the box with the user's loader. call / start run it in its shape (on the
+  // loader as a non-const lvalue, as a mutable lambda holding it would).
+  template <class Ld>
+  struct held final : loader_box {
+    template <class A>
+    explicit held(A&& a) : l(std::forward<A>(a)) {
+      destroy = &drop;
+    }
+    static void drop(loader_box* b) noexcept { delete static_cast<held*>(b); }
+
+    static load_result<T> call(loader_box* b, const Key& k, stop_token st) {
+      Ld& l = static_cast<held*>(b)->l;
+      if constexpr (loader_traits<Ld, Key, T>::returns_result) {
+        return call_loader<T>(l, k, st);
+      } else {
+        return load_result<T>::value(T(call_loader<T>(l, k, st)));
+      }
+    }
+
+    static void start(loader_box* b, const Key& k, stop_token st, completion<load_result<T>> done) {
+      Ld& l = static_cast<held*>(b)->l;
+      if constexpr (loader_traits<Ld, Key, T>::async_result) {
+        start_loader<T>(l, k, std::move(st), std::move(done));
+      } else {
+        // completion<T> form: relayed (detail/completion_relay.hpp) into the load_result form.
+        auto begin = [&](completion<T> c) { start_loader<T>(l, k, st, std::move(c)); };
+        detail::start_relayed<T>(begin, [d = std::move(done)](outcome<T>&& o) mutable noexcept {
+          if (!o.has_value()) {
+            d.set_exception(o.error());
+            return;
+          }
+          try {
+            d.set_value(load_result<T>::value(std::move(o).value()));
+          } catch (...) {  // T's move threw: the load fails with that
+            if (d) d.set_exception(std::current_exception());
+          }
+        });
+      }
+    }
+
+    Ld l;
+  };
+
+  shared_loader(box_ref b, call_fn c, start_fn s) noexcept
+      : box_(std::move(b)), call_(c), start_(s) {}
+  box_ref box_;               // the type-erased copy, or none
+  call_fn call_ = nullptr;    // the synchronous form, or null
+  start_fn start_ = nullptr;  // the asynchronous form, or null
 };
 
 // is_shared_loader<L, Key, T>: L is the cache-wide loader's type (dispatched on its form).
