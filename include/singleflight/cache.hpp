@@ -321,7 +321,7 @@ class cache {
   // allocation throw (the cache then unchanged). Thread-safe.
   template <class K, class V>
   requires std::constructible_from<T, V&&> std::uint64_t put(const K& key, V&& value) {
-    auto box = std::make_shared<const T>(std::forward<V>(value));  // user code: no lock
+    auto box = detail::value_ref<T>::make(std::forward<V>(value));  // user code: no lock
     return calls_t::with_key(key, [&](const auto& k) {
       return calls_.state().put(k, calls_.hash_of(k), std::move(box));
     });

@@ -419,7 +419,7 @@ class cache_calls {
   template <class P, class Out>
   bool try_fresh(const P& key, std::uint64_t mixed, time_point now, bool& fired, Out& out) {
     typename core::copied_t copy;
-    std::shared_ptr<const T> pin;
+    value_ref<T> pin;
     duration age{};
     std::uint64_t version = 0;
     if (!core_->fresh_hit(key, mixed, now, copy, pin, age, version, fired)) return false;

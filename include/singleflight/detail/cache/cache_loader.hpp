@@ -11,10 +11,10 @@
 //     done): call a loader in its shape;
 //   * shared_loader<Key, T>: a cache-wide loader (synchronous or
 //     asynchronous), shared by the cache and the flights and refreshes that
-//     run it (one type-erased copy in a loader_box, loader_box.hpp).
+//     run it (one type-erased copy in a counted_box, counted.hpp).
 //
 // Locking: none; the only state is a shared_loader's reference count (atomic,
-// loader_box.hpp). The calls run user code: they are made with no lock of
+// counted.hpp). The calls run user code: they are made with no lock of
 // the cache held (cache_loads::run_sync, run_async).
 #pragma once
 
@@ -31,7 +31,8 @@
 #include "../../stop_token.hpp"
 #include "../completion_relay.hpp"
 #include "../fn_shapes.hpp"
-#include "loader_box.hpp"
+#include "counted.hpp"
+#include "value_box.hpp"
 
 namespace singleflight::detail {
 
@@ -58,8 +59,8 @@ struct loader_traits {
 // What one load hands to every caller of its flight.
 template <class T, class Clock>
 struct loaded {
-  std::shared_ptr<const T> value;  // null: not found
-  std::uint64_t version = 0;       // the key's version the load saw when it started
+  value_ref<T> value;         // null: not found
+  std::uint64_t version = 0;  // the key's version the load saw when it started
   typename Clock::time_point written{};
 };
 
@@ -79,8 +80,8 @@ void start_loader(L& loader, const Key& key, stop_token st, completion<X> done) 
 }
 
 // shared_loader<Key, T>: a cache-wide loader, owned by the cache and by every
-// flight or refresh that runs it (a counted reference, box_ref, to one
-// type-erased copy of the user's loader: loader_box.hpp), so a copy kept for
+// flight or refresh that runs it (a counted reference, counted_ref, to one
+// type-erased copy of the user's loader: counted.hpp), so a copy kept for
 // a later refresh can never dangle.
 // It holds one of two forms, fixed at construction:
 //   * synchronous: called as load_result<T>(const Key&, stop_token);
@@ -96,8 +97,8 @@ class shared_loader {
  public:
   // The forms, as plain functions of the box (no std::function): what each loader type adds
   // is its holder (below) and the one of these it fills in.
-  using call_fn = load_result<T> (*)(loader_box*, const Key&, stop_token);
-  using start_fn = void (*)(loader_box*, const Key&, stop_token, completion<load_result<T>>);
+  using call_fn = load_result<T> (*)(counted_box*, const Key&, stop_token);
+  using start_fn = void (*)(counted_box*, const Key&, stop_token, completion<load_result<T>>);
 
   // async_form: the asynchronous form as a loader of its own type (loader_traits sees an
   // asynchronous loader taking the key). Shares the type-erased copy.
@@ -111,8 +112,8 @@ class shared_loader {
 
    private:
     friend class shared_loader;
-    async_form(box_ref b, start_fn s) noexcept : box_(std::move(b)), start_(s) {}
-    box_ref box_;
+    async_form(counted_ref b, start_fn s) noexcept : box_(std::move(b)), start_(s) {}
+    counted_ref box_;
     start_fn start_;
   };
 
@@ -125,7 +126,7 @@ class shared_loader {
   static shared_loader of(L&& loader) {
     using Ld = std::decay_t<L>;
     using traits = loader_traits<Ld, Key, T>;
-    box_ref b(new held<Ld>(std::forward<L>(loader)));
+    counted_ref b(new held<Ld>(std::forward<L>(loader)));
     if constexpr (traits::is_async) {
       return shared_loader(std::move(b), nullptr, &held<Ld>::start);
     } else {
@@ -150,14 +151,14 @@ class shared_loader {
   // held<Ld>: the box with the user's loader. call / start run it in its shape (on the
   // loader as a non-const lvalue, as a mutable lambda holding it would).
   template <class Ld>
-  struct held final : loader_box {
+  struct held final : counted_box {
     template <class A>
     explicit held(A&& a) : l(std::forward<A>(a)) {
       destroy = &drop;
     }
-    static void drop(loader_box* b) noexcept { delete static_cast<held*>(b); }
+    static void drop(counted_box* b) noexcept { delete static_cast<held*>(b); }
 
-    static load_result<T> call(loader_box* b, const Key& k, stop_token st) {
+    static load_result<T> call(counted_box* b, const Key& k, stop_token st) {
       Ld& l = static_cast<held*>(b)->l;
       if constexpr (loader_traits<Ld, Key, T>::returns_result) {
         return call_loader<T>(l, k, st);
@@ -166,7 +167,8 @@ class shared_loader {
       }
     }
 
-    static void start(loader_box* b, const Key& k, stop_token st, completion<load_result<T>> done) {
+    static void start(counted_box* b, const Key& k, stop_token st,
+                      completion<load_result<T>> done) {
       Ld& l = static_cast<held*>(b)->l;
       if constexpr (loader_traits<Ld, Key, T>::async_result) {
         start_loader<T>(l, k, std::move(st), std::move(done));
@@ -190,9 +192,9 @@ class shared_loader {
     Ld l;
   };
 
-  shared_loader(box_ref b, call_fn c, start_fn s) noexcept
+  shared_loader(counted_ref b, call_fn c, start_fn s) noexcept
       : box_(std::move(b)), call_(c), start_(s) {}
-  box_ref box_;               // the type-erased copy, or none
+  counted_ref box_;           // the type-erased copy, or none
   call_fn call_ = nullptr;    // the synchronous form, or null
   start_fn start_ = nullptr;  // the asynchronous form, or null
 };

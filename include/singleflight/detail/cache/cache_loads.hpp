@@ -104,7 +104,7 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
     // The loader is about to be called with `st`: counted in the running-load gauges until
     // the registration ends. Throws std::bad_alloc (then the loader is not called).
     void running(const stop_token& st) { run_ = c_->running_.start(st); }
-    loaded_t publish(std::shared_ptr<const T> box, bool found,
+    loaded_t publish(value_ref<T> box, bool found,
                      std::optional<std::chrono::nanoseconds> entry_ttl) {
       run_.end();
       cache_loads* c = std::exchange(c_, nullptr);
@@ -156,7 +156,7 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
     // is registered.
     const bool shortcut = foreground && n->kind == detail::held::value && now < n->fresh_until &&
                           n->fresh_waiters() == 0;
-    std::shared_ptr<const T> answer = shortcut ? n->value.share() : nullptr;
+    value_ref<T> answer = shortcut ? n->value.share() : nullptr;
     registration r(this, n, n->version, now);
     ++n->pins;
     ++n->attach(spare).loading;
@@ -175,7 +175,7 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
   // value (found), "not found", or the failure `e` — and counted as a
   // rejected publish otherwise. Returns what the load's flight hands its
   // callers.
-  loaded_t finish_load(node_t* n, std::uint64_t v, std::shared_ptr<const T> box, bool found,
+  loaded_t finish_load(node_t* n, std::uint64_t v, value_ref<T> box, bool found,
                        std::optional<std::chrono::nanoseconds> ttl_override, time_point t0,
                        std::exception_ptr e, bool abandoned) noexcept {
     const time_point t1 = Clock::now();
@@ -301,7 +301,7 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
   bool serve_on_error(node_t* n, const std::exception_ptr& e, cached<T>& out) {
     if (n == nullptr || !applies(e)) return false;
     const time_point now = Clock::now();
-    std::shared_ptr<const T> v;
+    value_ref<T> v;
     std::exception_ptr old_error;
     auto spare = std::make_unique<side_t>();  // for the throttle, if n has no side record
     {
@@ -343,7 +343,7 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
   bool serve_on_timeout(node_t* n, cached<T>& out) {
     if (n == nullptr) return false;
     const time_point now = Clock::now();
-    std::shared_ptr<const T> v;
+    value_ref<T> v;
     {
       shard_lock lk(table, table.shard_index(n->fingerprint));
       if (n->kind != detail::held::value || now >= error_until(*n)) return false;
@@ -362,7 +362,7 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
   // take(n, v, out): n's value for a caller, under the mutex: copied into
   // `out` at once if it sits in the node (a memcpy), else its box into `v`,
   // for T's copy after the lock.
-  static void take(const node_t& n, std::shared_ptr<const T>& v, cached<T>& out) {
+  static void take(const node_t& n, value_ref<T>& v, cached<T>& out) {
     if constexpr (detail::value_in_node<T>) {
       out.value.emplace(n.value.get());
     } else {
@@ -425,7 +425,7 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
       return out;
     }
     r.running(st);
-    std::shared_ptr<const T> box;
+    value_ref<T> box;
     bool found = true;
     std::optional<std::chrono::nanoseconds> ttl_override;
     try {
@@ -433,9 +433,9 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
         load_result<T> res = call_loader<T>(loader, key, st);
         found = res.loaded.has_value();
         ttl_override = res.ttl;
-        if (found) box = std::make_shared<const T>(std::move(*res.loaded));
+        if (found) box = value_ref<T>::make(std::move(*res.loaded));
       } else {
-        box = std::make_shared<const T>(call_loader<T>(loader, key, st));
+        box = value_ref<T>::make(call_loader<T>(loader, key, st));
       }
     }
     // A forced unwind (the loader ended this thread): the registration cleans up.
@@ -476,13 +476,12 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
           return;
         }
         if constexpr (std::same_as<X, T>) {
-          d.set_value(
-              r.publish(std::make_shared<const T>(std::move(o).value()), true, std::nullopt));
+          d.set_value(r.publish(value_ref<T>::make(std::move(o).value()), true, std::nullopt));
         } else {
           load_result<T> res = std::move(o).value();
           const bool found = res.loaded.has_value();
-          std::shared_ptr<const T> box;
-          if (found) box = std::make_shared<const T>(std::move(*res.loaded));
+          value_ref<T> box;
+          if (found) box = value_ref<T>::make(std::move(*res.loaded));
           d.set_value(r.publish(std::move(box), found, res.ttl));
         }
       } catch (...) {

@@ -82,9 +82,9 @@ class cache_lookup {
     enum class act : std::uint8_t { serve, not_found, failed, load, load_fresh };
     act what = act::load;
     freshness state = freshness::fresh;
-    std::shared_ptr<const T> pin;  // serve: the value, copied after the section
-    copied_t copy;                 // serve, small trivially copyable T: copied inside
-    std::exception_ptr error;      // failed
+    value_ref<T> pin;          // serve: the value, copied after the section
+    copied_t copy;             // serve, small trivially copyable T: copied inside
+    std::exception_ptr error;  // failed
     duration age{};
     std::uint64_t version = 0;
     std::uint64_t seen = 0;        // load: the key's version this call saw
@@ -301,8 +301,7 @@ class cache_lookup {
   // fired (the caller's lookup must not draw again).
   template <class P>
   bool fresh_hit(const P& key, std::uint64_t mixed, time_point now, copied_t& copy,
-                 std::shared_ptr<const T>& pin, duration& age, std::uint64_t& version,
-                 bool& fired) {
+                 value_ref<T>& pin, duration& age, std::uint64_t& version, bool& fired) {
     const std::size_t si = table.shard_index(mixed);
     detail::read_gate& gate = table.gate();
     const std::size_t stripe = gate.my_stripe();

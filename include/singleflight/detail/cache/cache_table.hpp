@@ -45,6 +45,7 @@
 #include "node_pool.hpp"
 #include "owned_array.hpp"
 #include "read_gate.hpp"
+#include "value_box.hpp"
 
 namespace singleflight::detail {
 
@@ -67,30 +68,30 @@ enum class held : std::uint8_t {
 };
 
 // value_slot<T>: where a node keeps its value (kind == value). A small
-// trivially copyable T (no larger than a std::shared_ptr, as aligned as a
+// trivially copyable T (no larger than two pointers, as aligned as a
 // pointer at most) sits in the node itself: a hit copies it (a memcpy) inside
 // its read section, and an entry costs no allocation of its own. Any other T
-// lives in a shared box, so that a hit takes one reference count and copies T
-// after the section. Written by writers with the readers locked out; read
+// lives in a shared box (value_box.hpp), so that a hit takes one reference
+// count and copies T after the section. Written by writers with the readers locked out; read
 // inside read sections or under the mutex.
 template <class T>
 inline constexpr bool value_in_node = std::is_trivially_copyable_v<T> &&
-                                      sizeof(T) <= sizeof(std::shared_ptr<const T>) &&
+                                      sizeof(T) <= 2 * sizeof(void*) &&
                                       alignof(T) <= alignof(void*);
 
 template <class T, bool Inline = value_in_node<T>>
 struct value_slot {
-  std::shared_ptr<const T> box;
+  value_ref<T> box;
 
   const T& get() const noexcept { return *box; }
   // share(): the value in a box of its own (a reference count).
-  std::shared_ptr<const T> share() const noexcept { return box; }
+  value_ref<T> share() const noexcept { return box; }
   // store(b): the slot holds *b; `b` leaves with the old box, to be released
   // after the lock.
-  void store(std::shared_ptr<const T>& b) noexcept { box.swap(b); }
+  void store(value_ref<T>& b) noexcept { box.swap(b); }
   // clear(old): the slot holds nothing; `old` leaves with the box, to be
   // released after the lock.
-  void clear(std::shared_ptr<const T>& old) noexcept { old = std::exchange(box, nullptr); }
+  void clear(value_ref<T>& old) noexcept { old = std::move(box); }  // box: empty
 };
 
 template <class T>
@@ -103,11 +104,11 @@ struct value_slot<T, true> {
 
   const T& get() const noexcept { return v; }
   // share(): a copy in a new box (an allocation, no user code: T is trivially copyable).
-  std::shared_ptr<const T> share() const { return std::make_shared<const T>(v); }
+  value_ref<T> share() const { return value_ref<T>::make(v); }
   // store(b): the slot holds a copy of *b (a memcpy); `b` keeps its box.
-  void store(std::shared_ptr<const T>& b) noexcept { std::construct_at(&v, *b); }
+  void store(value_ref<T>& b) noexcept { std::construct_at(&v, *b); }
   // clear(old): nothing to release (T's destructor is trivial).
-  void clear(std::shared_ptr<const T>&) noexcept {}
+  void clear(value_ref<T>&) noexcept {}
 };
 
 // node_side: what a node needs only while a load runs or a get_fresh caller

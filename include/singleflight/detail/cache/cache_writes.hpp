@@ -214,7 +214,7 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
   // put(key, mixed, box): key holds `box`, fresh from now, under a new version
   // (returned). Clears the refresh mark, so that a new refresh may start.
   template <class P>
-  std::uint64_t put(const P& key, std::uint64_t mixed, std::shared_ptr<const T> box) {
+  std::uint64_t put(const P& key, std::uint64_t mixed, value_ref<T> box) {
     std::exception_ptr old_error;  // destroyed after the lock (declared before it)
     std::unique_ptr<side_t> old_side;
     garbage_t g{table};
