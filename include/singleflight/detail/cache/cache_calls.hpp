@@ -87,8 +87,8 @@ class cache_calls {
 
   // Throws std::invalid_argument for invalid options, and what group's constructor throws.
   explicit cache_calls(const cache_options& opts)
-      // Its own allocation, not std::make_shared: no in-place control block type to
-      // instantiate for each cache type.
+      // Counted by counted_ptr (the core derives from counted_box), not std::shared_ptr:
+      // no control block to instantiate for each cache type.
       : core_(new core(opts)),
         owned_(opts.loads == load_owner::cache),
         soft_timeout_(opts.soft_timeout),
@@ -797,7 +797,7 @@ class cache_calls {
 
   [[no_unique_address]] Hash hash_{};
   shared_loader<Key, T> wide_;  // set at construction, read-only after
-  std::shared_ptr<core> core_;
+  counted_ptr<core> core_;      // shared with pending callbacks (counted.hpp)
   std::atomic<bool> closed_{false};
   bool owned_ = true;  // load_owner::cache
   std::chrono::nanoseconds soft_timeout_{0};

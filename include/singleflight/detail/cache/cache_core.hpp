@@ -6,8 +6,8 @@
 // everything that reads or writes it — what a lookup decides (the decision
 // table of docs/cache.md, "What get does"), put / invalidate / clear, and the life of a
 // load (register, call the loader, publish or record the failure). The cache
-// holds it by shared_ptr, as does every pending callback; flights refer to it
-// by address (close() waits for them).
+// holds it by a counted_ptr (counted.hpp), as does every pending callback;
+// flights refer to it by address (close() waits for them).
 //
 // The class is a chain of layers, each a class template deriving from the
 // one below and calling only what is below it, each file opening with what
@@ -24,7 +24,8 @@
 // What a call of the cache does with it (lookup, refresh, a load as a
 // flight of the cache's group) is cache_calls.hpp, which is not shared: the
 // cache object owns it.
-// Single inheritance, no virtual function: the layers add no indirection;
+// Single inheritance (and counted_box beside the chain), no virtual function: the
+// layers add no indirection;
 // a member is called, and inlined, as it was when they were one class.
 //
 // Locking: see cache_table.hpp (one shard's mutex at a time, readers locked
@@ -32,14 +33,24 @@
 // with a shard's mutex held or inside a read section, KeyEqual excepted.
 #pragma once
 
+#include "../../cache_options.hpp"
 #include "cache_loads.hpp"
+#include "counted.hpp"
 
 namespace singleflight::detail {
 
+// The counted_box base: the cache and its pending callbacks share the core through
+// counted_ptr (counted.hpp), not std::shared_ptr, whose control block each cache type
+// instantiated again.
 template <class Key, class T, class KeyEqual, class Clock>
-class cache_core : public cache_loads<Key, T, KeyEqual, Clock> {
+class cache_core : public counted_box, public cache_loads<Key, T, KeyEqual, Clock> {
  public:
-  using cache_loads<Key, T, KeyEqual, Clock>::cache_loads;
+  explicit cache_core(const cache_options& opts) : cache_loads<Key, T, KeyEqual, Clock>(opts) {
+    destroy = &drop;
+  }
+
+ private:
+  static void drop(counted_box* b) noexcept { delete static_cast<cache_core*>(b); }
 };
 
 }  // namespace singleflight::detail

@@ -56,4 +56,20 @@ class counted_ref {
   counted_box* b_ = nullptr;
 };
 
+// counted_ptr<X>: a counted_ref to an X, a class deriving from counted_box and setting its
+// destroy: the cache's core (cache_core.hpp), shared by the cache and its pending callbacks.
+// Copies and destruction as counted_ref's; its own functions are the typed accessors.
+template <class X>
+class counted_ptr {
+ public:
+  // counted_ptr(x): adopts the reference x was made with.
+  explicit counted_ptr(X* x) noexcept : r_(x) {}
+  X* get() const noexcept { return static_cast<X*>(r_.get()); }
+  X* operator->() const noexcept { return get(); }
+  X& operator*() const noexcept { return *get(); }
+
+ private:
+  counted_ref r_;
+};
+
 }  // namespace singleflight::detail
