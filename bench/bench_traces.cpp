@@ -103,7 +103,7 @@ std::vector<std::uint32_t> round_robin(std::size_t hot, int rounds) {
   return t;
 }
 
-// The scan case of issue 23, R06: 40 hot keys read in turn, interleaved with a scan of 4,000
+// The scan case (R06): 40 hot keys read in turn, interleaved with a scan of 4,000
 // keys each read twice in a row; the hot keys' miss ratio after the first round.
 std::vector<std::uint32_t> scan_case() {
   std::vector<std::uint32_t> t;
