@@ -53,7 +53,8 @@
 //     first read answered fresh after the last confirmation: the gap's reload (it includes
 //     the reload of a write the gap hid, and under tracking the reload after the report of
 //     the process's own store); FCB_DEBUG_GAPS=1 prints the first gaps that took more than one,
-//     read by read;
+//     read by read (with the flights the process had led before each: a gap whose refresh
+//     led shows the count grow);
 //   - median and p99 read latency; origin calls per version (mean, max); Redis reads (GET and
 //     GETRANGE, INFO commandstats) per reader per version (a gap's cost: against steady).
 // Prints a markdown table.
@@ -142,7 +143,7 @@ struct read_rec {
   std::uint32_t fleet_gets;  // its stats().fleet.gets then (reads through the fleet so far)
   std::uint16_t resyncs;     // its stats().resyncs then (confirmations so far)
   std::uint8_t stale;        // 1: answered freshness::stale (within stale_while_revalidate)
-  std::uint8_t pad;
+  std::uint8_t leads;        // its stats().fleet.leader then, modulo 256 (flights it led)
 };
 
 sf::fleet_cache_options cache_options(const std::map<std::string, std::string>& a) {
@@ -209,7 +210,8 @@ int reader_main(const std::map<std::string, std::string>& a) {
     reads.push_back({t0, static_cast<std::uint32_t>(std::min<std::int64_t>(t1 - t0, UINT32_MAX)),
                      static_cast<std::uint32_t>(std::stoul(v)), heard,
                      static_cast<std::uint32_t>(st.fleet.gets),
-                     static_cast<std::uint16_t>(st.resyncs), static_cast<std::uint8_t>(stale), 0});
+                     static_cast<std::uint16_t>(st.resyncs), static_cast<std::uint8_t>(stale),
+                     static_cast<std::uint8_t>(st.fleet.leader)});
     if (interval_us > 0) {
       next += interval_us * 1000;
       if (next < t1) next = t1;
@@ -623,10 +625,11 @@ void run_one(server& s, const std::string& dir, const config& cfg, int run_id) {
             continue;
           }
           std::fprintf(stderr,
-                       "  +%.2f ms v%u stale %d resyncs %u heard %llu gets %u lat %.2f ms\n",
+                       "  +%.2f ms v%u stale %d resyncs %u heard %llu gets %u leads %u lat %.2f "
+                       "ms\n",
                        (reads[k].start - g) / 1e6, reads[k].version, reads[k].stale,
                        reads[k].resyncs, static_cast<unsigned long long>(reads[k].heard),
-                       reads[k].fleet_gets, reads[k].latency_ns / 1e6);
+                       reads[k].fleet_gets, reads[k].leads, reads[k].latency_ns / 1e6);
         }
       }
       if (e < reads.size()) {
