@@ -327,37 +327,14 @@ class fleet_subscriber {
   // confirmations are also handed to `l` (see listener) until the watch is
   // destroyed. One listener per channel (a second one replaces the first).
   // Thread-safe. Throws std::bad_alloc.
-  watch subscribe(const std::string& channel, listener* l) {
-    channel_state* ch = nullptr;
-    {
-      const std::lock_guard<std::mutex> lk(mu_);
-      auto& slot = channels_[channel];
-      if (!slot) slot = std::make_unique<channel_state>();
-      ch = slot.get();
-      ch->refs += 1;
-      ch->gone = false;  // a new watch asks the server again
-      if (l != nullptr) ch->heard = l;
-      dirty_ = true;
-      cv_.notify_all();
-    }
-    poke();
-    return watch(this, ch, channel);
-  }
+  watch subscribe(const std::string& channel, listener* l) { return add(channel, l, false); }
 
   // subscribe_fallback(channel, l): subscribe(channel, l), except that the
   // channel is subscribed on the server only once client tracking has been
   // refused (before that, the watch waits and hears nothing). A channel
   // already watched keeps its kind. Thread-safe. Throws std::bad_alloc.
   watch subscribe_fallback(const std::string& channel, listener* l) {
-    {
-      const std::lock_guard<std::mutex> lk(mu_);
-      auto& slot = channels_[channel];
-      if (!slot) {
-        slot = std::make_unique<channel_state>();
-        slot->fallback = true;
-      }
-    }
-    return subscribe(channel, l);
+    return add(channel, l, true);
   }
 
   // tracking_refused(): the server refused client tracking (see above).
@@ -414,6 +391,31 @@ class fleet_subscriber {
   }
 
  private:
+  // add(channel, l, fallback): subscribe / subscribe_fallback, in one section
+  // under mu_: the thread erases a state it finds unwatched (refs 0, nothing
+  // on the server), so a fallback state created in one section and watched in
+  // another could be erased in between and recreated as an ordinary channel,
+  // subscribed on the server while tracking works.
+  watch add(const std::string& channel, listener* l, bool fallback) {
+    channel_state* ch = nullptr;
+    {
+      const std::lock_guard<std::mutex> lk(mu_);
+      auto& slot = channels_[channel];
+      if (!slot) {
+        slot = std::make_unique<channel_state>();
+        slot->fallback = fallback;
+      }
+      ch = slot.get();
+      ch->refs += 1;
+      ch->gone = false;  // a new watch asks the server again
+      if (l != nullptr) ch->heard = l;
+      dirty_ = true;
+      cv_.notify_all();
+    }
+    poke();
+    return watch(this, ch, channel);
+  }
+
   void unwatch(const std::string& name, channel_state* ch) noexcept {
     {
       const std::lock_guard<std::mutex> lk(mu_);
