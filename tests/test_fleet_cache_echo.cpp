@@ -38,7 +38,7 @@ using point = d::fleet_point;
 // heard the report of a's store (so that report was posted before b's read was sent); at
 // point::waiting b waits for a's message and reads after it (the report comes in the same
 // subscriber buffer, after the message). Returns b's answer.
-std::string follow(fc_t& a, fc_t& b, point read_at) {
+std::string follow(fc_t& a, fc_t& b, point read_at, const std::string& key = "k") {
   sftest::gate b_lost;
   std::atomic<bool> once{false};
   sftest::fleet_cache_engine(b).hook = [&](point p, std::string_view) {
@@ -50,17 +50,20 @@ std::string follow(fc_t& a, fc_t& b, point read_at) {
   };
   until_listening(a, "a listens");
   until_listening(b, "b listens");  // after the hook: orders it before b's threads read it
+  const std::uint64_t led = a.stats().fleet.leader;
   sftest::result<std::string> ra;
   sftest::jthread ta = sftest::spawn(ra, [&] {
-    return a.get("k", [&] {
+    return a.get(key, [&] {
       b_lost.wait("b lost the race to a");
       return std::string("v1");
     });
   });
-  sftest::must([&] { return a.stats().fleet.leader >= 1; }, "a leads");
+  sftest::must([&] { return a.stats().fleet.leader > led; }, "a leads");
   std::atomic<int> ran{0};
-  std::string got = b.get("k", must_not_load(ran));
+  std::string got = b.get(key, must_not_load(ran));
   sftest::finish(ta, ra, "a's load");
+  // The hook refers to this call's locals: gone before a later flight of b could run it.
+  sftest::fleet_cache_engine(b).hook = nullptr;
   return got + (ran.load() == 0 ? "" : "+loaded") + (ra.value ? "" : "+a failed");
 }
 
@@ -91,13 +94,23 @@ TEST_CASE(
   sftest::private_redis server;
   fc_t a(sftest::fleet_cache_opts(server.uri(), "echo-woken"));
   fc_t b(sftest::fleet_cache_opts(server.uri(), "echo-woken"));
-  CHECK(follow(a, b, point::waiting) == "v1");
-  CHECK(b.stats().fleet.follower_woken == 1);
-  const std::uint64_t gets = b.stats().fleet.gets;
-  std::atomic<int> ran{0};
-  CHECK(b.get("k", must_not_load(ran)) == "v1");
-  CHECK(b.stats().fleet.gets == gets);
-  CHECK(ran.load() == 0);
+  // That the report was counted before b's read rests on the subscriber reading it in one go
+  // with the message (docs/fleet_cache.md: usually; else b reads once more, never a wrong
+  // value), so the keep is asked of up to three keys: a fleet_cache that never keeps a
+  // follower's value fails all three (before read_mark: gets + 1 each time).
+  bool kept = false;
+  int tries = 0;
+  while (!kept && tries < 3) {
+    const std::string key = "k" + std::to_string(tries++);
+    CHECK(follow(a, b, point::waiting, key) == "v1");
+    const std::uint64_t gets = b.stats().fleet.gets;
+    std::atomic<int> ran{0};
+    CHECK(b.get(key, must_not_load(ran)) == "v1");
+    CHECK(ran.load() == 0);
+    kept = b.stats().fleet.gets == gets;
+  }
+  CHECK(kept);
+  CHECK(b.stats().fleet.follower_woken == static_cast<std::uint64_t>(tries));
 }
 
 TEST_CASE(
