@@ -94,31 +94,6 @@ struct cell {
   const std::vector<std::uint32_t>* keys;
 };
 
-std::vector<std::uint32_t> round_robin(std::size_t hot, int rounds) {
-  std::vector<std::uint32_t> t;
-  t.reserve(hot * static_cast<std::size_t>(rounds));
-  for (int r = 0; r < rounds; ++r) {
-    for (std::size_t k = 0; k < hot; ++k) t.push_back(static_cast<std::uint32_t>(k));
-  }
-  return t;
-}
-
-// The scan case (R06): 40 hot keys read in turn, interleaved with a scan of 4,000
-// keys each read twice in a row; the hot keys' miss ratio after the first round.
-std::vector<std::uint32_t> scan_case() {
-  std::vector<std::uint32_t> t;
-  std::uint32_t next_scan = 1000;
-  for (int round = 0; round < 100; ++round) {
-    for (std::uint32_t h = 0; h < 40; ++h) t.push_back(h);
-    for (int i = 0; i < 40; ++i) {
-      t.push_back(next_scan);
-      t.push_back(next_scan);
-      ++next_scan;
-    }
-  }
-  return t;
-}
-
 }  // namespace
 
 // --windows: W-TinyLFU's hit ratio by the rule that sizes its window (reference model,
@@ -198,9 +173,9 @@ int main(int argc, char** argv) {
     for (const std::size_t c : spec.capacity) cells.push_back({spec.name, c, &traces.back()});
   }
   if (only == nullptr || std::strcmp(only, "round-robin") == 0) {
-    traces.push_back(round_robin(1024, 100));
+    traces.push_back(sftrace::round_robin(1024, 100));
     cells.push_back({"round-robin 1.00x", 1024, &traces.back()});
-    traces.push_back(round_robin(1075, 100));
+    traces.push_back(sftrace::round_robin(1075, 100));
     cells.push_back({"round-robin 1.05x", 1024, &traces.back()});
   }
 
@@ -259,7 +234,7 @@ int main(int argc, char** argv) {
   std::printf("| mean | | %.2f | %.2f | %.2f | %.2f |\n", sums[0] / n, sums[1] / n, sums[2] / n,
               sums[3] / n);
   // The scan case: the hot keys' misses after their first round, 64 entries in one shard.
-  const std::vector<std::uint32_t> scan = scan_case();
+  const std::vector<std::uint32_t> scan = sftrace::scan_case();
   const auto hot_miss = [&](const std::function<bool(std::size_t)>& hit_at) {
     std::uint64_t hot = 0;
     std::uint64_t missed = 0;

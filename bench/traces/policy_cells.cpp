@@ -56,24 +56,12 @@ int main(int argc, char** argv) {
   for (const std::size_t hot : {std::size_t{1024}, std::size_t{1075}}) {
     const std::string name = "round-robin-" + std::to_string(hot);
     if (!wanted(name)) continue;
-    std::vector<std::uint32_t> t;
-    for (int r = 0; r < 100; ++r) {
-      for (std::size_t k = 0; k < hot; ++k) t.push_back(static_cast<std::uint32_t>(k));
-    }
+    const std::vector<std::uint32_t> t = sftrace::round_robin(hot, 100);
     std::printf("%s@1024 %.2f\n", name.c_str(), drive(t, 1024, none));
   }
-  if (wanted(
-          "scan")) {  // bench_traces's scan case: 64 entries, the hot keys' misses after round one
-    std::vector<std::uint32_t> t;
-    std::uint32_t next_scan = 1000;
-    for (int round = 0; round < 100; ++round) {
-      for (std::uint32_t h = 0; h < 40; ++h) t.push_back(h);
-      for (int i = 0; i < 40; ++i) {
-        t.push_back(next_scan);
-        t.push_back(next_scan);
-        ++next_scan;
-      }
-    }
+  // bench_traces's scan case: 64 entries, the hot keys' misses after round one.
+  if (wanted("scan")) {
+    const std::vector<std::uint32_t> t = sftrace::scan_case();
     std::uint64_t hot = 0;
     std::uint64_t missed = 0;
     drive(t, 64, [&](std::size_t i, bool hit) {

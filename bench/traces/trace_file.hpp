@@ -4,6 +4,8 @@
 //
 //   big-endian 32-bit ints, xz:   web07, web12, orm-busy, w106
 //   text, one key a line, gzip:   multi2, sprite, gli (lines "*" and empty are skipped)
+//
+// And the synthetic traces every hit-ratio table adds to them: round_robin, scan_case.
 #pragma once
 
 #include <cstddef>
@@ -76,6 +78,33 @@ inline std::vector<std::uint32_t> read_trace(const std::filesystem::path& dir,
   }
   if (::pclose(p) != 0 || out.empty()) throw std::runtime_error("failed: " + cmd);
   return out;
+}
+
+// round_robin(hot, rounds): keys 0 .. hot-1 read in turn, `rounds` times (a loop a cache of
+// capacity hot, or a little less, must hold).
+inline std::vector<std::uint32_t> round_robin(std::size_t hot, int rounds) {
+  std::vector<std::uint32_t> t;
+  t.reserve(hot * static_cast<std::size_t>(rounds));
+  for (int r = 0; r < rounds; ++r) {
+    for (std::size_t k = 0; k < hot; ++k) t.push_back(static_cast<std::uint32_t>(k));
+  }
+  return t;
+}
+
+// The scan case (R06): 40 hot keys read in turn, interleaved with a scan of 4,000
+// keys each read twice in a row; the hot keys' miss ratio after the first round.
+inline std::vector<std::uint32_t> scan_case() {
+  std::vector<std::uint32_t> t;
+  std::uint32_t next_scan = 1000;
+  for (int round = 0; round < 100; ++round) {
+    for (std::uint32_t h = 0; h < 40; ++h) t.push_back(h);
+    for (int i = 0; i < 40; ++i) {
+      t.push_back(next_scan);
+      t.push_back(next_scan);
+      ++next_scan;
+    }
+  }
+  return t;
 }
 
 }  // namespace sftrace
