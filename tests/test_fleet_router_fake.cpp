@@ -422,6 +422,31 @@ fake::match cluster_cmd(std::string sub) {
   return [sub](const fake::argv& v) { return v.size() >= 2 && v[0] == "CLUSTER" && v[1] == sub; };
 }
 
+// A failover a flight of `key` has to wait for: the key's master b stops answering (every
+// connection cut); the seed a's slot map names b twice (the MOVED's read, the failover wait's
+// first) and then c; a's CLUSTER NODES still has c as a failed master without slots and the map
+// no replica of b; c serves the value once promoted. What c answers to CLUSTER NODES is each
+// case's own.
+struct failover_to_c {
+  fake a;
+  fake b;
+  fake c;
+
+  explicit failover_to_c(const std::string& key) {
+    a.always("GETRANGE", redirect("MOVED", key, b));
+    const auto map_b = fake::array({fake::slot_range(0, 16383, "127.0.0.1", b.port())});
+    const auto map_c = fake::array({fake::slot_range(0, 16383, "127.0.0.1", c.port())});
+    a.on_if(cluster_cmd("SLOTS"), {map_b, map_b, map_c}, true);
+    a.on_if(cluster_cmd("NODES"),
+            {fake::bulk(nodes_line(a, id_a, "myself,master", "-", "connected") +
+                        nodes_line(b, id_b, "master", "-", "connected", "0-16383") +
+                        nodes_line(c, id_c, "master,fail", "-", "disconnected"))},
+            true);
+    b.always("GETRANGE", fake::cut());  // b died: every connection closed
+    c.always("GETRANGE", record("on-c"));
+  }
+};
+
 }  // namespace
 
 TEST_CASE("a master's replica that only its own CLUSTER NODES lists yet: the flight waits for it",
@@ -430,27 +455,16 @@ TEST_CASE("a master's replica that only its own CLUSTER NODES lists yet: the fli
   // its own failover, now b's replica): the seed a's view still has c as a failed master, the
   // slot map lists no replica, and only c's own CLUSTER NODES says "myself,slave <b>". Then c
   // is promoted (a's map names it).
-  fake a;
-  fake b;
-  fake c;
   const std::string key = "rejoined";
-  a.always("GETRANGE", redirect("MOVED", key, b));
-  const auto map_b = fake::array({fake::slot_range(0, 16383, "127.0.0.1", b.port())});
-  const auto map_c = fake::array({fake::slot_range(0, 16383, "127.0.0.1", c.port())});
-  // Two reads before the promotion (the MOVED's, the failover wait's first), then c owns it.
-  a.on_if(cluster_cmd("SLOTS"), {map_b, map_b, map_c}, true);
-  a.on_if(cluster_cmd("NODES"),
-          {fake::bulk(nodes_line(a, id_a, "myself,master", "-", "connected") +
-                      nodes_line(b, id_b, "master", "-", "connected", "0-16383") +
-                      nodes_line(c, id_c, "master,fail", "-", "disconnected"))},
-          true);
-  b.always("GETRANGE", fake::cut());  // b died: every connection closed
+  failover_to_c cl(key);
+  fake& a = cl.a;
+  fake& b = cl.b;
+  fake& c = cl.c;
   c.on_if(cluster_cmd("NODES"),
           {fake::bulk(nodes_line(c, id_c, "myself,slave", id_b, "connected") +
                       nodes_line(a, id_a, "master", "-", "connected") +
                       nodes_line(b, id_b, "master,fail?", "-", "disconnected", "0-16383"))},
           true);
-  c.always("GETRANGE", record("on-c"));
   sf::fleet_options o = opts(a);
   o.failover_wait = 20s;  // a bound, never reached: the promotion is seen within 2 map reads
   fleet_t f(o);
@@ -522,23 +536,12 @@ TEST_CASE("a node every view has failed, without slots, that does not answer: a 
   // As above, but no answer lists c at all: a (and b's last view) still has c as a failed,
   // unlinked master without slots, and c itself does not answer CLUSTER NODES yet (a replica
   // restarted moments ago, loading). Its role is unknown: the flight waits, and c is promoted.
-  fake a;
-  fake b;
-  fake c;
   const std::string key = "rejoining";
-  a.always("GETRANGE", redirect("MOVED", key, b));
-  const auto map_b = fake::array({fake::slot_range(0, 16383, "127.0.0.1", b.port())});
-  const auto map_c = fake::array({fake::slot_range(0, 16383, "127.0.0.1", c.port())});
-  a.on_if(cluster_cmd("SLOTS"), {map_b, map_b, map_c}, true);
-  a.on_if(cluster_cmd("NODES"),
-          {fake::bulk(nodes_line(a, id_a, "myself,master", "-", "connected") +
-                      nodes_line(b, id_b, "master", "-", "connected", "0-16383") +
-                      nodes_line(c, id_c, "master,fail", "-", "disconnected"))},
-          true);
-  b.always("GETRANGE", fake::cut());
+  failover_to_c cl(key);
+  fake& a = cl.a;
+  fake& c = cl.c;
   c.on_if(cluster_cmd("NODES"), {fake::error("LOADING Redis is loading the dataset in memory")},
           true);
-  c.always("GETRANGE", record("on-c"));
   sf::fleet_options o = opts(a);
   o.failover_wait = 20s;
   fleet_t f(o);
