@@ -174,8 +174,8 @@ class blocking_calls : public flight_table<Key, T, Hash, KeyEqual> {
         // lets GCC see that its payload is initialized here (-O3
         // -Wmaybe-uninitialized otherwise, in the caller's code).
         if (local) return std::move(*local);
-        return *static_cast<flight_t*>(t.f.get())
-                    ->value;  // each caller's own copy, made outside the lock
+        // Each caller's own copy, made outside the lock.
+        return *static_cast<flight_t*>(t.f.get())->value;
       case kind::fn_error:
       case kind::dropped:
         std::rethrow_exception(t.f->error);
