@@ -501,14 +501,19 @@ class fleet_cache {
   // kept(text, seq): under client tracking, whether report `seq` of `text` is one the local
   // entry's value already reflects (detail/fleet/kept_reads.hpp): the value came from a read sent
   // after the report was posted and is still the local entry (stored after that load returned:
-  // its age, measured from before the look, says so). Then the report is not applied.
+  // its age says so, kept_reads::stored_after). Then the report is not applied.
   bool kept(const std::string& text, std::uint64_t seq) {
+    static_assert(std::is_same_v<typename local_t::clock, detail::kept_reads::clock>,
+                  "the local cache's ages are compared with kept_reads' time points");
     const auto after = kept_.covers(text, seq, writes_.load(std::memory_order_acquire));
     if (!after) return false;
-    const auto before = detail::kept_reads::clock::now();
-    const std::optional<cached<T>> e = local_.peek(text);
-    if (!e) return false;  // a drop of nothing still voids loads under way
-    return before - e->age > *after;
+    // No entry: a drop of nothing still voids loads under way.
+    return detail::kept_reads::stored_after(*after,
+                                            [&]() -> std::optional<std::chrono::nanoseconds> {
+                                              const std::optional<cached<T>> e = local_.peek(text);
+                                              if (!e) return std::nullopt;
+                                              return e->age;
+                                            });
   }
 
   // catch_up(), then the key's text.

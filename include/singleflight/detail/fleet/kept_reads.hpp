@@ -13,8 +13,8 @@
 //   * no write of this process (put, invalidate, expire) began since the load began: the local
 //     entry might then be that write's, not the load's;
 // and fleet_cache then checks that the local entry was stored after `at` (so it is the load's
-// value, or a newer one), else drops it. A report numbered past `reports` drops the key and
-// erases its record.
+// value, or a newer one: stored_after), else drops it. A report numbered past `reports` drops
+// the key and erases its record.
 //
 // Bounded: at most `max` records; past that the records are cleared (a value then costs one more
 // Redis read, as without them). Locking: `mu_`, a leaf, guards records_.
@@ -36,6 +36,27 @@ class kept_reads {
   using clock = std::chrono::steady_clock;
 
   explicit kept_reads(std::size_t max) : max_(max) {}
+
+  // stored_after(at, look): whether the local entry was stored after `at`. `look()` returns
+  // the entry's age (std::optional<std::chrono::nanoseconds>; nullopt: no entry), which the
+  // cache measures against its own reading of `clock`, taken during the call: so the entry was
+  // stored within [before - age, then - age], `before` and `then` read just around the call.
+  // Decided only when that interval lies on one side of `at`; when it straddles `at` (the
+  // thread was preempted during the look, or the load's store came a few nanoseconds after
+  // `at`), the look is taken again, at most `looks` times, and then counted as not after (the
+  // report is applied: one more Redis read, never a value older than the load kept).
+  template <class Look>
+  static bool stored_after(clock::time_point at, Look&& look, int looks = 4) {
+    for (int i = 0; i < looks; ++i) {
+      const clock::time_point before = clock::now();
+      const std::optional<std::chrono::nanoseconds> age = look();
+      const clock::time_point then = clock::now();
+      if (!age) return false;
+      if (before - *age > at) return true;
+      if (then - *age <= at) return false;
+    }
+    return false;
+  }
 
   // record(text, reports, at, writes): a load of `text` returned, at `at`, a value read after
   // `reports` reports were posted; `writes` was the count of this process's writes when it
