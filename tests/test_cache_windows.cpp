@@ -754,6 +754,76 @@ TEST_CASE(
   CHECK(origin.calls.load() == 4);
 }
 
+TEST_CASE(
+    "expire_all_stale_for_ends_stale_answers_then_joins_the_refresh: within the bound a get "
+    "answers stale and starts one refresh; past it a get waits on that refresh (joins it) and "
+    "returns its value; one loader call",
+    "[cache][expire]") {
+  manual_clock::reset();
+  scache c(swr(60s, 10s));
+  c.put("k", "v1");
+  manual_clock::advance(1s);
+  c.expire_all(20ms);
+  c.put("single", "v1");
+  (void)c.expire("single");  // a key's own expire keeps the whole stale_while_revalidate
+  held_origin origin;
+  const sf::cached<std::string> first = c.get_entry("k", origin.fn());
+  CHECK(*first.value == "v1");
+  CHECK(first.state == sf::freshness::stale);
+  must([&] { return origin.calls.load() == 1; }, "the refresh reaches the origin");
+  manual_clock::advance(19ms);  // still within the bound
+  const sf::cached<std::string> within = c.get_entry("k", origin.fn());
+  CHECK(*within.value == "v1");
+  CHECK(within.state == sf::freshness::stale);
+  REQUIRE(c.peek("k"));
+
+  manual_clock::advance(1ms);  // the bound has passed: no stale answer
+  CHECK(!c.peek("k"));
+  const std::uint64_t joins = c.flight_stats().joins;
+  result<sf::cached<std::string>> past;
+  sftest::jthread t = spawn(past, [&] { return c.get_entry("k", origin.fn()); });
+  must([&] { return c.flight_stats().joins == joins + 1; }, "the get joins the refresh");
+  CHECK(!past.done.load());  // waits: the refresh is held
+  origin.release.open();
+  sftest::finish(t, past, "the get past the bound");
+  REQUIRE(past.value);
+  REQUIRE(past.value->value);
+  CHECK(*past.value->value == "v2");
+  CHECK(origin.calls.load() == 1);  // joined, no second load
+  CHECK(c.stats().background_refreshes == 1);
+
+  // The key expired by itself is still answered stale, within its own window.
+  const sf::cached<std::string> single = c.get_entry("single", [] { return std::string("s2"); });
+  CHECK(*single.value == "v1");
+  CHECK(single.state == sf::freshness::stale);
+}
+
+TEST_CASE(
+    "expire_all(stale_for): a bound at or above stale_while_revalidate is expire_all(); zero "
+    "serves nothing stale, and cuts stale_if_error as much as the stale window",
+    "[cache][expire]") {
+  manual_clock::reset();
+  sf::cache_options o = swr(60s, 1s);
+  o.stale_if_error = 3s;
+  scache c(o);
+  c.put("k", "v1");
+  c.expire_all(5s);  // as expire_all(): stale for the whole second
+  manual_clock::advance(999ms);
+  REQUIRE(c.peek("k"));
+  CHECK(c.peek("k")->state == sf::freshness::stale);
+  manual_clock::advance(1ms);
+  CHECK(!c.peek("k"));
+
+  c.put("k", "v1");
+  c.expire_all(0s);
+  CHECK(!c.peek("k"));  // no stale answer
+  // Kept for stale_if_error less the second of stale_while_revalidate cut: 2 s.
+  manual_clock::advance(1999ms);
+  const sf::cached<std::string> e = c.get_entry("k", []() -> std::string { throw origin_error(); });
+  CHECK(*e.value == "v1");
+  CHECK(e.state == sf::freshness::stale_on_error);
+}
+
 TEST_CASE("expire_all without stale_while_revalidate: the next get waits on a load, as after clear",
           "[cache][expire]") {
   manual_clock::reset();

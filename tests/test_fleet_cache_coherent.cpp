@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/catch.hpp"
@@ -253,6 +254,7 @@ TEST_CASE(
   const std::string prefix = "gap-stale";
   sf::fleet_cache_options o = opts(server.uri(), prefix, m);
   o.local.stale_while_revalidate = 60s;
+  o.gap_stale_bound = 60s;  // this case is about the stale answers (see gap_stale_answers_end...)
   fc_t a(o);
   until_listening(a, "a listens");
   const std::vector<std::string> keys{"kept", "put", "gone"};
@@ -316,6 +318,77 @@ TEST_CASE(
   CHECK(b.stats().fleet.gets - before.fleet.gets == reads);
   CHECK(ran.load() == 0);
   CHECK(origin.calls.load() == 4);  // a's three loads, b's refresh of "gone"
+}
+
+TEST_CASE(
+    "gap_stale_answers_end_at_the_bound: after CLIENT KILL TYPE pubsub and the resubscribe, a key "
+    "whose refresh is held (Redis lost its value: the refresh loads from the origin) is answered "
+    "stale for at most gap_stale_bound; a get past it waits on that refresh (no second load) "
+    "and does not return the value from before the gap",
+    "[fleet][fleet_cache]") {
+  const mode m = GENERATE(mode::tracking, mode::publish);
+  sftest::private_redis server;
+  auto client = server.client();
+  sf::fleet_cache_options o = opts(server.uri(), "gap-bound", m);
+  o.local.stale_while_revalidate = 60s;
+  o.gap_stale_bound = 200ms;  // far above one get's own time, on a loaded machine too
+  fc_t a(o);
+  until_listening(a, "a listens");
+  versioned_origin origin;
+  std::atomic<int> ran{0};
+  CHECK(a.get("k", origin.loader()) == "v1");
+  sftest::gate b_down;  // before b: its subscriber's hook waits on them
+  sftest::gate b_back;
+  fc_t b(o);
+  fleet_cache_engine(b).hook = [&](point p, std::string_view) {
+    if (p != point::resubscribing) return;
+    b_down.open();
+    b_back.wait("the test lets b resubscribe");
+  };
+  until_listening(b, "b listens");  // after the hook: orders it before the thread reads it
+  CHECK(b.get("k", must_not_load(ran)) == "v1");  // from Redis
+
+  CHECK(client->command({"CLIENT", "KILL", "TYPE", "pubsub"}).integer == 2);
+  b_down.wait("b's subscriber reconnects");
+  origin.version = 2;
+  (void)a.invalidate("k");                        // lost to b; Redis's copy is gone
+  CHECK(b.get("k", must_not_load(ran)) == "v1");  // the gap
+  const sf::fleet_cache_stats before = b.stats();
+  b_back.open();
+  sftest::must([&] { return b.stats().resyncs >= before.resyncs + 2; }, "b resubscribed");
+  sftest::must([&] { return fleet_cache_engine(b).subscriber.confirmed_channels() == 2; },
+               "b listens again");
+
+  sftest::gate release;
+  std::atomic<int> held_calls{0};
+  const auto held = [&] {
+    held_calls.fetch_add(1);
+    release.wait("the refresh's origin call");
+    return "v" + std::to_string(origin.version.load());
+  };
+  // The first get applies the mark: the old value at once, and one refresh starts.
+  const sf::cached<std::string> first = b.get_entry("k", held);
+  const auto marked = std::chrono::steady_clock::now();  // the mark was applied before this
+  REQUIRE(first.value);
+  CHECK(*first.value == "v1");
+  CHECK(first.state == sf::freshness::stale);
+  sftest::must([&] { return held_calls.load() == 1; }, "the refresh calls the origin");
+
+  // The bound passing is what is tested: time, not an interleaving.
+  std::this_thread::sleep_until(marked + o.gap_stale_bound + 1ms);
+  const std::uint64_t misses = b.stats().local.misses;
+  sftest::result<sf::cached<std::string>> past;
+  sftest::jthread t = sftest::spawn(past, [&] { return b.get_entry("k", held); });
+  sftest::must([&] { return past.done.load() || b.stats().local.misses > misses; },
+               "the get past the bound looks");
+  CHECK(!past.done.load());  // it waits on the held refresh, not answered with the old value
+  release.open();
+  sftest::finish(t, past, "the get past the bound");
+  REQUIRE(past.value);
+  REQUIRE(past.value->value);
+  CHECK(*past.value->value == "v2");
+  CHECK(held_calls.load() == 1);  // it joined the refresh: no second load
+  CHECK(ran.load() == 0);
 }
 
 TEST_CASE(

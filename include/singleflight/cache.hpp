@@ -371,7 +371,27 @@ class cache {
   // not-founds and failures are dropped, as by invalidate. Shard by shard,
   // not one atomic step: a get concurrent with it may still see a value
   // fresh. Thread-safe.
-  void expire_all() { calls_.state().expire_all(); }
+  void expire_all() { calls_.state().expire_all(calls_.state().stale_while_revalidate); }
+
+  // expire_all(stale_for)
+  //
+  // expire_all(), with the stale answers it allows bounded: every value's
+  // stale_while_revalidate window ends within `stale_for` of the call (for
+  // fleet_cache after a gap: a process answers with what it held before it
+  // for at most that long). Each value is marked as if its ttl had passed
+  // stale_while_revalidate - stale_for ago, at the latest: its stale window
+  // ends at now + stale_for, and its stale_if_error window, measured from the
+  // same point, is cut by as much; a value already stale whose window would
+  // end later is cut the same way. Within `stale_for` the next get of a key
+  // returns its value (freshness::stale) and starts one refresh; after it a
+  // get waits as on a miss, joining that refresh when it is still running
+  // (no second load), within its stop_token and wait_bound. `stale_for` at
+  // or above stale_while_revalidate is expire_all(); zero (or negative)
+  // allows no stale answer, as expire_all() without stale_while_revalidate.
+  // Thread-safe.
+  void expire_all(std::chrono::nanoseconds stale_for) {
+    calls_.state().expire_all(detail::to_duration<typename Clock::duration>(stale_for));
+  }
 
   // clear(): invalidate every key. Thread-safe.
   void clear() { calls_.state().clear(); }

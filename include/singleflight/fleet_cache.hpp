@@ -54,11 +54,13 @@
 // (a network gap, CLIENT KILL, a Redis restart) reports are lost: when the subscription is
 // confirmed again (after the tracker is back), every local entry stored before the gap is marked
 // stale (cache::expire_all): the next get of its key is answered with it
-// within stale_while_revalidate while one refresh reads it again through the
-// fleet (with stale_while_revalidate at zero, it waits on that read), and no
+// for at most gap_stale_bound after the mark (20 ms by default; never past
+// stale_while_revalidate) while one refresh reads it again through the
+// fleet, and after that (or with stale_while_revalidate at zero) a get waits
+// on that read, and no
 // load or refresh that started before the confirmation stores its value
 // locally. So a process returns a value older than a completed write for at
-// most the gap, plus one read through the fleet per key after it. During
+// most the gap, plus gap_stale_bound after the mark is applied. During
 // the gap itself a process serves its local entries (up to their ttl).
 // docs/fleet_cache.md.
 //
@@ -71,6 +73,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <concepts>
 #include <coroutine>
 #include <cstddef>
@@ -137,7 +140,8 @@ class fleet_cache {
   // Builds the fleet (its threads; no connection yet), subscribes to the bus
   // (the subscriber connects at once, in the background) and builds the
   // local cache. Throws std::invalid_argument for invalid options (of the
-  // cache, the fleet, or max_pending_invalidations == 0), std::system_error.
+  // cache, the fleet, max_pending_invalidations == 0, or a negative
+  // gap_stale_bound), std::system_error.
   explicit fleet_cache(fleet_cache_options opts = {}, Codec codec = Codec{},
                        KeyCodec key_codec = KeyCodec{})
       : fleet_(opts.fleet, std::move(codec)),
@@ -156,6 +160,7 @@ class fleet_cache {
         expire_watch_(fleet_.engine_->subscriber.subscribe(expire_bus_, inbox_.expire_listener())),
         kept_(opts.max_pending_invalidations),
         local_(opts.local),
+        gap_stale_bound_(checked_bound(opts.gap_stale_bound)),
         coherence_(opts.coherence) {
     // Before any call: the fleet's flights read it (read_mark.hpp).
     if (opts.coherence == fleet_coherence::tracking) {
@@ -464,6 +469,14 @@ class fleet_cache {
     return n;
   }
 
+  static std::chrono::nanoseconds checked_bound(std::chrono::nanoseconds b) {
+    if (b < std::chrono::nanoseconds::zero()) {
+      throw std::invalid_argument(
+          "singleflight::fleet_cache_options: gap_stale_bound must not be negative");
+    }
+    return b;
+  }
+
   // The subscription the inbox hears: the bus, or client tracking's channel
   // (the subscriber's connections tracked for the prefix's names first; the
   // bus as the fallback, fallback_watch_).
@@ -495,7 +508,7 @@ class fleet_cache {
           if (!kept(text, seq)) (void)local_.invalidate(text);
         },
         [this] { local_.clear(); }, [this](const std::string& text) { (void)local_.expire(text); },
-        [this] { local_.expire_all(); });
+        [this] { local_.expire_all(gap_stale_bound_); });
   }
 
   // kept(text, seq): under client tracking, whether report `seq` of `text` is one the local
@@ -686,7 +699,8 @@ class fleet_cache {
   local_t local_;                         // destroyed first: joins its loads
   std::atomic<bool> closed_{false};
   std::atomic<std::uint64_t> broadcasts_{0};
-  const fleet_coherence coherence_;  // the option's
+  const std::chrono::nanoseconds gap_stale_bound_;  // the option's
+  const fleet_coherence coherence_;                 // the option's
 };
 
 namespace detail {

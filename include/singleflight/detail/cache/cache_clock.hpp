@@ -1,7 +1,7 @@
 // singleflight/detail/cache/cache_clock.hpp -- internal; do not include directly.
 //
 // Time arithmetic and randomness for singleflight::cache: saturating
-// time_point + duration (an entry with a ttl of years must not overflow into
+// time_point + and - duration (an entry with a ttl of years must not overflow into
 // the past), conversion of the options' nanoseconds to any Clock's duration,
 // a small PRNG (splitmix64) whose state the caller keeps where its own lock
 // or read section guards it (no thread_local), TTL jitter, and the XFetch
@@ -49,6 +49,15 @@ constexpr TP sat_add(TP tp, typename TP::duration d) noexcept {
   if (d <= D::zero()) return tp;
   if (tp.time_since_epoch() > D::max() - d) return TP::max();
   return tp + d;
+}
+
+// sat_sub(tp, d): tp - d for d >= 0, or TP::min() where that would overflow.
+template <class TP>
+constexpr TP sat_sub(TP tp, typename TP::duration d) noexcept {
+  using D = typename TP::duration;
+  if (d <= D::zero()) return tp;
+  if (tp.time_since_epoch() < D::min() + d) return TP::min();
+  return tp - d;
 }
 
 // splitmix64's output function: a strong 64-bit mixer. Also used to spread

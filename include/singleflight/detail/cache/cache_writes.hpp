@@ -255,21 +255,23 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
     return v;
   }
 
-  // mark_stale(s, n, now, g): what expire() and expire_all() do to one
+  // mark_stale(s, n, latest, g): what expire() and expire_all() do to one
   // record, readers locked out: a new version (returned), so that a load or
   // refresh registered before it cannot publish over it, and the refresh
-  // mark cleared, so that the next read may start one refresh; a fresh value
-  // becomes stale at `now` (stale_while_revalidate and stale_if_error
-  // measured from `now`), a value already stale keeps its windows, and a
-  // cached not-found or failure is dropped, as by invalidate (`g` frees the
-  // record after the lock when nobody holds it).
-  std::uint64_t mark_stale(shard_t& s, node_t* n, time_point now, garbage_t& g) noexcept {
+  // mark cleared, so that the next read may start one refresh; a value whose
+  // fresh window ends after `latest` becomes stale at `latest` (its
+  // stale_while_revalidate and stale_if_error windows measured from there:
+  // `latest` is the mark's now, or before it for a bounded mark), a value
+  // whose fresh window ended by then keeps its windows, and a cached
+  // not-found or failure is dropped, as by invalidate (`g` frees the record
+  // after the lock when nobody holds it).
+  std::uint64_t mark_stale(shard_t& s, node_t* n, time_point latest, garbage_t& g) noexcept {
     n->set_version(s.next_version());
     n->refresh_id.store(0, std::memory_order_relaxed);
     const std::uint64_t v = n->version;
     if (n->kind == detail::held::value) {
-      if (now < n->fresh_until) {
-        n->fresh_until = now;  // the stale windows follow (stale_until(), error_until())
+      if (latest < n->fresh_until) {
+        n->fresh_until = latest;  // the stale windows follow (stale_until(), error_until())
       }
       return v;
     }
@@ -278,9 +280,9 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
     return v;
   }
 
-  // expire(key, mixed, now): mark_stale() for key's record, unless it holds a
-  // value already past its fresh window (then unchanged, its version
-  // returned). 0 without a record.
+  // expire(key, mixed, now): mark_stale() at `now` for key's record, unless
+  // it holds a value already past its fresh window (then unchanged, its
+  // version returned). 0 without a record.
   template <class P>
   std::uint64_t expire(const P& key, std::uint64_t mixed, time_point now) {
     garbage_t g{table};
@@ -294,25 +296,32 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
     return mark_stale(s, n, now, g);
   }
 
-  // expire_all(): mark_stale() for every record, values already stale
-  // included (their windows unchanged, their version new: a refresh of one
-  // already under way read the origin before the mark and must not publish).
-  // Shard by shard, each under its mutex, at Clock::now() read there: not
-  // one atomic step across shards, but a load registered before the call
-  // began publishes nothing fresh once it returned (its shard was visited
-  // either after it published, or before it could).
-  void expire_all() {
+  // expire_all(stale_for): mark_stale() for every record, values already
+  // stale included (their version new: a refresh of one already under way
+  // read the origin before the mark and must not publish). Every value's
+  // stale_while_revalidate window ends within `stale_for` of the mark: its
+  // fresh window ends at now - (stale_while_revalidate - stale_for) at the
+  // latest (at now when stale_for >= stale_while_revalidate: the plain
+  // mark, a value already stale keeping its windows; an earlier end cuts
+  // stale_if_error as much, both being measured from it). Shard by shard,
+  // each under its mutex, at Clock::now() read there: not one atomic step
+  // across shards, but a load registered before the call began publishes
+  // nothing fresh once it returned (its shard was visited either after it
+  // published, or before it could).
+  void expire_all(duration stale_for) {
+    const duration cut =
+        stale_for < stale_while_revalidate ? stale_while_revalidate - stale_for : duration::zero();
     for (std::size_t si = 0; si < table.shard_total(); ++si) {
       garbage_t g{table};
       auto& s = table.at(si);
       shard_lock lk(table, si);
       if (s.nodes == 0) continue;
       lk.write();
-      const time_point now = Clock::now();
+      const time_point latest = detail::sat_sub(Clock::now(), cut);
       for (std::size_t b = 0; s.buckets.get() != nullptr && b <= s.mask; ++b) {
         for (node_t* n = s.buckets[b]; n != nullptr;) {
           node_t* next = n->chain;  // n may be unlinked
-          (void)mark_stale(s, n, now, g);
+          (void)mark_stale(s, n, latest, g);
           n = next;
         }
       }
