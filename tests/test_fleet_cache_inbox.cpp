@@ -4,6 +4,7 @@
 #include <singleflight/detail/fleet/invalidation_inbox.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -136,6 +137,40 @@ TEST_CASE(
   a.from(in);
   CHECK(a.stale_alls == 1);
   CHECK(in.resyncs() == 2);
+}
+
+TEST_CASE(
+    "inbox: stale_all(since) is given when the mark was posted, not when it is applied; two "
+    "marks before one apply keep the first's time",
+    "[fleet][fleet_cache]") {
+  using clock = std::chrono::steady_clock;
+  d::invalidation_inbox in(self, 2);
+  std::vector<clock::time_point> marks;
+  const auto take = [&] {
+    in.apply([](const std::string&) {}, [] {}, [](const std::string&) {},
+             [&](clock::time_point since) { marks.push_back(since); });
+  };
+  const clock::time_point t0 = clock::now();
+  in.on_confirmed();
+  in.on_settled();
+  const clock::time_point t1 = clock::now();
+  // Time passing before the first caller applies it (not an interleaving: one thread).
+  const clock::time_point later = t1 + std::chrono::milliseconds(2);
+  while (clock::now() < later) {
+  }
+  for (const char* k : {"x", "y", "z"}) in.on_message(other + k);  // an overflow: a 2nd mark
+  take();
+  REQUIRE(marks.size() == 1);
+  CHECK(marks[0] >= t0);
+  CHECK(marks[0] <= t1);
+
+  const clock::time_point t2 = clock::now();
+  for (const char* k : {"x", "y", "z"}) in.on_message(other + k);  // an overflow alone
+  const clock::time_point t3 = clock::now();
+  take();
+  REQUIRE(marks.size() == 2);
+  CHECK(marks[1] >= t2);
+  CHECK(marks[1] <= t3);
 }
 
 TEST_CASE("inbox: a FLUSHALL after a confirmation is one clear, which covers the stale mark",

@@ -54,13 +54,13 @@
 // (a network gap, CLIENT KILL, a Redis restart) reports are lost: when the subscription is
 // confirmed again (after the tracker is back), every local entry stored before the gap is marked
 // stale (cache::expire_all): the next get of its key is answered with it
-// for at most gap_stale_bound after the mark (20 ms by default; never past
+// for at most gap_stale_bound after the confirmations (20 ms by default; never past
 // stale_while_revalidate) while one refresh reads it again through the
 // fleet, and after that (or with stale_while_revalidate at zero) a get waits
 // on that read, and no
 // load or refresh that started before the confirmation stores its value
 // locally. So a process returns a value older than a completed write for at
-// most the gap, plus gap_stale_bound after the mark is applied. During
+// most the gap, plus gap_stale_bound after the confirmations. During
 // the gap itself a process serves its local entries (up to their ttl).
 // docs/fleet_cache.md.
 //
@@ -508,7 +508,13 @@ class fleet_cache {
           if (!kept(text, seq)) (void)local_.invalidate(text);
         },
         [this] { local_.clear(); }, [this](const std::string& text) { (void)local_.expire(text); },
-        [this] { local_.expire_all(gap_stale_bound_); });
+        [this](std::chrono::steady_clock::time_point since) {
+          // The bound runs from the mark (the confirmations, an overflow), not from this call:
+          // a first get long after a reconnect is answered stale no more than one at once.
+          const auto gone = std::chrono::steady_clock::now() - since;
+          local_.expire_all(gone < gap_stale_bound_ ? gap_stale_bound_ - gone
+                                                    : std::chrono::nanoseconds::zero());
+        });
   }
 
   // kept(text, seq): under client tracking, whether report `seq` of `text` is one the local

@@ -46,14 +46,13 @@ struct fleet_cache_options {
   // the keys recorded are still dropped. At least 1.
   std::size_t max_pending_invalidations = 4096;
   // How long, at most, a gap's mark (or an overflow's) may be answered stale:
-  // from the moment it is applied (the first call after the confirmations),
-  // a local value stored before it is returned (freshness::stale, while one
-  // refresh reads it again through the fleet) for at most this long, and
-  // never past the local stale_while_revalidate; after that a get of the key
-  // waits on that refresh (joins it), as on a miss, within its stop_token and
-  // wait_bound. Zero: no stale answer after a gap (the mark is a clear of the
-  // fresh windows, as with stale_while_revalidate at zero). The local cache's
-  // stale_if_error, measured from the same point, is cut by as much
+  // from the moment it is posted (the confirmations are all in, or the
+  // overflow happened; the first call after it applies it), a local value stored before it is
+  // returned (freshness::stale, while one refresh reads it again through the fleet) for at most
+  // this long, and never past the local stale_while_revalidate; after that a get of the key waits
+  // on that refresh (joins it), as on a miss, within its stop_token and wait_bound. Zero: no stale
+  // answer after a gap (the mark is a clear of the fresh windows, as with stale_while_revalidate at
+  // zero). The local cache's stale_if_error, measured from the same point, is cut by as much
   // (cache::expire_all(stale_for)). Not negative.
   std::chrono::nanoseconds gap_stale_bound = std::chrono::milliseconds(20);
   // What the local cache hears (see fleet_coherence and docs/fleet_cache.md).

@@ -32,9 +32,11 @@
 //     handled as on the bus (no deletion report will follow them).
 //   * A confirmation (the first, and each after a reconnect: pub/sub loses
 //     what was published while the connection was down) marks everything
-//     stale: apply calls stale_all() (the local cache's expire_all), so every
+//     stale: apply calls stale_all(since) (the local cache's expire_all,
+//     its stale answers bounded from `since`, the steady-clock time the mark
+//     was posted, not the later time the first caller applies it), so every
 //     entry stored before the gap is read again through the fleet, once per
-//     key, while readers are answered with it within stale_while_revalidate.
+//     key, while readers are answered with it for a bounded while.
 //     The confirmations of one (re)subscription (the coherence channel's and
 //     the expire channel's, which may come in separate reads) are one mark,
 //     posted once all are in (on_settled): a mark per confirmation would make
@@ -52,7 +54,8 @@
 //
 // Locking: `mu_` (a leaf: nothing is called while it is held) guards keys_, the writes of
 // reports_,
-// expiring_, clear_all_, stale_all_, confirmed_, overflowed_, draining_ and the writes of posted_,
+// expiring_, clear_all_, stale_all_, stale_since_, confirmed_, overflowed_, draining_ and the
+// writes of posted_,
 // applied_ and fell_back_; posted_ and applied_ are also read without it (the fast path: nothing to
 // apply). One caller at a time applies (draining_), without the lock; callers that need what it
 // applies wait on `cv_` until it is done, and apply what was posted after it themselves (but the
@@ -62,6 +65,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -209,7 +213,7 @@ class invalidation_inbox final : public fleet_subscriber::listener, public repor
     const std::lock_guard<std::mutex> lk(mu_);
     if (confirmed_ == 0) return;
     resyncs_.fetch_add(std::exchange(confirmed_, 0), std::memory_order_relaxed);  // a counter
-    stale_all_ = true;
+    mark_stale_all();
     posted_.store(posted_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
   }
 
@@ -225,7 +229,8 @@ class invalidation_inbox final : public fleet_subscriber::listener, public repor
   // apply(drop, clear[, stale, stale_all]): once it returns, everything
   // posted before it began is applied: clear() for everything; else
   // stale_all() when everything was marked stale (a confirmation, an
-  // overflow), then, in the order heard, drop(key text) for each key
+  // overflow; stale_all(since) when it takes the steady-clock time of the
+  // earliest such mark not yet applied), then, in the order heard, drop(key text) for each key
   // dropped and stale(key text) for each key expired. Without `stale` and
   // `stale_all`, drop and clear stand for them. A drop invocable as
   // drop(key text, seq) is also given the report's number (reports(); 0 for
@@ -255,6 +260,7 @@ class invalidation_inbox final : public fleet_subscriber::listener, public repor
       keys.swap(keys_);
       const bool all = std::exchange(clear_all_, false);
       const bool stale_all_keys = std::exchange(stale_all_, false);
+      const std::chrono::steady_clock::time_point since = stale_since_;
       overflowed_ = false;
       const std::uint64_t upto = posted_.load(std::memory_order_relaxed);
       draining_ = true;
@@ -264,7 +270,13 @@ class invalidation_inbox final : public fleet_subscriber::listener, public repor
         if (all) {
           clear();
         } else {
-          if (stale_all_keys) stale_all();
+          if (stale_all_keys) {
+            if constexpr (std::is_invocable_v<StaleAll&, std::chrono::steady_clock::time_point>) {
+              stale_all(since);
+            } else {
+              stale_all();
+            }
+          }
           for (const pending& p : keys) {
             if (p.expired) {
               stale(p.text);
@@ -353,6 +365,13 @@ class invalidation_inbox final : public fleet_subscriber::listener, public repor
   void lost_track() noexcept {
     if (!overflowed_) overflows_.fetch_add(1, std::memory_order_relaxed);
     overflowed_ = true;
+    mark_stale_all();
+  }
+
+  // mark_stale_all(): everything is to be marked stale; the earliest such mark not yet
+  // applied keeps its time (stale_since_). mu_ held.
+  void mark_stale_all() noexcept {
+    if (!stale_all_) stale_since_ = std::chrono::steady_clock::now();
     stale_all_ = true;
   }
 
@@ -362,14 +381,15 @@ class invalidation_inbox final : public fleet_subscriber::listener, public repor
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<pending> keys_;                 // guarded by mu_
-  std::unordered_set<std::string> expiring_;  // guarded by mu_; tracking only
-  bool clear_all_ = false;                    // guarded by mu_
-  bool stale_all_ = false;                    // guarded by mu_
-  std::uint64_t confirmed_ = 0;               // guarded by mu_: confirmations not yet settled
-  bool overflowed_ = false;  // guarded by mu_: lost_track() counted since the last apply
-  bool draining_ = false;    // guarded by mu_
-  std::thread::id drainer_;  // guarded by mu_: who applies while draining_
+  std::vector<pending> keys_;                          // guarded by mu_
+  std::unordered_set<std::string> expiring_;           // guarded by mu_; tracking only
+  bool clear_all_ = false;                             // guarded by mu_
+  bool stale_all_ = false;                             // guarded by mu_
+  std::chrono::steady_clock::time_point stale_since_;  // guarded by mu_: when stale_all_ was set
+  std::uint64_t confirmed_ = 0;  // guarded by mu_: confirmations not yet settled
+  bool overflowed_ = false;      // guarded by mu_: lost_track() counted since the last apply
+  bool draining_ = false;        // guarded by mu_
+  std::thread::id drainer_;      // guarded by mu_: who applies while draining_
   std::atomic<std::uint64_t> posted_{0};   // written under mu_
   std::atomic<std::uint64_t> applied_{0};  // written under mu_
   std::atomic<std::uint64_t> reports_{0};  // written under mu_: tracking reports posted
