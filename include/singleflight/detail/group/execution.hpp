@@ -42,6 +42,7 @@
 #include "../../errors.hpp"
 #include "../../stop_token.hpp"
 #include "../../task.hpp"
+#include "../config.hpp"
 #include "../fn_shapes.hpp"
 #include "../task_base.hpp"
 #include "../unwind.hpp"
@@ -61,7 +62,7 @@ class execution : public leader_stop {
  public:
   using kind = outcome_kind;
 
-  explicit execution(options opts) : base(std::move(opts)) {}
+  SINGLEFLIGHT_DECL explicit execution(options opts);
 
  protected:
   // Whether a flight running Fn (for a T) needs a stop state of its own.
@@ -166,121 +167,13 @@ class execution : public leader_stop {
   // Called with `lk` (f's shard lock) held by a thread that counts as a user;
   // returns with it held. Returns whether f's token must be stopped once the
   // lock is released. A failure to hand off fails the flight.
-  bool hand_off(std::unique_lock<std::mutex>& lk, flight_base* f, body fn, wake_batch& wake,
-                bool defer = false) {
-    shard& s = this->shard_of(*f);
-    this->enter_user(s);  // the task is a user until it finishes or is dropped
-    loop_record* later = defer && !this->opts().executor ? current_loop(s) : nullptr;
-    if (!this->opts().executor && later == nullptr) {
-      lk.unlock();  // no executor: run the body right here, without packaging it
-      if (f->trace.tracer) f->trace.report_start(f->error);
-      run_task(f, fn.fn, *fn.ops->run);
-      lk.lock();
-      return false;
-    }
-    f->submitting = true;
-    lk.unlock();
-    if (f->trace.tracer) f->trace.report_start(f->error);  // before fn can run anywhere
-    std::exception_ptr submit_error;
-    bool handed_off = false;
-    try {
-      task tk(std::unique_ptr<task_base>(fn.ops->package(this, f, fn.fn)));
-      handed_off = true;
-      if (later != nullptr) {
-        // Run when the loop is over (or by this thread before it blocks
-        // inside the group: drain_own). Only this thread touches the queue.
-        later->deferred.push_back(std::move(tk));
-      } else {
-        this->submit(std::move(tk));
-      }
-    } catch (...) {
-      SINGLEFLIGHT_RETHROW_FOREIGN();  // a synchronous executor's fn ended this thread
-      submit_error = std::current_exception();
-    }
-    lk.lock();
-    f->submitting = false;
-    bool stop = false;
-    if ((submit_error || f->dropped_in_submit) && !f->fn_done) {
-      if (f->kind == kind::pending) {  // the flight fails with the reason
-        f->error = submit_error ? submit_error : dropped_error();
-        this->settle(s, *f, submit_error ? kind::fn_error : kind::dropped, wake);
-        // A task the executor kept may be running fn right now: stop it, or
-        // the key stays taken for as long as fn cares to run.
-        stop = f->stop.stop_possible();
-      }
-      if (!handed_off || f->dropped_in_submit) {
-        this->finish(s, f, f->kind, wake);  // no task exists any more: the key is free
-        this->exit_user(s);                 // the task's
-      }
-      // Otherwise the executor threw but kept the task: it may still run,
-      // so it stays a user and keeps its (unjoinable) entry until it runs
-      // (and, seeing the flight settled, skips fn) or is destroyed.
-    }
-    return stop;
-  }
+  SINGLEFLIGHT_DECL bool hand_off(std::unique_lock<std::mutex>& lk, flight_base* f, body fn,
+                                  wake_batch& wake, bool defer = false);
 
   // run_task(f, fn, ops): the body of f's task, on whatever thread runs it.
   // Not noexcept only so that a forced unwind (fn ending its thread) passes:
   // the flight fails for the others and the task's count is given back first.
-  void run_task(flight_base* f, void* fn, const run_ops& ops) {
-    shard& s = this->shard_of(*f);
-    wake_batch wake;
-    frame fr;  // the task's count (held since submission) while fn runs
-    {
-      std::lock_guard<std::mutex> lk(s.mu);
-      if (f->fn_done) return;  // failed at submission; the submitter accounted for it
-      if (f->kind != kind::pending) {
-        // Stopped while queued (no waiters left, deadline, close): the work
-        // is no longer wanted, so it is not started at all.
-        this->finish(s, f, f->kind, wake);
-        this->exit_user(s);
-      } else {
-        ++s.fn_starts;
-        f->fn_started = true;
-        f->runner = std::this_thread::get_id();
-        s.frames.push(fr);
-        if (ops.start != nullptr) {
-          // The completion is a user of its own until it is resolved, so a
-          // completion resolved on another thread while fn is still being
-          // called cannot let close() return under this thread.
-          this->enter_user(s);
-          f->starting = true;
-        }
-      }
-    }
-    if (!fr.linked) {
-      notify(this, s, wake);  // observers of the stopped flight: users, the group is alive
-      return;
-    }
-    on_unwind unwind([&] {
-      wake_batch lost;
-      {
-        std::lock_guard<std::mutex> lk(s.mu);
-        abandon(s, f, fr, lost);
-        this->exit_user(s);  // the task's
-      }
-      notify(this, s, lost);
-    });
-    if (ops.start != nullptr) {
-      std::exception_ptr thrown = ops.start(this, f, fn);
-      unwind.disarm();
-      ops.started(this, s, f, fr, std::move(thrown), wake);
-    } else {
-      std::exception_ptr err;
-      const kind k = ops.invoke(f, err, fn, nullptr);
-      unwind.disarm();
-      SINGLEFLIGHT_HOOK(leader_fn_returned);
-      std::lock_guard<std::mutex> lk(s.mu);
-      f->runner = std::thread::id{};
-      s.frames.erase(fr);
-      if (k == kind::fn_error && f->kind == kind::pending) f->error = std::move(err);
-      this->finish(s, f, k, wake);
-      this->exit_user(s);
-    }
-    // No longer a user: the group may be gone unless `wake` holds observers
-    // (users until they go round; see notify).
-    notify(this, s, wake);
-  }
+  SINGLEFLIGHT_DECL void run_task(flight_base* f, void* fn, const run_ops& ops);
 
   // start_async<Fn, T>(g, f, fn): calls an async fn (*fn, an Fn) with f's
   // token and a completion; returns what it threw. A forced unwind passes.
@@ -301,24 +194,8 @@ class execution : public leader_stop {
   // An async fn returned (`thrown`: what it threw): the flight fails if fn
   // threw or let its completion die meanwhile, and the task's count is
   // given back.
-  static void async_started(execution* g, shard& s, flight_base* f, frame& fr,
-                            std::exception_ptr thrown, wake_batch& wake) noexcept {
-    std::lock_guard<std::mutex> lk(s.mu);
-    f->runner = std::thread::id{};
-    s.frames.erase(fr);
-    f->starting = false;
-    if (!f->fn_done && f->kind == kind::pending && (thrown || f->broken_in_start)) {
-      // fn threw, or let its completion die, before returning. A thrown
-      // exception says more than the broken promise it caused.
-      f->error = thrown ? thrown : broken_promise();
-      g->finish(s, f, thrown ? kind::fn_error : kind::dropped, wake);
-    } else if (!f->fn_done && f->broken_in_start) {
-      g->finish(s, f, f->kind, wake);  // settled meanwhile: free the key
-    }
-    // A completion still held elsewhere after a throw resolves later and
-    // only gives back its own count.
-    g->exit_user(s);  // the task's
-  }
+  SINGLEFLIGHT_DECL static void async_started(execution* g, shard& s, flight_base* f, frame& fr,
+                                              std::exception_ptr thrown, wake_batch& wake) noexcept;
 
   // invoke_fn<Fn, T>(f, err, fn, out): runs a sync fn (*fn, an Fn) with f's
   // token (or none). The value goes to *out (a std::optional<T>; null: f's
@@ -347,18 +224,7 @@ class execution : public leader_stop {
 
   // fn ended its thread before returning (forced unwind): the flight fails
   // with abandoned_error for the others and its key is freed. Under s's lock.
-  void abandon(shard& s, flight_base* f, frame& fr, wake_batch& wake) noexcept {
-    f->runner = std::thread::id{};
-    f->starting = false;
-    s.frames.erase(fr);
-    if (f->fn_done) return;
-    if (f->kind == kind::pending) {
-      f->error = std::make_exception_ptr(abandoned_error());
-      this->finish(s, f, kind::fn_error, wake);
-    } else {
-      this->finish(s, f, f->kind, wake);  // settled meanwhile: only free the key
-    }
-  }
+  SINGLEFLIGHT_DECL void abandon(shard& s, flight_base* f, frame& fr, wake_batch& wake) noexcept;
 
   // A completion<T> was resolved (or destroyed unresolved): its resolve
   // function, handed to completion_access::make. `self` is the group (an
@@ -371,58 +237,17 @@ class execution : public leader_stop {
 
   // A completion was resolved (or destroyed unresolved). Any thread,
   // without any lock; the completion counts as a user until here.
-  void resolved(flight_base* f, resolution r, std::exception_ptr e) noexcept {
-    shard& s = this->shard_of(*f);
-    wake_batch wake;
-    {
-      std::lock_guard<std::mutex> lk(s.mu);
-      if (!f->fn_done) {
-        if (r == resolution::broken && f->starting) {
-          f->broken_in_start = true;  // fn may still throw: the starter decides
-        } else if (f->kind != kind::pending) {
-          this->finish(s, f, f->kind, wake);  // settled early: only free the key
-        } else if (r == resolution::value) {
-          this->finish(s, f, kind::value, wake);
-        } else {
-          f->error = r == resolution::error ? std::move(e) : broken_promise();
-          this->finish(s, f, r == resolution::error ? kind::fn_error : kind::dropped, wake);
-        }
-      }
-      this->exit_user(s);  // the completion's
-    }
-    notify(this, s, wake);  // touches the group only while `wake` holds observers (users)
-  }
+  SINGLEFLIGHT_DECL void resolved(flight_base* f, resolution r, std::exception_ptr e) noexcept;
 
   // An executor destroyed f's task without running it.
-  void task_dropped(flight_base* f) noexcept {
-    std::exception_ptr e = dropped_error();
-    shard& s = this->shard_of(*f);
-    wake_batch wake;
-    {
-      std::lock_guard<std::mutex> lk(s.mu);
-      if (f->submitting) {
-        f->dropped_in_submit = true;  // the submitter fails the flight
-        return;
-      }
-      if (f->fn_done) return;
-      // A flight that already settled (the executor threw after keeping the
-      // task, a deadline, close) keeps the outcome its waiters were handed:
-      // writing f->error now would change it for the rest of them, and race
-      // their unlocked reads. Only the key is freed.
-      if (f->kind == kind::pending) f->error = std::move(e);
-      this->finish(s, f, kind::dropped, wake);
-      this->exit_user(s);
-    }
-    notify(this, s, wake);
-  }
+  SINGLEFLIGHT_DECL void task_dropped(flight_base* f) noexcept;
 
-  static std::exception_ptr broken_promise() noexcept {
-    return std::make_exception_ptr(broken_promise_error());
-  }
-  static std::exception_ptr dropped_error() noexcept {
-    return std::make_exception_ptr(
-        error("singleflight: the executor dropped the task without running it"));
-  }
+  SINGLEFLIGHT_DECL static std::exception_ptr broken_promise() noexcept;
+  SINGLEFLIGHT_DECL static std::exception_ptr dropped_error() noexcept;
 };
 
 }  // namespace singleflight::detail
+
+#if !defined(SINGLEFLIGHT_SEPARATE_COMPILATION)
+#include "impl/execution.ipp"
+#endif

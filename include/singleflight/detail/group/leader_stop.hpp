@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "../../options.hpp"
+#include "../config.hpp"
 #include "blocking_waiters.hpp"
 #include "flight.hpp"
 #include "hooks.hpp"
@@ -30,7 +31,7 @@ class leader_stop : public lifecycle {
  public:
   using kind = outcome_kind;
 
-  explicit leader_stop(options opts) : base(std::move(opts)) {}
+  SINGLEFLIGHT_DECL explicit leader_stop(options opts);
 
  protected:
   // An inline leader's stop: it cannot stop waiting (it is running fn), so it
@@ -48,31 +49,12 @@ class leader_stop : public lifecycle {
     leader_stop* g;
     flight_base* f;
     blocking_waiter* w;
-    void operator()() const noexcept {
-      shard& s = g->shard_of(*f);
-      bool stop = false;
-      wake_batch wake;
-      {
-        std::lock_guard<std::mutex> lk(s.mu);
-        // A flight that already settled keeps its outcome for the leader.
-        if (w->stop_fired.load(std::memory_order_relaxed) || w->bound_fired ||
-            f->kind != kind::pending)
-          return;
-        w->stop_fired.store(true, std::memory_order_relaxed);  // read under this lock
-        stop = g->leave(s, *f, /*is_leader=*/true, wake);
-      }
-      if (stop) {  // stop first, then notify: a notified waiter may block on this fn
-#if defined(SINGLEFLIGHT_TEST_HOOKS)
-        ::singleflight::detail::hook(::singleflight::detail::hook_point::stop_requesting, g);
-#endif
-        f->stop.request_stop();
-      }
-      wake_batch async;
-      wake.split([](const waiter& x) { return x.async; }, async);
-      wake.signal_all();  // blocked threads: no user code
-      if (!async.empty() && !g->queue_delivery(s, async)) base::notify(g, s, async);  // closing
-    }
+    SINGLEFLIGHT_DECL void operator()() const noexcept;
   };
 };
 
 }  // namespace singleflight::detail
+
+#if !defined(SINGLEFLIGHT_SEPARATE_COMPILATION)
+#include "impl/leader_stop.ipp"
+#endif

@@ -30,6 +30,7 @@
 #include <utility>
 
 #include "../../tracer.hpp"
+#include "../config.hpp"
 
 namespace singleflight::detail {
 
@@ -74,29 +75,18 @@ struct trace_slot {
 
   // On the starting thread, without any lock: on_start, then on_settle too
   // if the settle came first. `error` is the flight's (read only then).
-  void report_start(const std::exception_ptr& error) noexcept {
-    context = tracer->on_start(ev);
-    // Memory ordering: acq_rel. The release half publishes `context` to the
-    // settle reporter; the acquire half, when the settle came first, makes
-    // that settler's writes (the settle fields, the flight's error) visible.
-    if ((state.fetch_or(start_reported, std::memory_order_acq_rel) & settle_due) != 0)
-      report_settle(error);
-  }
+  SINGLEFLIGHT_DECL void report_start(const std::exception_ptr& error) noexcept;
 
   // On the thread notifying the settle's batch, without any lock: on_settle
   // unless on_start has not been reported yet (its reporter does it then).
-  void report_settled(const std::exception_ptr& error) noexcept {
-    // Memory ordering: acq_rel, the other side of report_start's.
-    if ((state.fetch_or(settle_due, std::memory_order_acq_rel) & start_reported) != 0)
-      report_settle(error);
-  }
+  SINGLEFLIGHT_DECL void report_settled(const std::exception_ptr& error) noexcept;
 
  private:
-  void report_settle(const std::exception_ptr& error) noexcept {
-    if (ev.status == status::failed) ev.error = error;
-    tracer->on_settle(ev, context);
-    ev.error = nullptr;  // the exception is the waiters', not the pool's
-  }
+  SINGLEFLIGHT_DECL void report_settle(const std::exception_ptr& error) noexcept;
 };
 
 }  // namespace singleflight::detail
+
+#if !defined(SINGLEFLIGHT_SEPARATE_COMPILATION)
+#include "impl/trace_slot.ipp"
+#endif
