@@ -112,12 +112,10 @@
 #pragma once
 
 #include <atomic>
-#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -134,6 +132,8 @@
 #include "completion.hpp"
 #include "detail/batch/batch_queue.hpp"
 #include "detail/batch/bulk_fn.hpp"
+#include "detail/chrono.hpp"
+#include "detail/functional.hpp"
 #include "detail/library_thread.hpp"
 #include "group.hpp"
 #include "hash.hpp"

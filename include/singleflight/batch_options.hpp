@@ -10,11 +10,11 @@
 #pragma once
 
 #include <array>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
+#include "detail/chrono.hpp"
 #include "errors.hpp"
 #include "metrics.hpp"
 #include "options.hpp"

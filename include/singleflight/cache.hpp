@@ -72,11 +72,9 @@
 // section or under its mutex and must not call the cache.
 #pragma once
 
-#include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -88,6 +86,8 @@
 #include "completion.hpp"
 #include "detail/cache/cache_calls.hpp"
 #include "detail/cache/cache_clock.hpp"
+#include "detail/chrono.hpp"
+#include "detail/functional.hpp"
 #include "errors.hpp"
 #include "group.hpp"
 #include "hash.hpp"

@@ -7,12 +7,12 @@
 // `metrics::cache_metrics`. Plain types: no state, no lock.
 #pragma once
 
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <utility>
 
+#include "detail/chrono.hpp"
 #include "errors.hpp"
 #include "metrics.hpp"
 #include "options.hpp"

@@ -18,12 +18,13 @@
 // Meets the standard Clock requirements; is_steady. Thread-safe (stateless).
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 
 #if defined(__linux__)
 #include <time.h>
 #endif
+
+#include "detail/chrono.hpp"
 
 namespace singleflight {
 

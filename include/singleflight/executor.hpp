@@ -6,10 +6,10 @@
 
 #include <concepts>
 #include <cstddef>
-#include <functional>
 #include <type_traits>
 #include <utility>
 
+#include "detail/functional.hpp"
 #include "task.hpp"
 #include "thread_executor.hpp"
 

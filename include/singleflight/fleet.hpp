@@ -85,7 +85,6 @@
 #pragma once
 
 #include <atomic>
-#include <chrono>
 #include <concepts>
 #include <cstdint>
 #include <exception>
@@ -97,6 +96,7 @@
 #include <utility>
 
 #include "codec.hpp"
+#include "detail/chrono.hpp"
 #include "detail/fleet/fleet_engine.hpp"
 #include "detail/fleet/fleet_flight.hpp"
 #include "detail/fn_shapes.hpp"

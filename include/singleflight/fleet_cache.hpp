@@ -78,7 +78,6 @@
 #include <coroutine>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -93,6 +92,7 @@
 #include "detail/fleet/invalidation_inbox.hpp"
 #include "detail/fleet/kept_reads.hpp"
 #include "detail/fleet/read_mark.hpp"
+#include "detail/functional.hpp"
 #include "detail/get_awaitable.hpp"
 #include "detail/resume_gate.hpp"
 #include "errors.hpp"

@@ -121,18 +121,18 @@
 // to one fn is never reused).
 #pragma once
 
-#include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <mutex>
 #include <optional>
 #include <type_traits>
 #include <utility>
 
 #include "completion.hpp"
+#include "detail/chrono.hpp"
 #include "detail/fn_shapes.hpp"
+#include "detail/functional.hpp"
 #include "detail/group/async_waiters.hpp"
 #include "detail/group/coroutine.hpp"
 #include "detail/group/deadline_list.hpp"

@@ -9,11 +9,12 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <utility>
+
+#include "detail/functional.hpp"
 
 namespace singleflight {
 

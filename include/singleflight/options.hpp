@@ -4,10 +4,10 @@
 // policies, fixed at construction.
 #pragma once
 
-#include <chrono>
 #include <cstddef>
 #include <memory>
 
+#include "detail/chrono.hpp"
 #include "executor.hpp"
 #include "tracer.hpp"
 

@@ -22,7 +22,6 @@
 // when the group calls it.
 #pragma once
 
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -30,6 +29,7 @@
 #include <typeinfo>
 #endif
 
+#include "detail/chrono.hpp"
 #include "outcome.hpp"
 
 namespace singleflight {

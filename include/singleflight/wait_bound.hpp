@@ -7,9 +7,8 @@
 //   auto o = g.try_do(key, fn, {}, deadline_of_this_request);
 #pragma once
 
-#include <chrono>
-
 #include "detail/after.hpp"
+#include "detail/chrono.hpp"
 
 namespace singleflight {
 

@@ -6,7 +6,7 @@
 // past the clock's range gives time_point::max(), which means "never".
 #pragma once
 
-#include <chrono>
+#include "chrono.hpp"
 
 namespace singleflight::detail {
 

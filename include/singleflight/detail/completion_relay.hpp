@@ -20,13 +20,13 @@
 
 #include <atomic>
 #include <exception>
-#include <functional>
 #include <optional>
 #include <utility>
 
 #include "../completion.hpp"
 #include "../errors.hpp"
 #include "../outcome.hpp"
+#include "functional.hpp"
 #include "group/flight.hpp"
 #include "unwind.hpp"
 
@@ -48,7 +48,8 @@ class completion_relay final : public flight_value<X> {
     on_unwind unwind([r] { r->release(); });             // the starter's, on a forced unwind
     std::exception_ptr thrown;
     try {
-      std::invoke(start, completion_access::make<X>(static_cast<void*>(r), &resolve, r));
+      ::singleflight::detail::invoke(
+          start, completion_access::make<X>(static_cast<void*>(r), &resolve, r));
     } catch (...) {
       SINGLEFLIGHT_RETHROW_FOREIGN();
       thrown = std::current_exception();

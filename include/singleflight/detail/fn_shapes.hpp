@@ -25,12 +25,12 @@
 #pragma once
 
 #include <concepts>
-#include <functional>
 #include <type_traits>
 #include <utility>
 
 #include "../completion.hpp"
 #include "../stop_token.hpp"
+#include "functional.hpp"
 
 namespace singleflight::detail {
 
@@ -122,13 +122,13 @@ template <fn_form Form, class F, class K>
 decltype(auto) call_sync(F& f, const K& key, const stop_token& st) {
   static_assert(!is_async_form(Form) && Form != fn_form::none);
   if constexpr (Form == fn_form::key_token) {
-    return std::invoke(f, key, st);
+    return ::singleflight::detail::invoke(f, key, st);
   } else if constexpr (Form == fn_form::token) {
-    return std::invoke(f, st);
+    return ::singleflight::detail::invoke(f, st);
   } else if constexpr (Form == fn_form::key) {
-    return std::invoke(f, key);
+    return ::singleflight::detail::invoke(f, key);
   } else {
-    return std::invoke(f);
+    return ::singleflight::detail::invoke(f);
   }
 }
 
@@ -137,9 +137,9 @@ template <fn_form Form, class F, class K, class R>
 void call_async(F& f, const K& key, stop_token st, completion<R> done) {
   static_assert(is_async_form(Form));
   if constexpr (Form == fn_form::key_async) {
-    std::invoke(f, key, std::move(st), std::move(done));
+    ::singleflight::detail::invoke(f, key, std::move(st), std::move(done));
   } else {
-    std::invoke(f, std::move(st), std::move(done));
+    ::singleflight::detail::invoke(f, std::move(st), std::move(done));
   }
 }
 

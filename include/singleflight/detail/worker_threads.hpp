@@ -41,7 +41,6 @@
 // concurrently with anything, and not on one of this object's threads).
 #pragma once
 
-#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdio>
@@ -56,6 +55,7 @@
 #include <utility>
 
 #include "../errors.hpp"
+#include "chrono.hpp"
 #include "config.hpp"
 #include "library_thread.hpp"
 

@@ -17,7 +17,6 @@
 #pragma once
 
 #include <atomic>
-#include <chrono>
 #include <cstddef>
 #include <exception>
 #include <list>
@@ -29,6 +28,7 @@
 #include "../../completion.hpp"
 #include "../../errors.hpp"
 #include "../../stop_token.hpp"
+#include "../chrono.hpp"
 #include "bulk_results.hpp"
 
 namespace singleflight::detail {

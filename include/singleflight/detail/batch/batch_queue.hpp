@@ -54,7 +54,6 @@
 #pragma once
 
 #include <atomic>
-#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -77,6 +76,7 @@
 #include "../../stop_token.hpp"
 #include "../../task.hpp"
 #include "../after.hpp"
+#include "../chrono.hpp"
 #include "../task_base.hpp"
 #include "../unwind.hpp"
 #include "../worker_threads.hpp"

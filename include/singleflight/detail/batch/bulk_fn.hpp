@@ -15,13 +15,13 @@
 
 #include <concepts>
 #include <exception>
-#include <functional>
 #include <span>
 #include <type_traits>
 #include <utility>
 
 #include "../../batch_completion.hpp"
 #include "../../stop_token.hpp"
+#include "../functional.hpp"
 #include "../unwind.hpp"
 #include "bulk_results.hpp"
 
@@ -71,13 +71,13 @@ class bulk_impl final : public bulk_call<Key, T> {
 
   void call(std::span<const Key> keys, stop_token st, batch_completion<Key, T> done) override {
     if constexpr (async_bulk_fn<F, Key, T>) {
-      std::invoke(f_, keys, std::move(st), std::move(done));
+      ::singleflight::detail::invoke(f_, keys, std::move(st), std::move(done));
     } else {
       try {
         if constexpr (token_bulk_fn<F, Key, T>) {
-          done.set_value(std::invoke(f_, keys, std::move(st)));
+          done.set_value(::singleflight::detail::invoke(f_, keys, std::move(st)));
         } else {
-          done.set_value(std::invoke(f_, keys));
+          done.set_value(::singleflight::detail::invoke(f_, keys));
         }
       } catch (...) {
         SINGLEFLIGHT_RETHROW_FOREIGN();  // the bulk function ended its thread

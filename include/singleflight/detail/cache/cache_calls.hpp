@@ -39,13 +39,11 @@
 #pragma once
 
 #include <atomic>
-#include <chrono>
 #include <concepts>
 #include <condition_variable>
 #include <coroutine>
 #include <cstdint>
 #include <exception>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -65,6 +63,8 @@
 #include "../../stop_token.hpp"
 #include "../../wait_bound.hpp"
 #include "../after.hpp"
+#include "../chrono.hpp"
+#include "../functional.hpp"
 #include "../group/placement.hpp"
 #include "../kept.hpp"
 #include "../resume_gate.hpp"
@@ -792,7 +792,7 @@ class cache_calls {
 
   template <class Cb>
   static void deliver(Cb& cb, outcome<T>&& o) noexcept {
-    std::invoke(cb, std::move(o));  // a throw terminates (noexcept)
+    ::singleflight::detail::invoke(cb, std::move(o));  // a throw terminates (noexcept)
   }
 
   [[no_unique_address]] Hash hash_{};

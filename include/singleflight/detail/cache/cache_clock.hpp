@@ -10,10 +10,11 @@
 // Owns no state and takes no lock.
 #pragma once
 
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <ratio>
+
+#include "../chrono.hpp"
 
 namespace singleflight::detail {
 

@@ -21,7 +21,6 @@
 #include <cassert>
 #include <concepts>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <type_traits>
 
@@ -31,6 +30,7 @@
 #include "../../stop_token.hpp"
 #include "../completion_relay.hpp"
 #include "../fn_shapes.hpp"
+#include "../functional.hpp"
 #include "counted.hpp"
 #include "value_box.hpp"
 

@@ -25,12 +25,10 @@
 // loader, T's copies and the completion a load resolves run with no lock held.
 #pragma once
 
-#include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <type_traits>
@@ -42,7 +40,9 @@
 #include "../../outcome.hpp"
 #include "../../stats.hpp"
 #include "../../stop_token.hpp"
+#include "../chrono.hpp"
 #include "../completion_relay.hpp"
+#include "../functional.hpp"
 #include "../unwind.hpp"
 #include "cache_clock.hpp"
 #include "cache_loader.hpp"

@@ -25,7 +25,6 @@
 #pragma once
 
 #include <atomic>
-#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -37,6 +36,7 @@
 #include <utility>
 
 #include "../../cache_options.hpp"
+#include "../chrono.hpp"
 #include "cache_clock.hpp"
 #include "cache_table.hpp"
 #include "read_gate.hpp"

@@ -16,13 +16,13 @@
 // their stop_tokens) are freed after it.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <utility>
 
 #include "../../stop_token.hpp"
+#include "../chrono.hpp"
 
 namespace singleflight::detail {
 

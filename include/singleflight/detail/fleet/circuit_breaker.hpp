@@ -15,9 +15,10 @@
 #pragma once
 
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <mutex>
+
+#include "../chrono.hpp"
 
 namespace singleflight::detail {
 

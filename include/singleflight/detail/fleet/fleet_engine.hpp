@@ -20,9 +20,7 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -35,6 +33,8 @@
 #include <vector>
 
 #include "../../fleet_options.hpp"
+#include "../chrono.hpp"
+#include "../functional.hpp"
 #include "../worker_threads.hpp"
 #include "circuit_breaker.hpp"
 #include "fleet_hooks.hpp"

@@ -18,7 +18,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstddef>
 #include <exception>
 #include <memory>
@@ -31,6 +30,7 @@
 #include "../../errors.hpp"
 #include "../../fleet_options.hpp"
 #include "../../stop_token.hpp"
+#include "../chrono.hpp"
 #include "../unwind.hpp"
 #include "fleet_engine.hpp"
 #include "fleet_protocol.hpp"

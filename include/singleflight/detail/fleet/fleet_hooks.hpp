@@ -6,8 +6,9 @@
 // a miss path, nothing on the hit path. No state, no lock.
 #pragma once
 
-#include <functional>
 #include <string_view>
+
+#include "../functional.hpp"
 
 namespace singleflight::detail {
 

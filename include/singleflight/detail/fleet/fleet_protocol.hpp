@@ -61,7 +61,6 @@
 #pragma once
 
 #include <algorithm>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -71,6 +70,7 @@
 #include <utility>
 #include <vector>
 
+#include "../chrono.hpp"
 #include "redis_conn.hpp"
 #include "sha1.hpp"
 

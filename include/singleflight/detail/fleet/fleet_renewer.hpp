@@ -31,11 +31,9 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
-#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -44,6 +42,8 @@
 #include <utility>
 #include <vector>
 
+#include "../chrono.hpp"
+#include "../functional.hpp"
 #include "../worker_threads.hpp"
 #include "fleet_protocol.hpp"
 #include "redis_pool.hpp"

@@ -96,7 +96,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -113,6 +112,7 @@
 
 #include "../../errors.hpp"
 #include "../../stop_token.hpp"
+#include "../chrono.hpp"
 #include "../worker_threads.hpp"
 #include "fleet_hooks.hpp"
 #include "redis_conn.hpp"

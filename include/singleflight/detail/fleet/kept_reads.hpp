@@ -20,7 +20,6 @@
 // Redis read, as without them). Locking: `mu_`, a leaf, guards records_.
 #pragma once
 
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -28,6 +27,8 @@
 #include <string>
 #include <unordered_map>
 #include <utility>
+
+#include "../chrono.hpp"
 
 namespace singleflight::detail {
 

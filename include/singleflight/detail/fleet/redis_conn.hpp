@@ -64,7 +64,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -77,6 +76,8 @@
 #include <system_error>
 #include <utility>
 #include <vector>
+
+#include "../chrono.hpp"
 
 namespace singleflight::detail {
 

@@ -28,7 +28,6 @@
 #pragma once
 
 #include <atomic>
-#include <chrono>
 #include <cstddef>
 #include <memory>
 #include <mutex>
@@ -36,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "../chrono.hpp"
 #include "redis_conn.hpp"
 
 namespace singleflight::detail {

@@ -64,7 +64,6 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -76,6 +75,7 @@
 #include <utility>
 #include <vector>
 
+#include "../chrono.hpp"
 #include "circuit_breaker.hpp"
 #include "redis_conn.hpp"
 #include "redis_pool.hpp"

@@ -21,7 +21,6 @@
 #include <atomic>
 #include <cassert>
 #include <exception>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -33,6 +32,7 @@
 #include "../../stats.hpp"
 #include "../../stop_token.hpp"
 #include "../fn_shapes.hpp"
+#include "../functional.hpp"
 #include "../kept.hpp"
 #include "../unwind.hpp"
 #include "blocking_calls.hpp"

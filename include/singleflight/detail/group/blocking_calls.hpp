@@ -19,9 +19,7 @@
 #pragma once
 
 #include <cassert>
-#include <chrono>
 #include <exception>
-#include <functional>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -33,7 +31,9 @@
 #include "../../outcome.hpp"
 #include "../../stats.hpp"
 #include "../../stop_token.hpp"
+#include "../chrono.hpp"
 #include "../fn_shapes.hpp"
+#include "../functional.hpp"
 #include "../unwind.hpp"
 #include "blocking_waiters.hpp"
 #include "execution.hpp"

@@ -9,8 +9,8 @@
 #pragma once
 
 #include <atomic>
-#include <chrono>
 
+#include "../chrono.hpp"
 #include "claim.hpp"
 #include "flight.hpp"
 #include "observers.hpp"

@@ -10,7 +10,6 @@
 // here takes a lock; the node is attached and detached through Core.
 #pragma once
 
-#include <chrono>
 #include <coroutine>
 #include <exception>
 #include <optional>
@@ -19,6 +18,7 @@
 
 #include "../../stats.hpp"
 #include "../../stop_token.hpp"
+#include "../chrono.hpp"
 #include "../resume_gate.hpp"
 
 namespace singleflight::detail {

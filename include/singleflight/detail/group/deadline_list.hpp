@@ -8,12 +8,12 @@
 #pragma once
 
 #include <atomic>
-#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
 
 #include "../after.hpp"
+#include "../chrono.hpp"
 #include "flight.hpp"
 
 namespace singleflight::detail {

@@ -25,13 +25,13 @@
 // lists by their shard's lock; the timer's sleep by the timer gate.
 #pragma once
 
-#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <mutex>
 #include <utility>
 
+#include "../chrono.hpp"
 #include "../config.hpp"
 #include "blocking_waiters.hpp"
 #include "hooks.hpp"

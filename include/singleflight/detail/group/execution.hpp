@@ -44,6 +44,7 @@
 #include "../../task.hpp"
 #include "../config.hpp"
 #include "../fn_shapes.hpp"
+#include "../functional.hpp"
 #include "../task_base.hpp"
 #include "../unwind.hpp"
 #include "flight.hpp"
@@ -181,9 +182,10 @@ class execution : public leader_stop {
   static std::exception_ptr start_async(execution* g, flight_base* f, void* fn) {
     try {
       f->retain();  // the completion's reference
-      std::invoke(*static_cast<Fn*>(fn), f->stop.get_token(),
-                  completion_access::make<T>(static_cast<void*>(g), &execution::resolve<T>,
-                                             static_cast<flight_value<T>*>(f)));
+      ::singleflight::detail::invoke(
+          *static_cast<Fn*>(fn), f->stop.get_token(),
+          completion_access::make<T>(static_cast<void*>(g), &execution::resolve<T>,
+                                     static_cast<flight_value<T>*>(f)));
       return nullptr;
     } catch (...) {
       SINGLEFLIGHT_RETHROW_FOREIGN();
@@ -210,9 +212,9 @@ class execution : public leader_stop {
                                          : static_cast<flight_value<T>*>(f)->value;
     try {
       if constexpr (takes_token<Fn>) {
-        v.emplace(std::invoke(call, f->stop.get_token()));
+        v.emplace(::singleflight::detail::invoke(call, f->stop.get_token()));
       } else {
-        v.emplace(std::invoke(call));
+        v.emplace(::singleflight::detail::invoke(call));
       }
       return kind::value;
     } catch (...) {

@@ -14,7 +14,6 @@
 #pragma once
 
 #include <atomic>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -23,6 +22,7 @@
 #include <utility>
 
 #include "../../stop_token.hpp"
+#include "../chrono.hpp"
 #include "claim.hpp"
 #include "signal.hpp"
 #include "trace_slot.hpp"

@@ -23,12 +23,12 @@
 // or assignment (a new entry).
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <type_traits>
 #include <utility>
 
 #include "../../options.hpp"
+#include "../chrono.hpp"
 #include "execution.hpp"
 #include "flight.hpp"
 #include "flight_pool.hpp"

@@ -23,7 +23,6 @@
 // joined everything.
 #pragma once
 
-#include <chrono>
 #include <list>
 #include <mutex>
 #include <optional>
@@ -32,6 +31,7 @@
 
 #include "../../executor.hpp"
 #include "../../task.hpp"
+#include "../chrono.hpp"
 #include "../config.hpp"
 #include "../worker_threads.hpp"
 #include "deadlines.hpp"

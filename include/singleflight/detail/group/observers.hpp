@@ -15,9 +15,9 @@
 //                   close()).
 #pragma once
 
-#include <chrono>
 #include <optional>
 
+#include "../chrono.hpp"
 #include "claim.hpp"
 #include "flight.hpp"
 #include "wake_batch.hpp"

@@ -22,7 +22,6 @@
 
 #include <atomic>
 #include <bit>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -34,6 +33,7 @@
 #include "../../options.hpp"
 #include "../../stats.hpp"
 #include "../after.hpp"
+#include "../chrono.hpp"
 #include "../config.hpp"
 #include "claim.hpp"
 #include "deadline_list.hpp"

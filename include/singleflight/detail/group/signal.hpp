@@ -10,8 +10,9 @@
 #pragma once
 
 #include <atomic>
-#include <chrono>
 #include <cstdint>
+
+#include "../chrono.hpp"
 
 #if defined(__linux__) && !defined(SINGLEFLIGHT_NO_FUTEX)
 #include <linux/futex.h>

@@ -22,7 +22,6 @@
 #pragma once
 
 #include <atomic>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -30,6 +29,7 @@
 #include <utility>
 
 #include "../../tracer.hpp"
+#include "../chrono.hpp"
 #include "../config.hpp"
 
 namespace singleflight::detail {
