@@ -73,7 +73,6 @@
 #pragma once
 
 #include <atomic>
-#include <chrono>
 #include <concepts>
 #include <coroutine>
 #include <cstddef>
@@ -88,6 +87,7 @@
 
 #include "cache.hpp"
 #include "codec.hpp"
+#include "detail/chrono.hpp"
 #include "detail/fleet/fleet_protocol.hpp"
 #include "detail/fleet/invalidation_inbox.hpp"
 #include "detail/fleet/kept_reads.hpp"

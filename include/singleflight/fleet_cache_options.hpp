@@ -9,11 +9,11 @@
 #pragma once
 
 #include <array>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 
 #include "cache_options.hpp"
+#include "detail/chrono.hpp"
 #include "fleet_options.hpp"
 #include "metrics.hpp"
 
