@@ -65,7 +65,6 @@
 #pragma once
 
 #include <atomic>
-#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -78,6 +77,7 @@
 #include <utility>
 #include <vector>
 
+#include "../chrono.hpp"
 #include "fleet_protocol.hpp"
 #include "fleet_subscriber.hpp"
 #include "read_mark.hpp"
