@@ -7,12 +7,14 @@
 // later), which <chrono>, <mutex>, <thread> and <condition_variable> include. With libstdc++
 // this header includes that one only, so that including a library header parses none of the
 // rest (docs/performance.md "Compile time"); elsewhere, <chrono>. A program that uses the
-// calendar or prints a duration includes <chrono> itself, as it should anyway.
+// calendar or prints a duration includes <chrono> itself, as it should anyway. Defining
+// SINGLEFLIGHT_STANDARD_HEADERS (for every translation unit) makes it include <chrono>, for a
+// standard library whose internal headers are laid out differently.
 #pragma once
 
 #include <version>  // __GLIBCXX__
 
-#if defined(__GLIBCXX__) && __has_include(<bits/chrono.h>)
+#if !defined(SINGLEFLIGHT_STANDARD_HEADERS) && defined(__GLIBCXX__) && __has_include(<bits/chrono.h>)
 #include <bits/chrono.h>
 #else
 #include <chrono>

@@ -7,7 +7,8 @@
 // includes it; with libstdc++ this header includes only the internal headers <functional>
 // takes these four from (<bits/std_function.h>, <bits/functional_hash.h>,
 // <bits/stl_function.h>, <bits/invoke.h>), so that including a library header parses none of
-// the rest (docs/performance.md "Compile time"); elsewhere, <functional>.
+// the rest (docs/performance.md "Compile time"); elsewhere, or with
+// SINGLEFLIGHT_STANDARD_HEADERS defined (for every translation unit), <functional>.
 //
 // detail::invoke(f, args...): std::invoke(f, args...) (libstdc++'s std::invoke is a call of
 // std::__invoke, which <bits/invoke.h> declares: the same function, member pointers included).
@@ -15,7 +16,8 @@
 
 #include <version>  // __GLIBCXX__
 
-#if defined(__GLIBCXX__) && __has_include(<bits/std_function.h>) && \
+#if !defined(SINGLEFLIGHT_STANDARD_HEADERS) && defined(__GLIBCXX__) && \
+    __has_include(<bits/std_function.h>) && \
     __has_include(<bits/invoke.h>) && __has_include(<bits/functional_hash.h>) && \
     __has_include(<bits/stl_function.h>)
 #define SINGLEFLIGHT_DETAIL_GLIBCXX_FUNCTIONAL 1
