@@ -2,9 +2,10 @@
 // every process, the reader's own read included (the "echo"). A value read through the fleet after
 // the process had heard the report of its store is kept: that report was sent before the read
 // ran, so the read already reflects it. A write reported after the read (an outside DEL or SET)
-// still drops it. A leader's own store is not kept yet (its report cannot be told from that of a
-// write made just after it); the last case pins that such a write is never hidden. Each case runs
-// on a private redis-server, so every report counted is the test's.
+// still drops it. A leader stores on its tracker connection (BCAST NOLOOP): the report of its own
+// store is never sent to it, so it keeps its value; a write made just after the store is still
+// reported (the last case). Each case runs on a private redis-server, so every report counted is
+// the test's.
 #include <singleflight/fleet_cache.hpp>
 
 #include <atomic>
@@ -167,4 +168,68 @@ TEST_CASE(
   std::atomic<int> ran{0};
   CHECK(a.get("k", must_not_load(ran)) == "written outside");
   CHECK(ran.load() == 0);
+}
+
+TEST_CASE(
+    "tracking_echo_leader_keeps_its_own_store: a leads (loads from the origin, stores); once the "
+    "report of its store would have come (a later outside write under the prefix is heard: "
+    "reports come in order), its next get is a local hit, no Redis read",
+    "[fleet][fleet_cache][tracking][echo]") {
+  sftest::private_redis server;
+  auto raw = server.client();
+  const std::string prefix = "echo-leader-keeps";
+  fc_t a(sftest::fleet_cache_opts(server.uri(), prefix));
+  until_listening(a, "a listens");
+  versioned_origin origin;
+  CHECK(a.get("k", origin.loader()) == "v1");
+  CHECK(a.stats().fleet.leader == 1);
+  // Another key under the prefix, written after a's store: its report comes after the store's.
+  const std::uint64_t heard = a.stats().invalidations_heard;
+  CHECK(raw->command({"SET", value_name(prefix, "other"), "x"}).str == "OK");
+  sftest::must([&] { return a.stats().invalidations_heard > heard; }, "a hears the later write");
+  const std::uint64_t gets = a.stats().fleet.gets;
+  const std::uint64_t hits = a.stats().local.hits;
+  std::atomic<int> ran{0};
+  CHECK(a.get("k", must_not_load(ran)) == "v1");
+  CHECK(a.stats().fleet.gets == gets);  // before: gets + 1 (its store's report dropped the value)
+  CHECK(a.stats().local.hits == hits + 1);
+  CHECK(ran.load() == 0);
+}
+
+TEST_CASE(
+    "tracking_echo_leader_store_falls_back_to_the_script_when_the_tracker_is_held: the store "
+    "runs as the script on a pool connection, the value is right everywhere, and its report "
+    "drops a's copy once, as without the tracker",
+    "[fleet][fleet_cache][tracking][echo]") {
+  sftest::private_redis server;
+  const std::string prefix = "echo-leader-busy";
+  fc_t a(sftest::fleet_cache_opts(server.uri(), prefix));
+  fc_t b(sftest::fleet_cache_opts(server.uri(), prefix));
+  until_listening(a, "a listens");
+  until_listening(b, "b listens");
+  versioned_origin origin;
+  {
+    // Held by this thread as another flight's store would hold it.
+    const d::tracker_line::held busy =
+        sftest::fleet_cache_engine(a).subscriber.tracker().try_take();
+    REQUIRE(busy);
+    CHECK(a.get("k", origin.loader()) == "v1");
+  }
+  sftest::must([&] { return a.stats().invalidations_heard >= 1; }, "a hears its store's report");
+  std::atomic<int> ran{0};
+  CHECK(b.get("k", must_not_load(ran)) == "v1");  // the script stored it
+  const std::uint64_t gets = a.stats().fleet.gets;
+  CHECK(a.get("k", must_not_load(ran)) == "v1");
+  CHECK(a.stats().fleet.gets == gets + 1);  // dropped by the report: read again
+  CHECK(ran.load() == 0);
+  // Given back: the next leader stores on it again and keeps its value.
+  origin.version.store(2);
+  CHECK(a.get("k2", origin.loader()) == "v2");
+  const std::uint64_t heard = a.stats().invalidations_heard;
+  auto raw = server.client();
+  CHECK(raw->command({"SET", value_name(prefix, "other"), "x"}).str == "OK");
+  sftest::must([&] { return a.stats().invalidations_heard > heard; }, "a hears the later write");
+  const std::uint64_t gets2 = a.stats().fleet.gets;
+  CHECK(a.get("k2", must_not_load(ran)) == "v2");
+  CHECK(a.stats().fleet.gets == gets2);
 }

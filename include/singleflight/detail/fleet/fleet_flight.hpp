@@ -35,6 +35,7 @@
 #include "fleet_engine.hpp"
 #include "fleet_protocol.hpp"
 #include "read_mark.hpp"
+#include "tracker_line.hpp"
 
 namespace singleflight::detail {
 
@@ -437,7 +438,11 @@ class fleet_flight {
         return store(rc, names_, token, fence, gen, rec, ttl, message, e_.cfg.meta_ttl, published,
                      e_.router.cluster());
       };
-      const store_result sr = e_.router.run(node, c, step);
+      // Under client tracking, on the tracker when it is free: the store is then not reported
+      // to this process, whose local copy of the value stays (tracker_line.hpp).
+      const std::optional<store_result> tracked =
+          store_tracked(token, fence, gen, rec, ttl, message, published);
+      const store_result sr = tracked ? *tracked : e_.router.run(node, c, step);
       switch (sr) {
         case store_result::stored:
           stored = !rec.empty();
@@ -484,6 +489,27 @@ class fleet_flight {
       fleet_counters::bump(e_.counters.redis_errors);  // the lease expires
     }
     e_.at(fleet_point::stored, text_);  // a test hook; it must not throw
+  }
+
+  // store_tracked(...): the store as a transaction on the subscriber's tracker
+  // (store_on_tracker), when this process tracks, the tracker is free, and no replica is
+  // waited for (WAIT counts the writes of the connection it is sent on); nullopt: run the
+  // script. A failure on the tracker marks it broken (the subscriber reopens it) and is not
+  // the node's: the script runs next, on the pool, and decides.
+  std::optional<store_result> store_tracked(const std::string& token, const std::string& fence,
+                                            const std::string& gen, const std::string& rec,
+                                            std::chrono::milliseconds ttl,
+                                            const std::string& message, bool& published) noexcept {
+    if (e_.router.cluster() || e_.cfg.replicas > 0) return std::nullopt;
+    const tracker_line::held t = e_.subscriber.tracker().try_take();
+    if (!t) return std::nullopt;
+    try {
+      return store_on_tracker(*t, names_, token, fence, gen, rec, ttl, message, e_.cfg.meta_ttl,
+                              published);
+    } catch (const std::exception&) {  // redis_failure, bad_alloc
+      t->mark_broken();
+    }
+    return std::nullopt;
   }
 
   // The store script failed: release the lease (if it is still ours) on a

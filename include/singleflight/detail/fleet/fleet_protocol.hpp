@@ -739,6 +739,59 @@ inline store_result store(redis_conn& c, const fleet_names& n, std::string_view 
   return store_result::stored;
 }
 
+// store_on_tracker(...): the store script's writes as a transaction of plain commands, for the
+// tracker connection (tracker_line.hpp: under BCAST NOLOOP, the server does not report to this
+// process the writes sent on it; a write inside a script would be). Two round trips:
+//   WATCH meta lease, HMGET meta fence gen, GET lease;
+//   MULTI, [DEL lease when it held `token`], SET value rec PX ttl, PEXPIRE meta meta_ttl,
+//   PUBLISH channel message, EXEC.
+// Only the script's common case is decided here: the fence and generation as given (the meta a
+// hash holding them), a record to store for ttl > 0. Anything else (a fence or generation that
+// moved, a foreign type, an EXEC the WATCH aborted: a renewal's PEXPIRE, another writer; an
+// error reply) returns nullopt: run the script, which decides as always (it finds what the
+// transaction left: nothing, or, when the SET alone failed as it ran, the lease released). On the
+// connection no WATCH is left behind. Throws redis_failure (I/O; the connection is then broken:
+// whether EXEC ran is unknown, and a second, scripted, run of the store changes nothing but the
+// value's TTL and a repeated message). Single server only (no cluster redirects).
+inline std::optional<store_result> store_on_tracker(
+    redis_conn& c, const fleet_names& n, std::string_view token, std::string_view fence,
+    std::string_view gen, std::string_view rec, std::chrono::milliseconds ttl,
+    std::string_view message, std::chrono::milliseconds meta_ttl, bool& published) {
+  if (rec.empty() || ttl.count() <= 0) return std::nullopt;
+  const std::vector<redis_reply> seen =
+      c.pipeline({{"WATCH", n.meta, n.lease}, {"HMGET", n.meta, "fence", "gen"}, {"GET", n.lease}});
+  const redisReply* m = seen[1].get();
+  const bool current =
+      !is_error(seen[0].get()) && m->type == REDIS_REPLY_ARRAY && m->elements == 2 &&
+      is_string(m->element[0]) && text_of(m->element[0]) == fence &&
+      (m->element[1]->type == REDIS_REPLY_NIL ? std::string_view("0") : text_of(m->element[1])) ==
+          gen;
+  if (!current || is_error(seen[2].get())) {
+    (void)c.command({"UNWATCH"});
+    return std::nullopt;
+  }
+  const bool ours = is_string(seen[2].get()) && text_of(seen[2].get()) == token;
+  const std::string ttl_ms = ms_text(ttl);
+  const std::string meta_ms = ms_text(meta_ttl);
+  std::vector<std::vector<std::string_view>> tx;
+  tx.reserve(6);
+  tx.push_back({"MULTI"});
+  if (ours) tx.push_back({"DEL", n.lease});
+  tx.push_back({"SET", n.value, rec, "PX", ttl_ms});
+  tx.push_back({"PEXPIRE", n.meta, meta_ms});
+  tx.push_back({"PUBLISH", n.channel, message});
+  tx.push_back({"EXEC"});
+  const std::vector<redis_reply> done = c.pipeline(tx);  // EXEC discards the WATCH either way
+  const redisReply* exec = done.back().get();
+  if (exec->type != REDIS_REPLY_ARRAY || exec->elements != tx.size() - 2) {
+    return std::nullopt;  // nil: the WATCH aborted it; EXECABORT: a command refused (ACL, OOM)
+  }
+  // A SET the server refused as it ran (the lease may be gone): the script runs and says so.
+  if (is_error(exec->element[ours ? 1 : 0])) return std::nullopt;
+  published = !is_error(exec->element[exec->elements - 1]);
+  return store_result::stored;
+}
+
 enum class release_result { released, not_ours };
 
 // release(...): the release script, with a tombstone for `tomb_ttl` when it is > 0 (a race

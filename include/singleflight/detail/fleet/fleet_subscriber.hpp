@@ -36,14 +36,17 @@
 // Client tracking (track(prefix), fleet_cache's default coherence): each
 // connection, before it subscribes, asks its CLIENT ID, then opens a second
 // connection, the tracker, that sends `CLIENT TRACKING on REDIRECT <id> BCAST
-// PREFIX <prefix>`: the server then reports every change of a key under the
-// prefix, by anyone, as a message on `__redis__:invalidate` to this connection
-// (RESP2: the payload is an array of key names, handed to the channel's
-// listener one by one; a FLUSHALL is a nil payload: on_flushed). The tracker
-// reads nothing, but it is polled: when it closes (CLIENT KILL, a restart),
-// tracking has stopped, so the subscriber's connection is dropped too and both
-// are reopened; the re-confirmation of the subscription, sent after the new
-// tracker is in place, tells the listener that messages may have been lost.
+// NOLOOP PREFIX <prefix>`: the server then reports every change of a key under
+// the prefix, by anyone but the tracker itself, as a message on
+// `__redis__:invalidate` to this connection (RESP2: the payload is an array of
+// key names, handed to the channel's listener one by one; a FLUSHALL is a nil
+// payload: on_flushed). The tracker is lent to flights that store a value
+// (tracker(), tracker_line.hpp: their store is then not reported to this
+// process); otherwise it sits idle, polled: when it closes (CLIENT KILL, a
+// restart) or a flight failed on it, tracking has stopped, so the subscriber's
+// connection is dropped too and both are reopened; the re-confirmation of the
+// subscription, sent after the new tracker is in place, tells the listener
+// that messages may have been lost.
 //
 // Tracking refused: a server that answers CLIENT ID or CLIENT TRACKING with an
 // error that is not transient (an ACL that denies `client`, a renamed or
@@ -117,6 +120,7 @@
 #include "fleet_hooks.hpp"
 #include "redis_conn.hpp"
 #include "redis_pool.hpp"
+#include "tracker_line.hpp"
 
 namespace singleflight::detail {
 
@@ -352,6 +356,10 @@ class fleet_subscriber {
     return refused_on_cluster_;
   }
 
+  // tracker(): the tracker connection's owner (tracker_line.hpp): a flight may store a value
+  // through it. Thread-safe.
+  tracker_line& tracker() noexcept { return line_; }
+
   // track(prefix): every connection from now on is tracked (see client
   // tracking above) for the keys that start with `prefix`. Called before the
   // first subscribe (std::logic_error otherwise: the connection would have
@@ -454,7 +462,6 @@ class fleet_subscriber {
   void run() {
     using clock = std::chrono::steady_clock;
     std::unique_ptr<redis_conn> conn;
-    std::unique_ptr<redis_conn> tracker;  // with conn, while tracked_ is set
     std::chrono::milliseconds backoff{0};
     clock::time_point next_attempt{};
     std::vector<std::string> subs;
@@ -486,15 +493,15 @@ class fleet_subscriber {
         bool on_cluster = false;
         try {
           fresh = pool_.open();
-          if (!tracked.empty()) tracker = open_tracker(*fresh, tracked);
+          if (!tracked.empty()) line_.install(open_tracker(*fresh, tracked));
         } catch (const tracking_refusal& e) {
           refused = true;  // `fresh` is sound: it subscribes untracked
           on_cluster = e.on_cluster;
-          tracker.reset();
+          line_.reset();
         } catch (const redis_failure&) {
           errors_.fetch_add(1, std::memory_order_relaxed);
           fresh.reset();
-          tracker.reset();
+          line_.reset();
         }
         lk.lock();
         if (!fresh) {
@@ -553,7 +560,7 @@ class fleet_subscriber {
                          : send(*conn, "SUBSCRIBE", subs) && send(*conn, "UNSUBSCRIBE", unsubs);
       ok = ok && flush(*conn);
       replies.clear();
-      if (ok) ok = wait_and_read(*conn, tracker.get(), replies);
+      if (ok) ok = wait_and_read(*conn, replies);
 
       lk.lock();
       for (const redis_reply& r : replies) {
@@ -573,7 +580,7 @@ class fleet_subscriber {
         errors_.fetch_add(1, std::memory_order_relaxed);
         lk.unlock();
         conn.reset();
-        tracker.reset();
+        line_.reset();
         lk.lock();
         for (auto& [name, ch] : channels_) {
           ch->on_server = false;
@@ -590,7 +597,7 @@ class fleet_subscriber {
     }
     lk.unlock();
     conn.reset();
-    tracker.reset();
+    line_.reset();
   }
 
   // A channel to have on the server: watched, and not a fallback one while
@@ -641,8 +648,8 @@ class fleet_subscriber {
     if (id->type != REDIS_REPLY_INTEGER) throw redis_failure("CLIENT ID: unexpected reply");
     std::unique_ptr<redis_conn> t = pool_.open();
     const std::string id_text = std::to_string(id->integer);
-    const redis_reply on =
-        t->command({"CLIENT", "TRACKING", "on", "REDIRECT", id_text, "BCAST", "PREFIX", prefix});
+    const redis_reply on = t->command(
+        {"CLIENT", "TRACKING", "on", "REDIRECT", id_text, "BCAST", "NOLOOP", "PREFIX", prefix});
     check(on.get(), "CLIENT TRACKING");
     return t;
   }
@@ -693,22 +700,22 @@ class fleet_subscriber {
   }
 
   // Waits for the connection or a poke; reads whatever replies arrived.
-  // The tracker (when there is one) is polled too: anything from it but
+  // The tracker (when there is one, and no flight holds it) is polled too: anything from it but
   // more bytes (its close, an error) is the connection lost.
-  bool wait_and_read(redis_conn& c, redis_conn* tracker, std::vector<redis_reply>& out) {
+  bool wait_and_read(redis_conn& c, std::vector<redis_reply>& out) {
     // Replies already parsed (they came with an earlier read) first.
     if (!take_parsed(c, out)) return false;
     if (!out.empty()) return true;
-    pollfd fds[3] = {{c.raw()->fd, POLLIN, 0},
-                     {wake_read_, POLLIN, 0},
-                     {tracker != nullptr ? tracker->raw()->fd : -1, POLLIN, 0}};
+    // The tracker, unless a flight holds it (tracker_line.hpp: it pokes once it gives it back).
+    bool lost = false;
+    const int tracker_fd = line_.poll_fd(lost);
+    if (lost) return false;  // a flight failed on it
+    pollfd fds[3] = {{c.raw()->fd, POLLIN, 0}, {wake_read_, POLLIN, 0}, {tracker_fd, POLLIN, 0}};
     const int n = ::poll(fds, 3, -1);
     if (n < 0) return errno == EINTR;
     if ((fds[1].revents & POLLIN) != 0) drain_pokes();
     if ((fds[2].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
-      if (redisBufferRead(tracker->raw()) != REDIS_OK) return false;
-      std::vector<redis_reply> ignored;  // it is sent nothing in BCAST mode
-      if (!take_parsed(*tracker, ignored)) return false;
+      if (!line_.after_poll()) return false;  // it is sent nothing in BCAST mode: it closed
     }
     if ((fds[0].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
       if (redisBufferRead(c.raw()) != REDIS_OK) return false;
@@ -855,6 +862,8 @@ class fleet_subscriber {
   bool refused_ = false;  // guarded by mu_: the server refused tracking (tracked_ then "")
   bool refused_on_cluster_ = false;  // guarded by mu_: refused as a Redis Cluster node
   bool unsettled_ = false;           // guarded by mu_: a listener was confirmed, not yet settled
+  // The tracker (its own lock): installed and dropped by the thread, lent to flights' stores.
+  tracker_line line_{[this] { poke(); }};
 };
 
 }  // namespace singleflight::detail

@@ -14,10 +14,10 @@
 // and clears it on the same thread right after fleet::get returns. A get answered by another
 // thread's flight, a leader's load, a local load leave it unset: no report is skipped for them.
 //
-// A leader's value came from its loader, not from a read: the report of its own store cannot be
-// told from that of another write made just after it (Redis sends the reports of one event-loop
-// pass as one message, after the replies of that pass), so a leader marks nothing and the report
-// of its store drops its value locally (docs/fleet_cache.md, "What is not done yet").
+// A leader's value came from its loader, not from a read, and it marks nothing: its store goes on
+// the tracker connection (tracker_line.hpp), whose writes the server does not report to this
+// process, so there is no report of it to skip. When the store ran as the script instead (the
+// tracker busy or down), its report drops the value locally, as any report not skipped.
 //
 // report_source: what the flight asks of the count's owner (invalidation_inbox).
 //
