@@ -29,11 +29,11 @@
 #pragma once
 
 #include <atomic>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <utility>
 
+#include "../functional.hpp"
 #include "redis_conn.hpp"
 
 namespace singleflight::detail {
