@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <string>
 
 #include "support/catch.hpp"
@@ -38,8 +39,10 @@ using point = d::fleet_point;
 // from Redis at `read_at` of b's flight: at point::subscribed b re-reads only once it has
 // heard the report of a's store (so that report was posted before b's read was sent); at
 // point::waiting b waits for a's message and reads after it (the report comes in the same
-// subscriber buffer, after the message). Returns b's answer.
-std::string follow(fc_t& a, fc_t& b, point read_at, const std::string& key = "k") {
+// subscriber buffer, after the message). `during`, if any, runs on b's flight thread at that
+// point, after the report was heard, before b's read. Returns b's answer.
+std::string follow(fc_t& a, fc_t& b, point read_at, const std::string& key = "k",
+                   const std::function<void()>& during = {}) {
   sftest::gate b_lost;
   std::atomic<bool> once{false};
   sftest::fleet_cache_engine(b).hook = [&](point p, std::string_view) {
@@ -48,6 +51,7 @@ std::string follow(fc_t& a, fc_t& b, point read_at, const std::string& key = "k"
     if (read_at == point::subscribed) {
       sftest::must([&] { return b.stats().invalidations_heard >= 1; }, "b hears a's store");
     }
+    if (during) during();
   };
   until_listening(a, "a listens");
   until_listening(b, "b listens");  // after the hook: orders it before b's threads read it
@@ -232,4 +236,47 @@ TEST_CASE(
   const std::uint64_t gets2 = a.stats().fleet.gets;
   CHECK(a.get("k2", must_not_load(ran)) == "v2");
   CHECK(a.stats().fleet.gets == gets2);
+}
+
+TEST_CASE(
+    "tracking_voided_read_past_its_report_is_not_read_again: b's follower "
+    "flight reads a's value after the report of a's store was posted, but a get applies that "
+    "report first (the local cache refuses the flight's value); b's next get takes the value "
+    "without reading Redis again, and a write reported after that read still drops it",
+    "[fleet][fleet_cache][tracking][echo]") {
+  sftest::private_redis server;
+  auto raw = server.client();
+  const std::string prefix = "echo-voided";
+  fc_t a(sftest::fleet_cache_opts(server.uri(), prefix));
+  fc_t b(sftest::fleet_cache_opts(server.uri(), prefix));
+  // The report of a's store applied on b's flight thread, before its read (peek catches up);
+  // what peek saw is checked on the test thread.
+  std::atomic<int> peeked_values{0};
+  const auto apply_report = [&](const std::string& key) {
+    return [&b, &peeked_values, key] {
+      if (b.peek(key).has_value()) peeked_values.fetch_add(1);
+    };
+  };
+  std::atomic<int> ran{0};
+
+  CHECK(follow(a, b, point::subscribed, "k1", apply_report("k1")) == "v1");
+  std::uint64_t gets = b.stats().fleet.gets;
+  CHECK(b.get("k1", must_not_load(ran)) == "v1");
+  CHECK(b.stats().fleet.gets == gets);  // before voided_reads: gets + 1 (read again)
+  gets = b.stats().fleet.gets;
+  CHECK(b.get("k1", must_not_load(ran)) == "v1");  // and now a local hit
+  CHECK(b.stats().fleet.gets == gets);
+
+  // A write reported after b's read: the value b's flight read must not come back.
+  CHECK(follow(a, b, point::subscribed, "k2", apply_report("k2")) == "v1");
+  const std::uint64_t heard = b.stats().invalidations_heard;
+  const std::string rec =
+      d::make_record('v', d::codec_tag<sf::codec<std::string>>(), "0", "0", "written outside");
+  CHECK(raw->command({"SET", value_name(prefix, "k2"), rec}).str == "OK");
+  sftest::must([&] { return b.stats().invalidations_heard > heard; }, "b hears the SET");
+  gets = b.stats().fleet.gets;
+  CHECK(b.get("k2", must_not_load(ran)) == "written outside");
+  CHECK(b.stats().fleet.gets == gets + 1);
+  CHECK(ran.load() == 0);
+  CHECK(peeked_values.load() == 0);
 }

@@ -52,9 +52,9 @@
 //     through the fleet (stats().fleet.gets, each one Redis GET first) up to and including the
 //     first read answered fresh after the last confirmation: the gap's reload (it includes
 //     the reload of a write the gap hid, and under tracking the reload after the report of
-//     the process's own store); FCB_DEBUG_GAPS=1 prints the first gaps that took more than one,
-//     read by read (with the flights the process had led before each: a gap whose refresh
-//     led shows the count grow);
+//     the process's own store); FCB_DEBUG_GAPS=N prints the first N (at least 6) gaps that took
+//     more than one, read by read (with the flights the process had led before each: a gap
+//     whose refresh led shows the count grow), after the writer's invalidates around the gap;
 //   - median and p99 read latency; origin calls per version (mean, max); Redis reads (GET and
 //     GETRANGE, INFO commandstats) per reader per version (a gap's cost: against steady).
 // Prints a markdown table.
@@ -491,6 +491,8 @@ void run_one(server& s, const std::string& dir, const config& cfg, int run_id) {
   std::vector<double> stale_for_ms;  // per confirmation applied: until the last stale answer
   std::vector<double> gap_gets;      // per (reader, gap): reads through the fleet to reload
   int debug_gaps = 0;                // FCB_DEBUG_GAPS: gaps printed
+  const char* debug_env = std::getenv("FCB_DEBUG_GAPS");
+  const int debug_gaps_max = debug_env != nullptr ? std::max(6, std::atoi(debug_env)) : 0;
   for (int i = 0; i < cfg.readers; ++i) {
     std::ifstream in(outs[static_cast<std::size_t>(i)], std::ios::binary);
     std::uint64_t n = 0;
@@ -616,8 +618,15 @@ void run_one(server& s, const std::string& dir, const config& cfg, int run_id) {
       while (e < reads.size() && reads[e - 1].stale != 0) ++e;
       const bool costly =
           e < reads.size() && reads[e].fleet_gets > reads[marks.front()].fleet_gets + 1;
-      if (std::getenv("FCB_DEBUG_GAPS") != nullptr && costly && ++debug_gaps <= 6) {
+      if (debug_gaps_max > 0 && costly && ++debug_gaps <= debug_gaps_max) {
         std::fprintf(stderr, "gap %zu reader %d: resync +%.2f ms\n", gi, i, (resync - g) / 1e6);
+        for (int v = 1; v <= versions; ++v) {  // the writer's invalidates around it
+          const std::int64_t b = sh->began[v].load();
+          if (b > g - 60'000'000 && b < g + 60'000'000) {
+            std::fprintf(stderr, "  invalidate(v%d) called %+.2f ms, returned %+.2f ms\n", v,
+                         (b - g) / 1e6, (sh->ret[v].load() - g) / 1e6);
+          }
+        }
         for (std::size_t k = first; k < std::min(e + 2, last); ++k) {
           if (k > first && k + 1 < e && reads[k].fleet_gets == reads[k - 1].fleet_gets &&
               reads[k].heard == reads[k - 1].heard && reads[k].stale == reads[k - 1].stale &&

@@ -92,6 +92,7 @@
 #include "detail/fleet/invalidation_inbox.hpp"
 #include "detail/fleet/kept_reads.hpp"
 #include "detail/fleet/read_mark.hpp"
+#include "detail/fleet/voided_reads.hpp"
 #include "detail/functional.hpp"
 #include "detail/get_awaitable.hpp"
 #include "detail/resume_gate.hpp"
@@ -159,6 +160,7 @@ class fleet_cache {
                 : detail::fleet_subscriber::watch()),
         expire_watch_(fleet_.engine_->subscriber.subscribe(expire_bus_, inbox_.expire_listener())),
         kept_(opts.max_pending_invalidations),
+        voided_(opts.max_pending_invalidations),
         local_(opts.local),
         gap_stale_bound_(checked_bound(opts.gap_stale_bound)),
         coherence_(opts.coherence) {
@@ -505,10 +507,20 @@ class fleet_cache {
   void catch_up() {
     inbox_.apply(
         [this](const std::string& text, std::uint64_t seq) {
-          if (!kept(text, seq)) (void)local_.invalidate(text);
+          if (kept(text, seq)) return;
+          voided_.dropped(text, seq);
+          (void)local_.invalidate(text);
         },
-        [this] { local_.clear(); }, [this](const std::string& text) { (void)local_.expire(text); },
+        [this] {
+          voids_.fetch_add(1, std::memory_order_acq_rel);
+          local_.clear();
+        },
+        [this](const std::string& text) {
+          voids_.fetch_add(1, std::memory_order_acq_rel);
+          (void)local_.expire(text);
+        },
         [this](std::chrono::steady_clock::time_point since) {
+          voids_.fetch_add(1, std::memory_order_acq_rel);
           // The bound runs from the mark (the confirmations, an overflow), not from this call:
           // a first get long after a reconnect is answered stale no more than one at once.
           const auto gone = std::chrono::steady_clock::now() - since;
@@ -556,14 +568,40 @@ class fleet_cache {
       // Under client tracking: a value read from Redis after some reports were posted is
       // recorded (kept_), so that those reports, its own store's included, do not drop it.
       const std::uint64_t writes = writes_.load(std::memory_order_acquire);
+      const std::uint64_t voids = voids_.load(std::memory_order_acquire);
+      // A value an earlier load read past every report that made the local cache refuse it
+      // (voided_reads.hpp): still the key's, when its record is (no report past its read was
+      // applied since) and nothing of this process voided it.
+      if (auto [held, from] = voided_.take(text); held && from.writes == writes &&
+                                                  from.voids == voids &&
+                                                  kept_.holds(text, from.reports, from.at)) {
+        return T(*held);
+      }
+      const std::uint64_t began = voided_.load_began(text);
       detail::read_mark& m = detail::this_thread_read_mark();
       m.set = false;
-      T v = fleet_.get(text, load, std::move(st));
-      if (m.set && m.engine == fleet_.engine_.get() && m.text == text) {
-        kept_.record(text, m.reports, detail::kept_reads::clock::now(), writes);
+      std::optional<T> v;
+      try {
+        v.emplace(fleet_.get(text, load, std::move(st)));
+      } catch (...) {
+        (void)voided_.load_ended(text, began);
+        throw;
       }
+      const bool read = m.set && m.engine == fleet_.engine_.get() && m.text == text;
+      const std::uint64_t reports = m.reports;
       m.set = false;
-      return v;
+      const auto at = detail::kept_reads::clock::now();
+      if (read) kept_.record(text, reports, at, writes);
+      const std::optional<std::uint64_t> dropped = voided_.load_ended(text, began);
+      if (read && dropped && *dropped <= reports &&
+          writes_.load(std::memory_order_acquire) == writes &&
+          voids_.load(std::memory_order_acquire) == voids) {
+        try {
+          voided_.stash(text, std::make_shared<const T>(*v), {reports, at, writes, voids});
+        } catch (...) {  // bad_alloc, a throwing copy: nothing stashed (one more read)
+        }
+      }
+      return std::move(*v);
     };
   }
 
@@ -701,6 +739,8 @@ class fleet_cache {
   detail::fleet_subscriber::watch fallback_watch_;  // tracking: the bus, once it is refused
   detail::fleet_subscriber::watch expire_watch_;
   detail::kept_reads kept_;               // tracking: loads whose value reflects some reports
+  detail::voided_reads<T> voided_;        // tracking: such values the local cache refused
+  std::atomic<std::uint64_t> voids_{0};   // stale marks, clears, expires applied (voided_)
   std::atomic<std::uint64_t> writes_{0};  // put / invalidate / expire begun and ended
   local_t local_;                         // destroyed first: joins its loads
   std::atomic<bool> closed_{false};

@@ -89,6 +89,15 @@ class kept_reads {
     return it->second.at;
   }
 
+  // holds(text, reports, at): whether the record of `text` is still the one record(text,
+  // reports, at, _) made: no report past `reports` erased it and no later load replaced it.
+  // Thread-safe.
+  bool holds(const std::string& text, std::uint64_t reports, clock::time_point at) noexcept {
+    const std::lock_guard<std::mutex> lk(mu_);
+    const auto it = records_.find(text);
+    return it != records_.end() && it->second.reports == reports && it->second.at == at;
+  }
+
  private:
   struct entry {
     std::uint64_t reports;
