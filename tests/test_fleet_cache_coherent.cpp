@@ -46,6 +46,21 @@ using sftest::versioned_origin;
 
 using sftest::must_not_load;
 
+// A process's subscriber held at its reconnect (set before the process's first until_listening,
+// which orders the hook before the subscriber's thread reads it): `down` opens when it has lost
+// its connection and is about to subscribe again; it subscribes once the test opens `back`.
+struct held_reconnect {
+  sftest::gate down;
+  sftest::gate back;
+  void attach(fc_t& c) {
+    fleet_cache_engine(c).hook = [this](point p, std::string_view) {
+      if (p != point::resubscribing) return;
+      down.open();
+      back.wait("the test lets the subscriber subscribe again");
+    };
+  }
+};
+
 }  // namespace
 
 TEST_CASE(
@@ -152,15 +167,10 @@ TEST_CASE(
   sftest::private_redis server;
   auto client = server.client();
   const std::string prefix = "killed";
+  held_reconnect b_held;  // before b: its subscriber's hook waits on its gates
   fc_t a(opts(server.uri(), prefix, m));
   fc_t b(opts(server.uri(), prefix, m));
-  sftest::gate b_down;
-  sftest::gate b_back;
-  fleet_cache_engine(b).hook = [&](point p, std::string_view) {
-    if (p != point::resubscribing) return;
-    b_down.open();
-    b_back.wait("the test lets b resubscribe");
-  };
+  b_held.attach(b);
   until_listening(a, "a listens");
   until_listening(b, "b listens");  // after the hook: orders it before the thread reads it
   versioned_origin origin;
@@ -172,14 +182,14 @@ TEST_CASE(
 
   const auto killed = client->command({"CLIENT", "KILL", "TYPE", "pubsub"});
   CHECK(killed.integer == 2);
-  b_down.wait("b's subscriber reconnects");
+  b_held.down.wait("b's subscriber reconnects");
   origin.version = 2;
   (void)a.invalidate("k");
   // The message is lost to b: during the gap it serves its local entry (the bound says so).
   CHECK(b.get("k", must_not_load(ran)) == "v1");
   CHECK(b.stats().invalidations_heard == heard);
   const std::uint64_t resyncs = b.stats().resyncs;
-  b_back.open();
+  b_held.back.open();
   sftest::must([&] { return b.stats().resyncs > resyncs; }, "b resubscribed");
   // Its local entry was marked stale by the resubscription, and without stale_while_revalidate
   // a stale entry is not served: b reads through the fleet (a's invalidate deleted the Redis
@@ -262,27 +272,22 @@ TEST_CASE(
   for (const auto& k : keys) CHECK(a.get(k, origin.loader()) == "v1");
   // b starts after a's stores: it has nothing to hear of them (under tracking, their reports
   // went out before b's tracker was there).
-  sftest::gate b_down;  // before b: its subscriber's hook waits on them
-  sftest::gate b_back;
+  held_reconnect b_held;  // before b: its subscriber's hook waits on its gates
   fc_t b(o);
-  fleet_cache_engine(b).hook = [&](point p, std::string_view) {
-    if (p != point::resubscribing) return;
-    b_down.open();
-    b_back.wait("the test lets b resubscribe");
-  };
+  b_held.attach(b);
   until_listening(b, "b listens");  // after the hook: orders it before the thread reads it
   for (const auto& k : keys) CHECK(b.get(k, must_not_load(ran)) == "v1");  // from Redis
   const std::uint64_t heard = b.stats().invalidations_heard;
 
   CHECK(client->command({"CLIENT", "KILL", "TYPE", "pubsub"}).integer == 2);
-  b_down.wait("b's subscriber reconnects");
+  b_held.down.wait("b's subscriber reconnects");
   (void)a.put("put", std::string("p2"));
   origin.version = 2;
   (void)a.invalidate("gone");
   for (const auto& k : keys) CHECK(b.get(k, must_not_load(ran)) == "v1");  // the gap
   CHECK(b.stats().invalidations_heard == heard);
   const sf::fleet_cache_stats before = b.stats();
-  b_back.open();
+  b_held.back.open();
   // Both channels (the coherence one and the expire one) confirm again, each a resync.
   sftest::must([&] { return b.stats().resyncs >= before.resyncs + 2; }, "b resubscribed");
   sftest::must([&] { return fleet_cache_engine(b).subscriber.confirmed_channels() == 2; },
@@ -334,24 +339,19 @@ TEST_CASE(
   versioned_origin origin;
   std::atomic<int> ran{0};
   CHECK(a.get("k", origin.loader()) == "v1");
-  sftest::gate b_down;  // before b: its subscriber's hook waits on them
-  sftest::gate b_back;
+  held_reconnect b_held;  // before b: its subscriber's hook waits on its gates
   fc_t b(o);
-  fleet_cache_engine(b).hook = [&](point p, std::string_view) {
-    if (p != point::resubscribing) return;
-    b_down.open();
-    b_back.wait("the test lets b resubscribe");
-  };
+  b_held.attach(b);
   until_listening(b, "b listens");  // after the hook: orders it before the thread reads it
   CHECK(b.get("k", must_not_load(ran)) == "v1");  // from Redis
 
   CHECK(client->command({"CLIENT", "KILL", "TYPE", "pubsub"}).integer == 2);
-  b_down.wait("b's subscriber reconnects");
+  b_held.down.wait("b's subscriber reconnects");
   origin.version = 2;
   (void)a.invalidate("k");                        // lost to b; Redis's copy is gone
   CHECK(b.get("k", must_not_load(ran)) == "v1");  // the gap
   const sf::fleet_cache_stats before = b.stats();
-  b_back.open();
+  b_held.back.open();
   sftest::must([&] { return b.stats().resyncs >= before.resyncs + 2; }, "b resubscribed");
   sftest::must([&] { return fleet_cache_engine(b).subscriber.confirmed_channels() == 2; },
                "b listens again");
