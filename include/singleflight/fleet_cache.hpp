@@ -513,14 +513,17 @@ class fleet_cache {
         },
         [this] {
           voids_.fetch_add(1, std::memory_order_acq_rel);
+          voided_.discard_all();  // none can be taken any more
           local_.clear();
         },
         [this](const std::string& text) {
           voids_.fetch_add(1, std::memory_order_acq_rel);
+          voided_.discard_all();
           (void)local_.expire(text);
         },
         [this](std::chrono::steady_clock::time_point since) {
           voids_.fetch_add(1, std::memory_order_acq_rel);
+          voided_.discard_all();
           // The bound runs from the mark (the confirmations, an overflow), not from this call:
           // a first get long after a reconnect is answered stale no more than one at once.
           const auto gone = std::chrono::steady_clock::now() - since;
@@ -704,6 +707,7 @@ class fleet_cache {
     if (closed_.load(std::memory_order_relaxed)) throw closed_error();
     // Counted before and after: a load that overlaps a write keeps no report (kept_reads.hpp).
     const write_count counted(writes_);
+    voided_.discard_all();  // none can be taken any more (their write count is past)
     std::uint64_t gen = 0;
     try {
       gen = fleet_.engine_->write(text, rec, channel, inbox_.self() + text);

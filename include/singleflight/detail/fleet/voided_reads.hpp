@@ -19,7 +19,10 @@
 // back when the key's kept_reads record is still the one that load made: no report numbered
 // past its read has been applied since (that erases the record), so the value is the one the
 // key would hold had the load published. A stash is taken once; one not taken is replaced by
-// the next, and all are cleared past `max` keys.
+// the next, and all are cleared past `max` keys. A stash that can no longer be taken is
+// discarded at once, its value with it: by a report of its key numbered past its read
+// (dropped), and all of them by what voids them all (discard_all: a write of this process, a
+// stale mark, a clear, an expire).
 //
 // Locking: `mu_`, a leaf, guards loading_ and stashed_. Values are held by shared_ptr, made and
 // copied outside the lock: no T is copied, moved or destroyed under it.
@@ -69,13 +72,33 @@ class voided_reads {
   }
 
   // dropped(text, seq): report `seq` of `text` dropped the local entry (and voided the loads of
-  // it under way). Thread-safe.
+  // it under way); a stash of `text` read before it is discarded. Thread-safe; the discarded
+  // value is destroyed after the lock.
   void dropped(const std::string& text, std::uint64_t seq) noexcept {
+    std::shared_ptr<const T> gone;
     const std::lock_guard<std::mutex> lk(mu_);
+    if (const auto s = stashed_.find(text); s != stashed_.end() && seq > s->second.from.reports) {
+      gone = std::move(s->second.value);
+      stashed_.erase(s);
+    }
     const auto it = loading_.find(text);
     if (it == loading_.end()) return;
     ++it->second.drops;
     it->second.last = seq;
+  }
+
+  // discard_all(): every stash, discarded (none could be taken any more). Thread-safe; the
+  // values are destroyed after the lock.
+  void discard_all() noexcept {
+    std::unordered_map<std::string, stashed> gone;
+    const std::lock_guard<std::mutex> lk(mu_);
+    gone.swap(stashed_);
+  }
+
+  // stash_count(): how many keys hold a stash. Thread-safe.
+  std::size_t stash_count() const noexcept {
+    const std::lock_guard<std::mutex> lk(mu_);
+    return stashed_.size();
   }
 
   // load_ended(text, began): the load that load_began returned `began` to is over; the number of
@@ -135,7 +158,7 @@ class voided_reads {
   };
 
   const std::size_t max_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::unordered_map<std::string, loading> loading_;  // guarded by mu_
   std::unordered_map<std::string, stashed> stashed_;  // guarded by mu_
 };
