@@ -704,7 +704,7 @@ class fleet_subscriber {
   // more bytes (its close, an error) is the connection lost.
   bool wait_and_read(redis_conn& c, std::vector<redis_reply>& out) {
     // Replies already parsed (they came with an earlier read) first.
-    if (!take_parsed(c, out)) return false;
+    if (!c.take_parsed(out)) return false;
     if (!out.empty()) return true;
     // The tracker, unless a flight holds it (tracker_line.hpp: it pokes once it gives it back).
     bool lost = false;
@@ -719,18 +719,9 @@ class fleet_subscriber {
     }
     if ((fds[0].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
       if (redisBufferRead(c.raw()) != REDIS_OK) return false;
-      return take_parsed(c, out);
+      return c.take_parsed(out);
     }
     return true;
-  }
-
-  static bool take_parsed(redis_conn& c, std::vector<redis_reply>& out) {
-    for (;;) {
-      void* raw = nullptr;
-      if (redisGetReplyFromReader(c.raw(), &raw) != REDIS_OK) return false;
-      if (raw == nullptr) return true;
-      out.emplace_back(static_cast<redisReply*>(raw));
-    }
   }
 
   // Applies one pub/sub reply: ["subscribe", ch, n], ["message", ch, text],

@@ -418,6 +418,19 @@ class redis_conn {
   // Marks the connection unusable (the subscriber, after its own I/O error).
   void mark_broken() noexcept { broken_ = true; }
 
+  // take_parsed(out): appends to `out` the replies hiredis has parsed from what
+  // was read into the context (redisBufferRead on raw()); no I/O. False on a
+  // protocol error. For the connections read outside a round trip (the
+  // subscriber's, the tracker).
+  bool take_parsed(std::vector<redis_reply>& out) {
+    for (;;) {
+      void* raw = nullptr;
+      if (redisGetReplyFromReader(ctx_.get(), &raw) != REDIS_OK) return false;
+      if (raw == nullptr) return true;
+      out.emplace_back(static_cast<redisReply*>(raw));
+    }
+  }
+
   // asking(on): while on, every command() is preceded by ASKING in the same
   // write (Redis Cluster: the one command after an ASK redirect may run on
   // the node that imports the slot). redis_router turns it on for one routed

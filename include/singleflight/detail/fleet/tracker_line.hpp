@@ -31,7 +31,9 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <utility>
+#include <vector>
 
 #include "../functional.hpp"
 #include "redis_conn.hpp"
@@ -121,12 +123,11 @@ class tracker_line {
     if (!mu_.try_lock()) return true;  // a flight's replies: the flight reads them
     bool ok = true;
     if (conn_) {
-      ok = redisBufferRead(conn_->raw()) == REDIS_OK;
-      for (void* raw = nullptr; ok;) {
-        raw = nullptr;
-        if (redisGetReplyFromReader(conn_->raw(), &raw) != REDIS_OK) ok = false;
-        if (raw == nullptr) break;
-        freeReplyObject(raw);
+      try {
+        std::vector<redis_reply> ignored;  // it is sent nothing while no flight holds it
+        ok = redisBufferRead(conn_->raw()) == REDIS_OK && conn_->take_parsed(ignored);
+      } catch (const std::bad_alloc&) {  // a reply it cannot hold: dropped as broken
+        ok = false;
       }
       if (!ok) conn_->mark_broken();
     }
