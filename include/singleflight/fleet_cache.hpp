@@ -512,24 +512,28 @@ class fleet_cache {
           (void)local_.invalidate(text);
         },
         [this] {
-          voids_.fetch_add(1, std::memory_order_acq_rel);
-          voided_.discard_all();  // none can be taken any more
+          void_all();
           local_.clear();
         },
         [this](const std::string& text) {
-          voids_.fetch_add(1, std::memory_order_acq_rel);
-          voided_.discard_all();
+          void_all();
           (void)local_.expire(text);
         },
         [this](std::chrono::steady_clock::time_point since) {
-          voids_.fetch_add(1, std::memory_order_acq_rel);
-          voided_.discard_all();
+          void_all();
           // The bound runs from the mark (the confirmations, an overflow), not from this call:
           // a first get long after a reconnect is answered stale no more than one at once.
           const auto gone = std::chrono::steady_clock::now() - since;
           local_.expire_all(gone < gap_stale_bound_ ? gap_stale_bound_ - gone
                                                     : std::chrono::nanoseconds::zero());
         });
+  }
+
+  // void_all(): a clear, a stale mark or an expire is applied: no value set aside before it
+  // (voided_reads.hpp) may be taken after it; they are discarded.
+  void void_all() noexcept {
+    voids_.fetch_add(1, std::memory_order_acq_rel);
+    voided_.discard_all();
   }
 
   // kept(text, seq): under client tracking, whether report `seq` of `text` is one the local
