@@ -35,6 +35,17 @@ std::string value_name(const std::string& prefix, const std::string& key) {
 
 using point = d::fleet_point;
 
+// c's next get of `key` is a local hit answering `want`: no Redis read, no load.
+void check_local_hit(fc_t& c, const std::string& key, const std::string& want) {
+  const std::uint64_t gets = c.stats().fleet.gets;
+  const std::uint64_t hits = c.stats().local.hits;
+  std::atomic<int> ran{0};
+  CHECK(c.get(key, must_not_load(ran)) == want);
+  CHECK(c.stats().fleet.gets == gets);
+  CHECK(c.stats().local.hits == hits + 1);
+  CHECK(ran.load() == 0);
+}
+
 // b follows a's load of "k" (a's loader waits until b has lost the race) and reads a's value
 // from Redis at `read_at` of b's flight: at point::subscribed b re-reads only once it has
 // heard the report of a's store (so that report was posted before b's read was sent); at
@@ -82,13 +93,7 @@ TEST_CASE(
   fc_t a(sftest::fleet_cache_opts(server.uri(), "echo"));
   fc_t b(sftest::fleet_cache_opts(server.uri(), "echo"));
   CHECK(follow(a, b, point::subscribed) == "v1");
-  const std::uint64_t gets = b.stats().fleet.gets;
-  const std::uint64_t hits = b.stats().local.hits;
-  std::atomic<int> ran{0};
-  CHECK(b.get("k", must_not_load(ran)) == "v1");
-  CHECK(b.stats().fleet.gets == gets);  // before: gets + 1 (the report dropped the value)
-  CHECK(b.stats().local.hits == hits + 1);
-  CHECK(ran.load() == 0);
+  check_local_hit(b, "k", "v1");  // before: one more Redis read (the report dropped the value)
 }
 
 TEST_CASE(
@@ -191,13 +196,7 @@ TEST_CASE(
   const std::uint64_t heard = a.stats().invalidations_heard;
   CHECK(raw->command({"SET", value_name(prefix, "other"), "x"}).str == "OK");
   sftest::must([&] { return a.stats().invalidations_heard > heard; }, "a hears the later write");
-  const std::uint64_t gets = a.stats().fleet.gets;
-  const std::uint64_t hits = a.stats().local.hits;
-  std::atomic<int> ran{0};
-  CHECK(a.get("k", must_not_load(ran)) == "v1");
-  CHECK(a.stats().fleet.gets == gets);  // before: gets + 1 (its store's report dropped the value)
-  CHECK(a.stats().local.hits == hits + 1);
-  CHECK(ran.load() == 0);
+  check_local_hit(a, "k", "v1");  // before: one more Redis read (its store's report dropped it)
 }
 
 TEST_CASE(
@@ -233,9 +232,7 @@ TEST_CASE(
   auto raw = server.client();
   CHECK(raw->command({"SET", value_name(prefix, "other"), "x"}).str == "OK");
   sftest::must([&] { return a.stats().invalidations_heard > heard; }, "a hears the later write");
-  const std::uint64_t gets2 = a.stats().fleet.gets;
-  CHECK(a.get("k2", must_not_load(ran)) == "v2");
-  CHECK(a.stats().fleet.gets == gets2);
+  check_local_hit(a, "k2", "v2");
 }
 
 TEST_CASE(
@@ -263,9 +260,7 @@ TEST_CASE(
   std::uint64_t gets = b.stats().fleet.gets;
   CHECK(b.get("k1", must_not_load(ran)) == "v1");
   CHECK(b.stats().fleet.gets == gets);  // before voided_reads: gets + 1 (read again)
-  gets = b.stats().fleet.gets;
-  CHECK(b.get("k1", must_not_load(ran)) == "v1");  // and now a local hit
-  CHECK(b.stats().fleet.gets == gets);
+  check_local_hit(b, "k1", "v1");       // and now a local hit
 
   // A write reported after b's read: the value b's flight read must not come back.
   CHECK(follow(a, b, point::subscribed, "k2", apply_report("k2")) == "v1");
