@@ -6,6 +6,10 @@
 #   group.cpp  one call of group<std::string, int>::do_     baseline naive_group.cpp
 #   cache.cpp  one call of cache<std::string, int>::get     baseline naive_cache.cpp
 #   cache_loaders.cpp  eight gets, eight loader types       baseline naive_cache.cpp
+#   cache_extern.cpp   cache.cpp with SINGLEFLIGHT_EXTERN_CACHE(std::string, int)
+#                                                           baseline naive_cache.cpp
+# and cache_instantiate.cpp, the one TU that SINGLEFLIGHT_INSTANTIATE_CACHE(std::string, int)
+# adds to a program for cache_extern.cpp's type (a fixed cost per program, not per TU).
 # Columns: wall-clock seconds, CPU seconds (user + sys: what a parallel build pays; less
 # disturbed than wall time by other work on the machine), peak RSS (from /usr/bin/time, when
 # it is installed), and each program's ratio to its baseline (of the CPU seconds).
@@ -93,7 +97,8 @@ for cxx in "${compilers[@]}"; do
     echo "$cxx: not found, skipped"
     continue
   fi
-  for pair in "group naive_group" "cache naive_cache" "cache_loaders naive_cache"; do
+  for pair in "group naive_group" "cache naive_cache" "cache_loaders naive_cache" \
+    "cache_extern naive_cache"; do
     read -r prog naive <<<"$pair"
     read -r nw nc nr <<<"$(measure "$cxx" "$src/$naive.cpp")"
     read -r pw pc pr <<<"$(measure "$cxx" "$src/$prog.cpp")"
@@ -101,6 +106,8 @@ for cxx in "${compilers[@]}"; do
     printf '%-10s %-18s %8s %8s %8s %8s\n' "$cxx" "$naive.cpp" "$nw" "$nc" "$nr" "1.00x"
     printf '%-10s %-18s %8s %8s %8s %8s\n' "$cxx" "$prog.cpp" "$pw" "$pc" "$pr" "$ratio"
   done
+  read -r iw ic ir <<<"$(measure "$cxx" "$src/cache_instantiate.cpp")"
+  printf '%-10s %-18s %8s %8s %8s %8s\n' "$cxx" "cache_instantiate" "$iw" "$ic" "$ir" "once"
 done
 
 sep=-DSINGLEFLIGHT_SEPARATE_COMPILATION
@@ -109,7 +116,7 @@ echo "compiled mode ($sep), the two modes alternately, medians of $runs; functio
 printf '%-10s %-18s %-12s %8s %8s %8s %9s\n' compiler program mode wall_s cpu_s rss_MB functions
 for cxx in "${compilers[@]}"; do
   command -v "$cxx" >/dev/null || continue
-  for prog in group cache; do
+  for prog in group cache cache_extern; do
     rm -f "$tmp"/h.* "$tmp"/s.*
     for ((i = 0; i < runs; i++)); do
       once h "$cxx" "$src/$prog.cpp"
@@ -125,4 +132,7 @@ for cxx in "${compilers[@]}"; do
   read -r lw lc lr <<<"$(measure "$cxx" "$root/src/singleflight.cpp" "$sep")"
   printf '%-10s %-18s %-12s %8s %8s %8s %9s\n' "$cxx" "src/singleflight" "once/build" "$lw" "$lc" \
     "$lr" "$(functions "$root/src/singleflight.cpp" "$sep")"
+  read -r iw ic ir <<<"$(measure "$cxx" "$src/cache_instantiate.cpp" "$sep")"
+  printf '%-10s %-18s %-12s %8s %8s %8s %9s\n' "$cxx" "cache_instantiate" "once/build" "$iw" "$ic" \
+    "$ir" "$(functions "$src/cache_instantiate.cpp" "$sep")"
 done

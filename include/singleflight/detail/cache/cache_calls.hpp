@@ -29,7 +29,12 @@
 //     flight.executor, an asynchronous load, a refresh) keeps it type-erased (with_erased), so
 //     the group's paths for it are instantiated once per cache type, not once per loader
 //     type (two bodies: owned_fn for a synchronous loader on flight.executor, hand_off for
-//     the rest); only the inline leader's body (load_owner::caller) is one type per loader.
+//     the rest); a synchronous loader reaches everything past the hit path borrowed as a
+//     loader_ref (slow_ref, fresh_ref), so the inline leader's body is one type per cache
+//     type too, and the slow path one function per cache type, defined out of line with the
+//     constructors, the destructor and close(): SINGLEFLIGHT_EXTERN_CACHE (cache.hpp) then
+//     compiles it in one TU of the program. Per loader type: loader_ref's two thunks, and
+//     get_slow's path for an asynchronous loader.
 // The facade (cache.hpp) holds one and forwards to it.
 //
 // Locking: none of its own. The group's and the core's locks are taken inside their calls;
@@ -71,11 +76,13 @@
 #include "../unwind.hpp"
 #include "../worker_threads.hpp"
 #include "cache_core.hpp"
+#include "loader_ref.hpp"
 #include "refresh_runs.hpp"
 
 namespace singleflight::detail {
 
-template <class Key, class T, class Hash, class KeyEqual, class Clock>
+template <class Key, class T, class Hash = default_hash, class KeyEqual = std::equal_to<>,
+          class Clock = std::chrono::steady_clock>
 class cache_calls {
  public:
   using core = cache_core<Key, T, KeyEqual, Clock>;
@@ -86,23 +93,17 @@ class cache_calls {
   using bound_t = std::optional<wait_bound>;
 
   // Throws std::invalid_argument for invalid options, and what group's constructor throws.
-  explicit cache_calls(const cache_options& opts)
-      // Counted by counted_ptr (the core derives from counted_box), not std::shared_ptr:
-      // no control block to instantiate for each cache type.
-      : core_(new core(opts)),
-        owned_(opts.loads == load_owner::cache),
-        soft_timeout_(opts.soft_timeout),
-        group_has_executor_(static_cast<bool>(opts.flight.executor)),
-        group_(group_options(opts)),
-        threads_(detail::worker_threads::default_idle_for, opts.max_threads) {}
+  // (The constructors, the destructor, close() and the slow path's entries are defined
+  // below the class, out of line: an extern template declaration of a cache_calls type,
+  // SINGLEFLIGHT_EXTERN_CACHE, then keeps a TU from instantiating them and everything only
+  // they reach.)
+  explicit cache_calls(const cache_options& opts);
   // With a cache-wide loader (shared_loader::of), used by the facade's get(key) family and
   // by every refresh.
-  cache_calls(const cache_options& opts, shared_loader<Key, T> wide) : cache_calls(opts) {
-    wide_ = std::move(wide);
-  }
+  cache_calls(const cache_options& opts, shared_loader<Key, T> wide);
   cache_calls(const cache_calls&) = delete;
   cache_calls& operator=(const cache_calls&) = delete;
-  ~cache_calls() { close(); }
+  ~cache_calls();
 
   // The cache-wide loader. Throws std::logic_error when the cache was built without one.
   const shared_loader<Key, T>& wide_loader() const {
@@ -154,8 +155,7 @@ class cache_calls {
     bool fired = false;
     std::optional<T> hit;  // not a kept<T>: 3 instructions fewer a hit, and cached<T> has one
     if (try_fresh(key, mixed, now, fired, hit)) return std::move(*hit);
-    cached<T> e =
-        get_slow(key, std::forward<L>(loader), std::move(caller), bound, mixed, now, fired);
+    cached<T> e = slow(key, std::forward<L>(loader), std::move(caller), bound, mixed, now, fired);
     if (!e.value) throw not_found_error();
     return std::move(*e.value);
   }
@@ -170,19 +170,20 @@ class cache_calls {
     }
     if (closed_.load(std::memory_order_relaxed)) throw closed_error();
     const std::uint64_t mixed = hash_of(key);
-    core* c = core_.get();
     if (fresh) {
-      auto& sc = c->table.stripe(c->table.gate().my_stripe());
-      sc.add(sc.misses);
-      const typename core::fresh_waiter announced(c, key, mixed);
-      return load_blocking(key, mixed, std::forward<L>(loader), nullptr, std::move(caller), bound,
-                           true, 0);
+      if constexpr (borrows<L>) {
+        return as_key(key, [&](const Key& k) {
+          return fresh_ref(k, loader_ref<Key, T>(loader), std::move(caller), bound, mixed);
+        });
+      } else {
+        return load_fresh(key, std::forward<L>(loader), std::move(caller), bound, mixed);
+      }
     }
     const time_point now = Clock::now();
     bool fired = false;
     kept<cached<T>> hit;
     if (try_fresh(key, mixed, now, fired, hit)) return std::move(*hit);
-    return get_slow(key, std::forward<L>(loader), std::move(caller), bound, mixed, now, fired);
+    return slow(key, std::forward<L>(loader), std::move(caller), bound, mixed, now, fired);
   }
 
   // ---- the callback path -----------------------------------------------------------------
@@ -385,16 +386,7 @@ class cache_calls {
 
   // close(): see cache::close. On one of the cache's own threads (a loader or callback run
   // there) it stops and rejects without waiting; the destructor waits.
-  void close() {
-    closed_.store(true, std::memory_order_relaxed);
-    if (threads_.on_own_thread()) {
-      (void)group_.close_for(std::chrono::nanoseconds::zero());
-      threads_.close();
-      return;
-    }
-    group_.close();
-    threads_.close();
-  }
+  void close();
 
  private:
   using node_t = typename core::node_t;
@@ -472,6 +464,58 @@ class cache_calls {
   static outcome<T> value_of(cached<T>&& e) {
     if (!e.value) return outcome<T>(std::make_exception_ptr(not_found_error()));
     return outcome<T>(std::in_place, std::move(*e.value));
+  }
+
+  // borrows<L>: a loader of type L reaches the slow path as a loader_ref (every synchronous
+  // one: the cache-wide loader in its synchronous form too); an asynchronous one always runs
+  // as a shared_loader, through get_slow / load_fresh for its type.
+  template <class L>
+  static constexpr bool borrows = !loader_traits<std::remove_cvref_t<L>, Key, T>::is_async;
+
+  // as_key(key, f): f(k), k the key as a Key (converted once when the call probed with
+  // another type: a flight and the loader take a Key anyway).
+  template <class P, class F>
+  static decltype(auto) as_key(const P& key, F&& f) {
+    if constexpr (std::same_as<P, Key>) {
+      return std::forward<F>(f)(key);
+    } else {
+      const Key k(key);
+      return std::forward<F>(f)(k);
+    }
+  }
+
+  // slow(key, loader, ...): a call the hit path did not answer: get_slow, for a synchronous
+  // loader through slow_ref (one function per cache type, whatever the loader).
+  template <class P, class L>
+  cached<T> slow(const P& key, L&& loader, stop_token caller, const bound_t& bound,
+                 std::uint64_t mixed, time_point now, bool fired) {
+    if constexpr (borrows<L>) {
+      return as_key(key, [&](const Key& k) {
+        return slow_ref(k, loader_ref<Key, T>(loader), std::move(caller), bound, mixed, now, fired);
+      });
+    } else {
+      return get_slow(key, std::forward<L>(loader), std::move(caller), bound, mixed, now, fired);
+    }
+  }
+
+  // slow_ref / fresh_ref: get's and get_entry's slow path and get_fresh's load for a
+  // borrowed loader; defined out of line, below the class.
+  cached<T> slow_ref(const Key& key, loader_ref<Key, T> loader, stop_token caller,
+                     const bound_t& bound, std::uint64_t mixed, time_point now, bool fired);
+  cached<T> fresh_ref(const Key& key, loader_ref<Key, T> loader, stop_token caller,
+                      const bound_t& bound, std::uint64_t mixed);
+
+  // load_fresh(key, loader, ...): get_fresh's load: counted as a miss, announced to the
+  // writers (fresh_waiter), never answered from the cache.
+  template <class P, class L>
+  cached<T> load_fresh(const P& key, L&& loader, stop_token caller, const bound_t& bound,
+                       std::uint64_t mixed) {
+    core* c = core_.get();
+    auto& sc = c->table.stripe(c->table.gate().my_stripe());
+    sc.add(sc.misses);
+    const typename core::fresh_waiter announced(c, key, mixed);
+    return load_blocking(key, mixed, std::forward<L>(loader), nullptr, std::move(caller), bound,
+                         true, 0);
   }
 
   template <class P, class L>
@@ -743,6 +787,9 @@ class cache_calls {
     using Ld = std::remove_cvref_t<L>;
     if constexpr (is_shared_loader<Ld, Key, T>) {
       return std::forward<F>(f)(std::as_const(loader));
+    } else if constexpr (std::same_as<Ld, loader_ref<Key, T>>) {
+      const shared_loader<Key, T> erased = loader.share();
+      return std::forward<F>(f)(erased);
     } else if constexpr (std::same_as<Ld, typename shared_loader<Key, T>::async_form>) {
       const shared_loader<Key, T> erased = loader.loader();
       return std::forward<F>(f)(erased);
@@ -806,5 +853,56 @@ class cache_calls {
   refresh_runs<Key, KeyEqual> runs_;  // the loads and refreshes on threads_ now
   detail::worker_threads threads_;    // declared after group_: destroyed (joined) first
 };
+
+template <class Key, class T, class Hash, class KeyEqual, class Clock>
+cache_calls<Key, T, Hash, KeyEqual, Clock>::cache_calls(const cache_options& opts)
+    // Counted by counted_ptr (the core derives from counted_box), not std::shared_ptr:
+    // no control block to instantiate for each cache type.
+    : core_(new core(opts)),
+      owned_(opts.loads == load_owner::cache),
+      soft_timeout_(opts.soft_timeout),
+      group_has_executor_(static_cast<bool>(opts.flight.executor)),
+      group_(group_options(opts)),
+      threads_(detail::worker_threads::default_idle_for, opts.max_threads) {}
+
+template <class Key, class T, class Hash, class KeyEqual, class Clock>
+cache_calls<Key, T, Hash, KeyEqual, Clock>::cache_calls(const cache_options& opts,
+                                                        shared_loader<Key, T> wide)
+    : cache_calls(opts) {
+  wide_ = std::move(wide);
+}
+
+template <class Key, class T, class Hash, class KeyEqual, class Clock>
+cache_calls<Key, T, Hash, KeyEqual, Clock>::~cache_calls() {
+  close();
+}
+
+template <class Key, class T, class Hash, class KeyEqual, class Clock>
+void cache_calls<Key, T, Hash, KeyEqual, Clock>::close() {
+  closed_.store(true, std::memory_order_relaxed);
+  if (threads_.on_own_thread()) {
+    (void)group_.close_for(std::chrono::nanoseconds::zero());
+    threads_.close();
+    return;
+  }
+  group_.close();
+  threads_.close();
+}
+
+template <class Key, class T, class Hash, class KeyEqual, class Clock>
+cached<T> cache_calls<Key, T, Hash, KeyEqual, Clock>::slow_ref(
+    const Key& key, loader_ref<Key, T> loader, stop_token caller, const bound_t& bound,
+    std::uint64_t mixed, time_point now, bool fired) {
+  return get_slow(key, loader, std::move(caller), bound, mixed, now, fired);
+}
+
+template <class Key, class T, class Hash, class KeyEqual, class Clock>
+cached<T> cache_calls<Key, T, Hash, KeyEqual, Clock>::fresh_ref(const Key& key,
+                                                                loader_ref<Key, T> loader,
+                                                                stop_token caller,
+                                                                const bound_t& bound,
+                                                                std::uint64_t mixed) {
+  return load_fresh(key, loader, std::move(caller), bound, mixed);
+}
 
 }  // namespace singleflight::detail

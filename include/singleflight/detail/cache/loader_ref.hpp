@@ -1,0 +1,81 @@
+// singleflight/detail/cache/loader_ref.hpp -- internal; do not include directly.
+//
+// loader_ref<Key, T>: a caller's synchronous loader, borrowed (not copied) for one call of
+// the cache's slow path, so that the slow path (the lookup's answer, the load as a flight of
+// the cache's group, a refresh) is one function per cache type rather than one per loader
+// type: each loader type adds only the two small functions below (call it, copy it), and a
+// program can compile that path once for all its translation units
+// (SINGLEFLIGHT_EXTERN_CACHE, cache.hpp).
+//   * operator()(key, st): the loader called in its shape (detail/fn_shapes.hpp), its result
+//     as a load_result<T>: loader_traits sees a synchronous loader taking the key and a token
+//     that returns load_result<T>, as it sees shared_loader's synchronous form;
+//   * share(): a shared_loader holding a copy of the loader, for a flight body or a refresh
+//     that outlives the call (what cache_calls::with_erased made of the loader itself); the
+//     cache-wide loader is shared as it is, without a second box.
+// An asynchronous loader is never borrowed this way: it always runs as a shared_loader.
+//
+// Locking: none. Valid only while the loader it refers to lives (the call's frame); user code
+// (the loader, its copy) runs in the caller's call, under no lock of the cache.
+#pragma once
+
+#include <concepts>
+#include <memory>
+#include <type_traits>
+
+#include "../../cache_options.hpp"
+#include "../../stop_token.hpp"
+#include "cache_loader.hpp"
+
+namespace singleflight::detail {
+
+template <class Key, class T>
+class loader_ref {
+ public:
+  // Refers to `loader` (synchronous, a shape loader_traits accepts for a cache of T keyed by
+  // Key, or the cache-wide loader in its synchronous form) for as long as it lives.
+  template <class Ld>
+  requires(!std::same_as<std::remove_cv_t<Ld>, loader_ref> &&
+           !loader_traits<std::remove_cv_t<Ld>, Key,
+                          T>::is_async) explicit loader_ref(Ld& loader) noexcept
+      : obj_(const_cast<void*>(static_cast<const void*>(std::addressof(loader)))),
+        call_(&call<Ld>),
+        share_(&share<Ld>) {}
+
+  load_result<T> operator()(const Key& k, stop_token st) const {
+    return call_(obj_, k, std::move(st));
+  }
+
+  // A shared_loader with a copy of the loader. Throws what that copy (or its allocation)
+  // throws.
+  shared_loader<Key, T> share() const { return share_(obj_); }
+
+ private:
+  using call_fn = load_result<T> (*)(void*, const Key&, stop_token);
+  using share_fn = shared_loader<Key, T> (*)(void*);
+
+  template <class Ld>
+  static load_result<T> call(void* obj, const Key& k, stop_token st) {
+    Ld& l = *static_cast<Ld*>(obj);
+    if constexpr (loader_traits<Ld, Key, T>::returns_result) {
+      return call_loader<T>(l, k, st);
+    } else {
+      return load_result<T>::value(T(call_loader<T>(l, k, st)));
+    }
+  }
+
+  template <class Ld>
+  static shared_loader<Key, T> share(void* obj) {
+    Ld& l = *static_cast<Ld*>(obj);
+    if constexpr (is_shared_loader<Ld, Key, T>) {
+      return l;  // the cache-wide loader: one more reference to its box
+    } else {
+      return shared_loader<Key, T>::of(std::as_const(l));
+    }
+  }
+
+  void* obj_;
+  call_fn call_;
+  share_fn share_;
+};
+
+}  // namespace singleflight::detail

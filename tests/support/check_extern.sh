@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# tests/support/check_extern.sh OBJECT...: the check of SINGLEFLIGHT_EXTERN_CACHE on
+# test_cache_extern's objects (ctest cache_extern.object). In test_cache_extern.cpp's object
+# the slow path of its extern cache types (cache_calls<...>::slow_ref, ::close, the
+# constructors) must be undefined references, resolved by support/cache_extern_types.cpp's
+# object, which defines them. Fails with what it found otherwise.
+set -euo pipefail
+user="" inst=""
+for o in "$@"; do
+  case "$o" in
+    *test_cache_extern.cpp.o) user=$o ;;
+    *cache_extern_types.cpp.o) inst=$o ;;
+  esac
+done
+if [ -z "$user" ] || [ -z "$inst" ]; then
+  echo "check_extern.sh: test_cache_extern.cpp.o and cache_extern_types.cpp.o expected among: $*" >&2
+  exit 1
+fi
+fail=0
+for fn in '::slow_ref(' '::close()' '::cache_calls(singleflight::cache_options const&)'; do
+  u=$(nm -C "$user" | grep -F "cache_calls<" | grep -F "$fn" || true)
+  if ! grep -q ' U ' <<<"$u" || grep -q ' [TtWw] ' <<<"$u"; then
+    echo "test_cache_extern.cpp.o: cache_calls<...>$fn should be an undefined reference only:" >&2
+    echo "${u:-(absent)}" >&2
+    fail=1
+  fi
+  d=$(nm -C "$inst" | grep -F "cache_calls<" | grep -F "$fn" | grep ' [TtWw] ' || true)
+  if [ -z "$d" ]; then
+    echo "cache_extern_types.cpp.o: cache_calls<...>$fn not defined" >&2
+    fail=1
+  fi
+done
+[ "$fail" = 0 ] && echo "test_cache_extern.cpp.o compiles no slow path of its extern cache types"
+exit "$fail"
