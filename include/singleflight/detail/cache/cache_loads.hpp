@@ -47,6 +47,7 @@
 #include "cache_clock.hpp"
 #include "cache_loader.hpp"
 #include "cache_writes.hpp"
+#include "loader_ref.hpp"
 #include "running_loads.hpp"
 
 namespace singleflight::detail {
@@ -429,7 +430,9 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
     bool found = true;
     std::optional<std::chrono::nanoseconds> ttl_override;
     try {
-      if constexpr (traits::returns_result) {
+      if constexpr (std::same_as<std::remove_cv_t<L>, loader_ref<Key, T>>) {
+        box = loader.load(key, st, found, ttl_override);  // boxed by the loader's own thunk
+      } else if constexpr (traits::returns_result) {
         load_result<T> res = call_loader<T>(loader, key, st);
         found = res.loaded.has_value();
         ttl_override = res.ttl;

@@ -9,6 +9,8 @@
 //   * operator()(key, st): the loader called in its shape (detail/fn_shapes.hpp), its result
 //     as a load_result<T>: loader_traits sees a synchronous loader taking the key and a token
 //     that returns load_result<T>, as it sees shared_loader's synchronous form;
+//   * load(key, st, found, ttl): the same call, its value boxed straight into a value_ref<T>
+//     (cache_loads::run_sync's path for a borrowed loader: no load_result<T> in between);
 //   * share(): a shared_loader holding a copy of the loader, for a flight body or a refresh
 //     that outlives the call (what cache_calls::with_erased made of the loader itself); the
 //     cache-wide loader is shared as it is, without a second box.
@@ -20,11 +22,14 @@
 
 #include <concepts>
 #include <memory>
+#include <optional>
 #include <type_traits>
 
 #include "../../cache_options.hpp"
 #include "../../stop_token.hpp"
+#include "../chrono.hpp"
 #include "cache_loader.hpp"
+#include "value_box.hpp"
 
 namespace singleflight::detail {
 
@@ -39,10 +44,18 @@ class loader_ref {
                           T>::is_async) explicit loader_ref(Ld& loader) noexcept
       : obj_(const_cast<void*>(static_cast<const void*>(std::addressof(loader)))),
         call_(&call<Ld>),
+        load_(&load<Ld>),
         share_(&share<Ld>) {}
 
   load_result<T> operator()(const Key& k, stop_token st) const {
     return call_(obj_, k, std::move(st));
+  }
+
+  // The loader's value boxed (null and found = false: not found), and the ttl its
+  // load_result asked for. Throws what the loader throws.
+  value_ref<T> load(const Key& k, const stop_token& st, bool& found,
+                    std::optional<std::chrono::nanoseconds>& ttl) const {
+    return load_(obj_, k, st, found, ttl);
   }
 
   // A shared_loader with a copy of the loader. Throws what that copy (or its allocation)
@@ -51,6 +64,8 @@ class loader_ref {
 
  private:
   using call_fn = load_result<T> (*)(void*, const Key&, stop_token);
+  using load_fn = value_ref<T> (*)(void*, const Key&, const stop_token&, bool&,
+                                   std::optional<std::chrono::nanoseconds>&);
   using share_fn = shared_loader<Key, T> (*)(void*);
 
   template <class Ld>
@@ -60,6 +75,21 @@ class loader_ref {
       return call_loader<T>(l, k, st);
     } else {
       return load_result<T>::value(T(call_loader<T>(l, k, st)));
+    }
+  }
+
+  template <class Ld>
+  static value_ref<T> load(void* obj, const Key& k, const stop_token& st, bool& found,
+                           std::optional<std::chrono::nanoseconds>& ttl) {
+    Ld& l = *static_cast<Ld*>(obj);
+    if constexpr (loader_traits<Ld, Key, T>::returns_result) {
+      load_result<T> res = call_loader<T>(l, k, st);
+      found = res.loaded.has_value();
+      ttl = res.ttl;
+      return found ? value_ref<T>::make(std::move(*res.loaded)) : value_ref<T>();
+    } else {
+      found = true;
+      return value_ref<T>::make(call_loader<T>(l, k, st));
     }
   }
 
@@ -75,6 +105,7 @@ class loader_ref {
 
   void* obj_;
   call_fn call_;
+  load_fn load_;
   share_fn share_;
 };
 
