@@ -11,7 +11,6 @@
 // Locking: one std::mutex per pool guards its queue; tasks run without it.
 #pragma once
 
-#include <algorithm>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -21,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "detail/algorithm.hpp"
 #include "errors.hpp"
 #include "executor.hpp"
 #include "task.hpp"

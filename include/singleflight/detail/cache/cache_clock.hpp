@@ -10,11 +10,14 @@
 // Owns no state and takes no lock.
 #pragma once
 
-#include <cmath>
 #include <cstdint>
 #include <ratio>
 
 #include "../chrono.hpp"
+
+#if defined(SINGLEFLIGHT_STANDARD_HEADERS) || !(defined(__GNUC__) || defined(__clang__))
+#include <cmath>
+#endif
 
 namespace singleflight::detail {
 
@@ -59,6 +62,19 @@ constexpr TP sat_sub(TP tp, typename TP::duration d) noexcept {
   if (d <= D::zero()) return tp;
   if (tp.time_since_epoch() < D::min() + d) return TP::min();
   return tp - d;
+}
+
+// ln(x): std::log(x), XFetch's ln(u) and the only thing the cache takes from <cmath>. With GCC
+// and clang it is __builtin_log, the same libm call, so that including the cache does not parse
+// <cmath> (libstdc++ 12's brings the special functions in C++17 and later: docs/performance.md
+// "Compile time"); elsewhere, or with SINGLEFLIGHT_STANDARD_HEADERS defined (for every
+// translation unit), std::log from <cmath>.
+inline double ln(double x) noexcept {
+#if defined(SINGLEFLIGHT_STANDARD_HEADERS) || !(defined(__GNUC__) || defined(__clang__))
+  return std::log(x);
+#else
+  return __builtin_log(x);
+#endif
 }
 
 // splitmix64's output function: a strong 64-bit mixer. Also used to spread
@@ -111,7 +127,7 @@ bool xfetch_fires(D left, D delta, double beta, Draw&& draw) noexcept(noexcept(d
   const auto l = static_cast<long double>(left.count());
   if (l > scale * 36.8L) return false;
   const double u = unit_open_closed(draw());
-  return l <= scale * static_cast<long double>(-std::log(u));
+  return l <= scale * static_cast<long double>(-ln(u));
 }
 
 }  // namespace singleflight::detail

@@ -25,10 +25,10 @@
 #pragma once
 
 #include <atomic>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -137,7 +137,9 @@ class cache_lookup {
     if (!(o.jitter >= 0.0 && o.jitter < 1.0)) {
       throw std::invalid_argument("singleflight::cache: cache_options::jitter must be in [0, 1)");
     }
-    if (!(o.early_refresh_beta >= 0.0 && std::isfinite(o.early_refresh_beta))) {
+    // Finite and >= 0: NaN and -inf fail the first test, +inf the second.
+    if (!(o.early_refresh_beta >= 0.0 &&
+          o.early_refresh_beta <= std::numeric_limits<double>::max())) {
       throw std::invalid_argument(
           "singleflight::cache: cache_options::early_refresh_beta must be finite and >= 0");
     }

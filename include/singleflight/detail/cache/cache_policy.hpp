@@ -78,12 +78,12 @@
 // the policy slightly less informed).
 #pragma once
 
-#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 
+#include "../algorithm.hpp"
 #include "../config.hpp"
 
 namespace singleflight::detail {

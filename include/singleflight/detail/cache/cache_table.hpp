@@ -28,7 +28,6 @@
 // (node_pool.hpp).
 #pragma once
 
-#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -40,6 +39,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "../algorithm.hpp"
 #include "cache_clock.hpp"
 #include "cache_policy.hpp"
 #include "node_pool.hpp"
@@ -574,7 +574,7 @@ class cache_table {
     }
 #endif
     const std::size_t hw = std::max(1U, std::thread::hardware_concurrency());
-    std::size_t n = std::clamp<std::size_t>(4 * hw, 8, 256);
+    std::size_t n = std::min<std::size_t>(std::max<std::size_t>(4 * hw, 8), 256);
     if (max_entries != 0) n = std::min(n, std::max<std::size_t>(1, max_entries / min_share));
     return n;
   }
@@ -582,8 +582,8 @@ class cache_table {
   // the same time rarely share one even as threads come and go (a thread
   // keeps the stripe of its ordinal for life).
   static std::size_t stripe_count() noexcept {
-    const std::size_t want =
-        std::clamp<std::size_t>(4 * std::size_t{std::thread::hardware_concurrency()}, 8, 64);
+    const std::size_t want = std::min<std::size_t>(
+        std::max<std::size_t>(4 * std::size_t{std::thread::hardware_concurrency()}, 8), 64);
     std::size_t s = 1;
     while (s < want) s <<= 1U;
     return s;

@@ -33,10 +33,11 @@
 // would hold much for little gain.
 #pragma once
 
-#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <new>
+
+#include "../algorithm.hpp"
 
 namespace singleflight::detail {
 

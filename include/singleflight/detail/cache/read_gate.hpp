@@ -37,7 +37,6 @@
 // never runs inside one, except KeyEqual, which must not re-enter the cache).
 #pragma once
 
-#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>

@@ -6,13 +6,13 @@
 // compiled mode (detail/config.hpp), which also instantiates the two ghost tables there.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <new>
 
+#include "../../algorithm.hpp"
 #include "../cache_policy.hpp"
 
 namespace singleflight::detail {
@@ -91,7 +91,7 @@ SINGLEFLIGHT_DECL void frequency_sketch::halve() noexcept {
 
 template <bool Stamped>
 SINGLEFLIGHT_DECL void ghost_table<Stamped>::configure(std::size_t keys) noexcept {
-  keys_ = std::clamp<std::size_t>(keys, 1, (std::size_t{1} << 31U) - 1);
+  keys_ = std::min<std::size_t>(std::max<std::size_t>(keys, 1), (std::size_t{1} << 31U) - 1);
 }
 
 template <bool Stamped>
