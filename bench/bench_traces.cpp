@@ -3,6 +3,7 @@
 // bench/traces.sh (docs/cache.md, "Eviction, measured", holds one run's table).
 //
 //   bench_traces [--traces DIR] [--shards N] [--only NAME] [--no-r06] [--windows]
+//   bench_traces --self-test
 //
 // For each trace of ../shared/traces (formats and licences in its README; read from DIR,
 // $SINGLEFLIGHT_TRACES, or ../shared/traces next to the repository, decompressed at run time) at
@@ -14,11 +15,18 @@
 //   1 shard   the same cache with one shard: the unsharded policy
 //   LRU       plain LRU
 //   W-TinyLFU the TinyLFU paper's static W-TinyLFU (reference.hpp), for scale
+//   ARC       ARC (reference.hpp, arc_replay), exact lists
+//   LIRS      LIRS (reference.hpp, lirs_replay), 1 % HIR share
 //   OPT       Belady's MIN, the limit
 // then the mean gap of the cache to OPT, and the cells where the cache trails LRU or the
-// unsharded policy. Then (unless --no-r06) the S3-FIFO choices the library made, measured with
-// the reference model of reference.hpp: promotion after 1 or 2 hits in small, ghost of 1.0x or
-// 0.9x the capacity, on the same cells and on a scan case.
+// unsharded policy; then the cells where the cache, and LIRS, miss the goal "at least the best
+// of S3-FIFO (the four settings of the r06 table) and ARC, minus 0.5 points" (with --no-r06,
+// against ARC alone) and those where LIRS trails LRU. Then (unless --no-r06) the S3-FIFO
+// choices the library made, measured with the reference model of reference.hpp: promotion
+// after 1 or 2 hits in small, ghost of 1.0x or 0.9x the capacity, on the same cells and on a
+// scan case (with ARC and LIRS).
+// --self-test replays small hand-made traces whose hits are known through the ARC and LIRS
+// models (and random ones, against OPT and the capacity) and exits non-zero on a mismatch.
 // --windows prints instead how W-TinyLFU's window size decides its hit ratio on the same cells:
 // fixed windows, Caffeine's hill climber and a ghost-feedback rule (reference.hpp,
 // w_tinylfu_sized_hits), each with the window's final share of the capacity.
@@ -138,6 +146,135 @@ int window_study(const Cells& cells) {
   return 0;
 }
 
+// --self-test: the ARC and LIRS models on traces whose answers are known by hand.
+int self_test() {
+  int failed = 0;
+  const auto check = [&failed](const char* what, double got, double want) {
+    const bool ok = got == want;
+    std::printf("%s %-60s got %g, want %g\n", ok ? "ok  " : "FAIL", what, got, want);
+    if (!ok) ++failed;
+  };
+  const auto count = [](const std::vector<bool>& h) {
+    return static_cast<double>(std::count(h.begin(), h.end(), true));
+  };
+  const auto keys = [](const char* s) {
+    std::vector<std::uint32_t> t;
+    for (; *s != '\0'; ++s) {
+      if (*s != ' ') t.push_back(static_cast<std::uint32_t>(*s));
+    }
+    return t;
+  };
+  // A set smaller than the cache, read 50 times: every access but the first of each key hits.
+  std::vector<std::uint32_t> small;
+  for (int r = 0; r < 50; ++r) {
+    for (std::uint32_t k = 0; k < 8; ++k) small.push_back(k);
+  }
+  check("small set, ARC c=10", count(sftrace::arc_replay(small, 10)), 50 * 8 - 8);
+  check("small set, LIRS c=10", count(sftrace::lirs_replay(small, 10)), 50 * 8 - 8);
+  check("small set, LRU c=10", static_cast<double>(sftrace::lru_hits(small, 10)), 50 * 8 - 8);
+  // ARC, traced by hand with c = 2 through Fig. 4's cases (I: a b c a a; II at the 7th and
+  // 10th access, from B1; III at the 8th and 13th, from B2; IV-A at c, a; IV-B at b, d):
+  // 3 hits, and at the end p = 0, T1 = {}, T2 = {b, a}, B1 = {d}, B2 = {c}.
+  {
+    sftrace::policy_probe pr;
+    const auto h = sftrace::arc_replay(keys("a b c a a b c a c b d b a"), 2, &pr);
+    check("ARC hand trace c=2: hits", count(h), 3);
+    check("ARC hand trace c=2: p", pr.p, 0);
+    check("ARC hand trace c=2: |T1|", static_cast<double>(pr.t1), 0);
+    check("ARC hand trace c=2: |T2|", static_cast<double>(pr.t2), 2);
+    check("ARC hand trace c=2: |B1|", static_cast<double>(pr.b1), 1);
+    check("ARC hand trace c=2: |B2|", static_cast<double>(pr.b2), 1);
+  }
+  // ARC, c = 3 (T lists LRU first): a, d read twice (T2 = a d); e, b, c miss, T1's LRU
+  // entries going to B1 (B1 = e b, T1 = c); e from B1 raises p by 1 (|B1| >= |B2|) to 1 and
+  // sends a to B2; f sends d to B2 (|T1| = 1 is not above p); b from B1, with |B2| = 2 against
+  // |B1| = 1, raises p by 2 to 3 and sends e to B2: 2 hits, p = 3, T1 = c f, T2 = b, B1 = {},
+  // B2 = a d e.
+  {
+    sftrace::policy_probe pr;
+    const auto h = sftrace::arc_replay(keys("a d a d e b c e f b"), 3, &pr);
+    check("ARC hand trace c=3: hits", count(h), 2);
+    check("ARC hand trace c=3: p (a step of |B2| / |B1|)", pr.p, 3);
+    check("ARC hand trace c=3: |T1|", static_cast<double>(pr.t1), 2);
+    check("ARC hand trace c=3: |B2|", static_cast<double>(pr.b2), 3);
+  }
+  // Scan resistance: 5 hot keys read twice (in T2), a scan of 100 keys read once (T1 only, p
+  // stays 0), then the hot keys again: ARC keeps all 5, LRU none.
+  {
+    std::vector<std::uint32_t> t;
+    for (int r = 0; r < 2; ++r) {
+      for (std::uint32_t k = 0; k < 5; ++k) t.push_back(k);
+    }
+    for (std::uint32_t k = 100; k < 200; ++k) t.push_back(k);
+    for (std::uint32_t k = 0; k < 5; ++k) t.push_back(k);
+    const auto h = sftrace::arc_replay(t, 10);
+    check("hot set over a scan, ARC c=10: last 5 hits",
+          static_cast<double>(std::count(h.end() - 5, h.end(), true)), 5);
+    check("hot set over a scan, ARC c=10: hits", count(h), 10);
+    check("hot set over a scan, LRU c=10", static_cast<double>(sftrace::lru_hits(t, 10)), 5);
+  }
+  // A loop of 110 keys, 20 rounds, in a cache of 100: LRU never hits; LIRS keeps its 99 LIR
+  // keys (the first 99 keys of the first round) and hits them in every later round.
+  {
+    std::vector<std::uint32_t> t;
+    for (int r = 0; r < 20; ++r) {
+      for (std::uint32_t k = 0; k < 110; ++k) t.push_back(k);
+    }
+    check("loop 1.1x, LRU c=100", static_cast<double>(sftrace::lru_hits(t, 100)), 0);
+    check("loop 1.1x, LIRS c=100", count(sftrace::lirs_replay(t, 100)), 19 * 99);
+    // LIRS with a 10 % HIR share: 90 LIR keys hit in every later round.
+    check("loop 1.1x, LIRS c=100, HIR 10 %", count(sftrace::lirs_replay(t, 100, 0.10)), 19 * 90);
+  }
+  // LIRS, traced by hand with c = 3 (L_lirs = 2, L_hirs = 1; S top first): a, b become LIR,
+  // c resident HIR (S = c b a, Q = c); a hits (S = a c b); d evicts c, which stays in S as
+  // non-resident, and enters as HIR (S = d a c b, Q = d); c, a miss on a key still in S,
+  // evicts d (non-resident) and becomes LIR, demoting S's bottom LIR key b to Q (S = c d a,
+  // Q = b); b hits in Q and, not in S, stays HIR (S = b c d a); a hits, and pruning drops d
+  // (S = a b c). 3 hits.
+  {
+    const auto h = sftrace::lirs_replay(keys("a b c a d c b a"), 3);
+    check("LIRS hand trace c=3: hits", count(h), 3);
+    check("LIRS hand trace c=3: c returns a miss", h[5] ? 1 : 0, 0);
+    check("LIRS hand trace c=3: b hits from Q", h[6] ? 1 : 0, 1);
+  }
+  // LIRS, c = 3: a, b LIR, c resident HIR; c hits while in S, so it becomes LIR and S's
+  // bottom LIR key a goes to Q (S = c b); d evicts a, which S no longer holds, so it is
+  // forgotten; a misses. 1 hit.
+  {
+    const auto h = sftrace::lirs_replay(keys("a b c c d a"), 3);
+    check("LIRS hand trace c=3, a HIR hit in S: hits", count(h), 1);
+    check("LIRS hand trace c=3, a HIR hit in S: a misses", h[5] ? 1 : 0, 0);
+  }
+  // Random traces: neither model beats OPT, holds more than the capacity, or tracks more
+  // than 2x the capacity keys.
+  std::uint64_t seed = 42;
+  for (int n = 0; n < 20; ++n) {
+    std::vector<std::uint32_t> t;
+    const std::uint32_t span = 20 + 37 * static_cast<std::uint32_t>(n);
+    for (int i = 0; i < 20000; ++i) {
+      seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+      const auto r = static_cast<std::uint32_t>(seed >> 33U);
+      t.push_back(r % 4 == 0 ? r % span : r % (span / 5 + 1));  // a skewed mix
+    }
+    const std::size_t c = 5 + 7 * static_cast<std::size_t>(n);
+    const double opt = static_cast<double>(sftrace::optimal_hits(t, sftrace::next_use(t), c));
+    sftrace::policy_probe a;
+    sftrace::policy_probe l;
+    const double arc = count(sftrace::arc_replay(t, c, &a));
+    const double lirs = count(sftrace::lirs_replay(t, c, 0.01, 1.0, &l));
+    if (arc > opt || lirs > opt || a.peak_resident > c || l.peak_resident > c ||
+        a.peak_tracked > 2 * c || l.peak_tracked > 2 * c) {
+      std::printf(
+          "FAIL random trace %d (c=%zu): OPT %g, ARC %g (%zu resident, %zu tracked), "
+          "LIRS %g (%zu, %zu)\n",
+          n, c, opt, arc, a.peak_resident, a.peak_tracked, lirs, l.peak_resident, l.peak_tracked);
+      ++failed;
+    }
+  }
+  std::printf("random traces: %s\n%d failed\n", failed == 0 ? "ok" : "see above", failed);
+  return failed == 0 ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
   const char* dir_arg = nullptr;
   const char* only = nullptr;
@@ -156,9 +293,12 @@ int main(int argc, char** argv) {
       r06 = false;
     } else if (a == "--windows") {
       windows = true;
+    } else if (a == "--self-test") {
+      return self_test();
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--traces DIR] [--shards N] [--only NAME] [--no-r06] [--windows]\n",
+                   "usage: %s [--traces DIR] [--shards N] [--only NAME] [--no-r06] [--windows] | "
+                   "--self-test\n",
                    argv[0]);
       return 2;
     }
@@ -182,35 +322,88 @@ int main(int argc, char** argv) {
   if (windows) return window_study(cells);
   std::printf("shards: %s\n\n", shards == 0 ? "the default for this machine" : "--shards");
   std::printf(
-      "| trace | capacity | shards | cache | 1 shard | LRU | W-TinyLFU | OPT | cache - OPT |\n");
-  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+      "| trace | capacity | shards | cache | 1 shard | LRU | W-TinyLFU | ARC | LIRS | OPT | "
+      "cache - OPT |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   double gap_sum = 0;
   int below_lru = 0;
   double worst_shard_loss = 0;
   std::string worst_shard_cell;
+  // Per cell: the cache, LRU, ARC, LIRS and (with r06) the four S3-FIFO settings.
+  struct row {
+    double mine, lru, arc, lirs;
+    double s3[4];
+  };
+  std::vector<row> rows;
   for (const cell& c : cells) {
     const auto& t = *c.keys;
     std::size_t used = 0;
-    const double mine = cache_ratio(t, c.capacity, shards, &used);
+    row r{};
+    r.mine = cache_ratio(t, c.capacity, shards, &used);
     const double one = cache_ratio(t, c.capacity, 1);
-    const double lru = pct(sftrace::lru_hits(t, c.capacity), t);
+    r.lru = pct(sftrace::lru_hits(t, c.capacity), t);
     const double wt = pct(sftrace::w_tinylfu_hits(t, c.capacity), t);
+    r.arc = pct(sftrace::arc_hits(t, c.capacity), t);
+    r.lirs = pct(sftrace::lirs_hits(t, c.capacity), t);
     const double opt = pct(sftrace::optimal_hits(t, sftrace::next_use(t), c.capacity), t);
-    gap_sum += opt - mine;
-    if (mine < lru) ++below_lru;
-    if (one - mine > worst_shard_loss) {
-      worst_shard_loss = one - mine;
+    gap_sum += opt - r.mine;
+    if (r.mine < r.lru) ++below_lru;
+    if (one - r.mine > worst_shard_loss) {
+      worst_shard_loss = one - r.mine;
       worst_shard_cell = c.trace + " @ " + std::to_string(c.capacity);
     }
-    std::printf("| %s | %zu | %zu | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", c.trace.c_str(),
-                c.capacity, used, mine, one, lru, wt, opt, mine - opt);
+    std::printf("| %s | %zu | %zu | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+                c.trace.c_str(), c.capacity, used, r.mine, one, r.lru, wt, r.arc, r.lirs, opt,
+                r.mine - opt);
     std::fflush(stdout);
+    if (r06) {
+      const int promote[4] = {1, 1, 2, 2};
+      const double ghost[4] = {1.0, 0.9, 1.0, 0.9};
+      for (int i = 0; i < 4; ++i) {
+        r.s3[i] = pct(sftrace::s3fifo_hits(t, c.capacity, promote[i], ghost[i]), t);
+      }
+    }
+    rows.push_back(r);
   }
   std::printf(
       "\nmean gap of the cache to OPT: %.2f points over %zu cells; cells below LRU: %d; "
       "largest loss to the unsharded policy: %.2f points (%s)\n",
       gap_sum / static_cast<double>(cells.size()), cells.size(), below_lru, worst_shard_loss,
       worst_shard_cell.empty() ? "none" : worst_shard_cell.c_str());
+  // The goal against S3-FIFO and ARC: at least max(best S3-FIFO, ARC) - 0.5 in every cell;
+  // and LRU's, for LIRS.
+  const auto goal = [&](const row& r) {
+    double best = r.arc;
+    if (r06) best = std::max({best, r.s3[0], r.s3[1], r.s3[2], r.s3[3]});
+    return best;
+  };
+  const auto misses = [&](const char* who, double row::*v, bool against_lru) {
+    int n = 0;
+    std::string named;
+    for (std::size_t i = 0; i < cells.size(); ++i) {
+      const row& r = rows[i];
+      const double bar = against_lru ? r.lru : goal(r) - 0.5;
+      if (r.*v >= bar) continue;
+      ++n;
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "%s%s@%zu %.2f vs %.2f (%+.3f)", named.empty() ? "" : ", ",
+                    cells[i].trace.c_str(), cells[i].capacity, r.*v, against_lru ? r.lru : goal(r),
+                    r.*v - bar);
+      named += buf;
+    }
+    std::printf("%s %s: %d%s%s\n", who,
+                against_lru ? "below LRU"
+                : r06       ? "below max(best S3-FIFO of the r06 table, ARC) - 0.5"
+                            : "below ARC - 0.5 (--no-r06: S3-FIFO not measured)",
+                n, n == 0 ? "" : ": ", named.c_str());
+  };
+  std::printf(
+      "\ncells, each with its figure, the reference the bar is taken from, and the margin to the "
+      "bar:\n");
+  misses("cache", &row::mine, false);
+  misses("LIRS", &row::lirs, false);
+  misses("LIRS", &row::lirs, true);
+  misses("ARC", &row::arc, true);
 
   if (!r06) return 0;
   std::printf(
@@ -220,15 +413,11 @@ int main(int argc, char** argv) {
       "| trace | capacity | 1 hit, ghost 1.0x | 1 hit, 0.9x | 2 hits, 1.0x | 2 hits, 0.9x |\n");
   std::printf("|---|---:|---:|---:|---:|---:|\n");
   double sums[4] = {};
-  for (const cell& c : cells) {
-    const auto& t = *c.keys;
-    const double v[4] = {pct(sftrace::s3fifo_hits(t, c.capacity, 1, 1.0), t),
-                         pct(sftrace::s3fifo_hits(t, c.capacity, 1, 0.9), t),
-                         pct(sftrace::s3fifo_hits(t, c.capacity, 2, 1.0), t),
-                         pct(sftrace::s3fifo_hits(t, c.capacity, 2, 0.9), t)};
-    for (int i = 0; i < 4; ++i) sums[i] += v[i];
-    std::printf("| %s | %zu | %.2f | %.2f | %.2f | %.2f |\n", c.trace.c_str(), c.capacity, v[0],
-                v[1], v[2], v[3]);
+  for (std::size_t i = 0; i < cells.size(); ++i) {
+    const double* v = rows[i].s3;
+    for (int j = 0; j < 4; ++j) sums[j] += v[j];
+    std::printf("| %s | %zu | %.2f | %.2f | %.2f | %.2f |\n", cells[i].trace.c_str(),
+                cells[i].capacity, v[0], v[1], v[2], v[3]);
   }
   const auto n = static_cast<double>(cells.size());
   std::printf("| mean | | %.2f | %.2f | %.2f | %.2f |\n", sums[0] / n, sums[1] / n, sums[2] / n,
@@ -248,9 +437,13 @@ int main(int argc, char** argv) {
   std::printf(
       "\nscan case (64 entries, one shard; 40 hot keys in turn, then 40 scanned keys "
       "each read twice, 100 rounds): hot-key miss ratio after round one, %%\n\n");
-  std::printf("| reference, 1 hit | reference, 2 hits | cache |\n|---:|---:|---:|\n");
+  std::printf(
+      "| reference, 1 hit | reference, 2 hits | ARC | LIRS | cache "
+      "|\n|---:|---:|---:|---:|---:|\n");
   const std::vector<bool> one_hit = sftrace::s3fifo_replay(scan, 64, 1, 1.0);
   const std::vector<bool> two_hits = sftrace::s3fifo_replay(scan, 64, 2, 0.9);
+  const std::vector<bool> arc = sftrace::arc_replay(scan, 64);
+  const std::vector<bool> lirs = sftrace::lirs_replay(scan, 64);
   std::vector<bool> lib(scan.size(), false);
   {
     sf::detail::cache_shards_for_tests.store(1, std::memory_order_relaxed);
@@ -269,8 +462,11 @@ int main(int argc, char** argv) {
       lib[i] = !loaded;
     }
   }
-  std::printf("| %.1f | %.1f | %.1f |\n", hot_miss([&](std::size_t i) { return one_hit[i]; }),
+  std::printf("| %.1f | %.1f | %.1f | %.1f | %.1f |\n",
+              hot_miss([&](std::size_t i) { return one_hit[i]; }),
               hot_miss([&](std::size_t i) { return two_hits[i]; }),
+              hot_miss([&](std::size_t i) { return arc[i]; }),
+              hot_miss([&](std::size_t i) { return lirs[i]; }),
               hot_miss([&](std::size_t i) { return lib[i]; }));
   return 0;
 }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # bench/traces.sh: build bench_traces and bench_memory (Release, the `bench` preset, which sets
 # -DSINGLEFLIGHT_BUILD_BENCHMARKS=ON) and run them: the cache's hit ratios on the real traces of
-# ../shared/traces against LRU, W-TinyLFU and Belady's OPT, then what an entry costs at 1M
-# entries (docs/performance.md, "Eviction, measured", holds one run's figures).
+# ../shared/traces against LRU, W-TinyLFU, ARC, LIRS and Belady's OPT, then what an entry costs
+# at 1M entries (docs/performance.md, "Eviction, measured", holds one run's figures).
 #
 #   bench/traces.sh                          # every trace, then bench_memory (a few minutes)
 #   bench/traces.sh --only gli --no-r06      # arguments go to bench_traces (see its header)

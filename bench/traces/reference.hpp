@@ -5,6 +5,9 @@
 //   optimal_hits  Belady's MIN: on a miss with the cache full, evict the entry whose next use is
 //                 farthest in the future (or never), the new key included; no online policy can do
 //                 better.
+//   s3fifo_hits   S3-FIFO in the settings the library chose between (below)
+//   arc_hits      ARC, exact lists (below)
+//   lirs_hits     LIRS, 1 % HIR share (below)
 // Single-threaded; no part of the library.
 #pragma once
 
@@ -15,6 +18,7 @@
 #include <limits>
 #include <list>
 #include <queue>
+#include <set>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -457,6 +461,273 @@ inline std::uint64_t w_tinylfu_sized_hits(const std::vector<std::uint32_t>& t, s
   }
   if (final_window != nullptr) *final_window = wcap / cap;
   return hits;
+}
+
+}  // namespace sftrace
+
+namespace sftrace {
+
+// What arc_replay and lirs_replay leave behind, for bench_traces --self-test: the most entries
+// resident at once, and the policy's state at the end.
+struct policy_probe {
+  std::size_t peak_resident = 0;
+  std::size_t peak_tracked = 0;  // resident + remembered (ARC's ghosts, LIRS's non-resident)
+  double p = 0;                  // ARC: the target size of T1
+  std::size_t t1 = 0, t2 = 0, b1 = 0, b2 = 0;
+};
+
+// arc_replay: ARC (Megiddo and Modha, "ARC: A Self-Tuning, Low Overhead Replacement Cache",
+// FAST 2003, Fig. 4), exact and unsharded. T1 holds the keys read once since they entered, T2
+// those read again, each in LRU order; B1 and B2 remember the keys T1 and T2 evicted
+// (|T1| + |B1| <= c, |T1| + |T2| + |B1| + |B2| <= 2c). p, the target size of T1, is a real
+// number as in the paper: a miss on a key of B1 raises it by max(1, |B2| / |B1|), one of B2
+// lowers it by max(1, |B1| / |B2|); REPLACE evicts T1's LRU entry into B1 when |T1| > p (or
+// |T1| == p and the key came from B2), else T2's LRU entry into B2. No knobs: ARC sizes itself.
+// Returns, for each access, whether it hit.
+inline std::vector<bool> arc_replay(const std::vector<std::uint32_t>& t, std::size_t capacity,
+                                    policy_probe* probe = nullptr) {
+  using list = std::list<std::uint32_t>;  // front = MRU
+  enum which : std::uint8_t { t1, t2, b1, b2 };
+  struct where {
+    which in;
+    list::iterator it;
+  };
+  list l[4];
+  std::unordered_map<std::uint32_t, where> at;
+  at.reserve(capacity * 4);
+  const double c = static_cast<double>(capacity);
+  double p = 0;
+  const auto move_to = [&](where& w, which to) {  // to the MRU end of `to`
+    l[to].splice(l[to].begin(), l[w.in], w.it);
+    w.in = to;
+  };
+  const auto replace = [&](bool in_b2) {
+    const double n1 = static_cast<double>(l[t1].size());
+    if (!l[t1].empty() && (n1 > p || (in_b2 && n1 == p))) {
+      move_to(at[l[t1].back()], b1);
+    } else {
+      move_to(at[l[t2].back()], b2);
+    }
+  };
+  const auto drop_lru = [&](which from) {
+    at.erase(l[from].back());
+    l[from].pop_back();
+  };
+  std::vector<bool> hit(t.size(), false);
+  std::size_t peak = 0;
+  std::size_t tracked = 0;
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    const std::uint32_t x = t[i];
+    if (auto f = at.find(x); f != at.end()) {
+      where& w = f->second;
+      const auto n1 = static_cast<double>(l[b1].size());
+      const auto n2 = static_cast<double>(l[b2].size());
+      if (w.in == t1 || w.in == t2) {  // Case I
+        hit[i] = true;
+        move_to(w, t2);
+        continue;
+      }
+      if (w.in == b1) {  // Case II
+        p = std::min(p + (n1 >= n2 ? 1.0 : n2 / n1), c);
+        replace(false);
+      } else {  // Case III
+        p = std::max(p - (n2 >= n1 ? 1.0 : n1 / n2), 0.0);
+        replace(true);
+      }
+      move_to(w, t2);
+    } else {  // Case IV
+      const std::size_t l1 = l[t1].size() + l[b1].size();
+      const std::size_t all = l1 + l[t2].size() + l[b2].size();
+      if (l1 == capacity) {
+        if (l[t1].size() < capacity) {
+          drop_lru(b1);
+          replace(false);
+        } else {
+          drop_lru(t1);
+        }
+      } else if (all >= capacity) {
+        if (all == 2 * capacity) drop_lru(b2);
+        replace(false);
+      }
+      l[t1].push_front(x);
+      at[x] = where{t1, l[t1].begin()};
+    }
+    peak = std::max(peak, l[t1].size() + l[t2].size());
+    tracked = std::max(tracked, at.size());
+  }
+  if (probe != nullptr) {
+    *probe = policy_probe{peak, tracked, p, l[t1].size(), l[t2].size(), l[b1].size(), l[b2].size()};
+  }
+  return hit;
+}
+
+inline std::uint64_t arc_hits(const std::vector<std::uint32_t>& t, std::size_t capacity) {
+  const std::vector<bool> h = arc_replay(t, capacity);
+  return static_cast<std::uint64_t>(std::count(h.begin(), h.end(), true));
+}
+
+// lirs_replay: LIRS (Jiang and Zhang, "LIRS: An Efficient Low Inter-reference Recency Set
+// Replacement Policy to Improve Buffer Cache Performance", SIGMETRICS 2002), exact and
+// unsharded. The resident keys are LIR (a low inter-reference recency: read twice within the
+// recency of the other LIR keys) or resident HIR; L_hirs = 1 % of the capacity (at least 1)
+// is the HIR share, the rest LIR. The stack S holds, in recency order, the LIR keys, and the
+// HIR keys (resident or not) read since S's bottom LIR key was; pruning keeps a LIR key at its
+// bottom. The queue Q holds the resident HIR keys, FIFO; a miss with the cache full evicts
+// Q's front (it stays in S as non-resident if it is there). A hit on a HIR key in S, or a
+// miss on a non-resident one, makes it LIR and demotes S's bottom LIR key to Q's end; a HIR
+// key not in S re-enters S and Q's end and stays HIR. Until the LIR keys fill their share,
+// every new key becomes LIR.
+// Knobs: `hir_share` (0.01) and `nonresident` (1.0): at most nonresident x capacity
+// non-resident keys are kept in S (the paper leaves S unbounded); beyond it the oldest one is
+// dropped, so that at most 2x the capacity keys are tracked in all.
+// Returns, for each access, whether it hit.
+inline std::vector<bool> lirs_replay(const std::vector<std::uint32_t>& t, std::size_t capacity,
+                                     double hir_share = 0.01, double nonresident = 1.0,
+                                     policy_probe* probe = nullptr) {
+  using list = std::list<std::uint32_t>;
+  enum state : std::uint8_t { lir, hir, gone };  // gone: non-resident HIR (in S)
+  struct entry {
+    state s = hir;
+    bool in_s = false;
+    bool in_q = false;
+    list::iterator s_it;      // S: front = top (most recent)
+    list::iterator q_it;      // Q: front = next to evict
+    std::uint64_t stamp = 0;  // the access that put it at its place in S
+  };
+  const std::size_t cap = std::max<std::size_t>(2, capacity);
+  const std::size_t l_hirs = std::clamp<std::size_t>(
+      static_cast<std::size_t>(hir_share * static_cast<double>(cap)), 1, cap - 1);
+  const std::size_t l_lirs = cap - l_hirs;
+  const auto nr_cap = static_cast<std::size_t>(nonresident * static_cast<double>(cap));
+  list s, q;
+  std::unordered_map<std::uint32_t, entry> at;
+  at.reserve(cap * 4);
+  std::set<std::pair<std::uint64_t, std::uint32_t>> nonres;  // by their place in S
+  std::size_t lirs = 0;
+  std::size_t resident = 0;
+  const auto to_top = [&](std::uint32_t k, entry& e, std::uint64_t now) {
+    if (e.in_s) {
+      s.splice(s.begin(), s, e.s_it);
+    } else {
+      s.push_front(k);
+      e.s_it = s.begin();
+      e.in_s = true;
+    }
+    e.stamp = now;
+  };
+  const auto to_q_end = [&](std::uint32_t k, entry& e) {
+    if (e.in_q) {
+      q.splice(q.end(), q, e.q_it);
+    } else {
+      q.push_back(k);
+      e.q_it = std::prev(q.end());
+      e.in_q = true;
+    }
+  };
+  const auto prune = [&] {  // S's bottom must be a LIR key
+    while (!s.empty()) {
+      const std::uint32_t k = s.back();
+      entry& e = at[k];
+      if (e.s == lir) return;
+      s.pop_back();
+      e.in_s = false;
+      if (e.s == gone) {
+        nonres.erase({e.stamp, k});
+        at.erase(k);
+      }
+    }
+  };
+  const auto demote_bottom = [&] {  // S's bottom LIR key becomes resident HIR, at Q's end
+    const std::uint32_t k = s.back();
+    entry& e = at[k];
+    s.pop_back();
+    e.in_s = false;
+    e.s = hir;
+    to_q_end(k, e);
+    prune();
+  };
+  std::vector<bool> hit(t.size(), false);
+  std::size_t peak = 0;
+  std::size_t tracked = 0;
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    const std::uint32_t x = t[i];
+    const std::uint64_t now = i + 1;
+    auto f = at.find(x);
+    if (f != at.end() && f->second.s == lir) {
+      hit[i] = true;
+      to_top(x, f->second, now);
+      prune();
+      continue;
+    }
+    if (f != at.end() && f->second.s == hir) {
+      hit[i] = true;
+      entry& e = f->second;
+      if (e.in_s) {
+        e.s = lir;
+        q.erase(e.q_it);
+        e.in_q = false;
+        to_top(x, e, now);
+        demote_bottom();
+      } else {
+        to_top(x, e, now);
+        to_q_end(x, e);
+      }
+      continue;
+    }
+    // A miss: a new key, or a non-resident one still in S.
+    if (lirs < l_lirs) {
+      entry& e = f != at.end() ? f->second : at[x];
+      if (e.s == gone) nonres.erase({e.stamp, x});
+      e.s = lir;
+      ++lirs;
+      ++resident;
+      to_top(x, e, now);
+    } else {
+      if (resident >= cap) {
+        const std::uint32_t v = q.front();
+        q.pop_front();
+        entry& ve = at[v];
+        ve.in_q = false;
+        if (ve.in_s) {
+          ve.s = gone;
+          nonres.insert({ve.stamp, v});
+        } else {
+          at.erase(v);
+        }
+        --resident;
+      }
+      entry& e = at[x];  // references survive a rehash
+      ++resident;
+      if (e.s == gone) {
+        nonres.erase({e.stamp, x});
+        e.s = lir;
+        to_top(x, e, now);
+        demote_bottom();
+      } else {
+        e.s = hir;
+        to_top(x, e, now);
+        to_q_end(x, e);
+      }
+      while (nonres.size() > nr_cap) {  // forget the oldest non-resident key
+        const std::uint32_t k = nonres.begin()->second;
+        nonres.erase(nonres.begin());
+        s.erase(at[k].s_it);
+        at.erase(k);
+      }
+    }
+    peak = std::max(peak, resident);
+    tracked = std::max(tracked, at.size());
+  }
+  if (probe != nullptr) {
+    probe->peak_resident = peak;
+    probe->peak_tracked = tracked;
+  }
+  return hit;
+}
+
+inline std::uint64_t lirs_hits(const std::vector<std::uint32_t>& t, std::size_t capacity) {
+  const std::vector<bool> h = lirs_replay(t, capacity);
+  return static_cast<std::uint64_t>(std::count(h.begin(), h.end(), true));
 }
 
 }  // namespace sftrace
