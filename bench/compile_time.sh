@@ -8,6 +8,10 @@
 #   cache_loaders.cpp  eight gets, eight loader types       baseline naive_cache.cpp
 #   cache_extern.cpp   cache.cpp with SINGLEFLIGHT_EXTERN_CACHE(std::string, int)
 #                                                           baseline naive_cache.cpp
+#   cache_async.cpp    one call of cache<std::string, int>::async_get
+#                                                           baseline naive_cache.cpp
+#   cache_async_extern.cpp  cache_async.cpp with SINGLEFLIGHT_EXTERN_CACHE(std::string, int)
+#                                                           baseline naive_cache.cpp
 # and cache_instantiate.cpp, the one TU that SINGLEFLIGHT_INSTANTIATE_CACHE(std::string, int)
 # adds to a program for cache_extern.cpp's type (a fixed cost per program, not per TU).
 # Columns: wall-clock seconds, CPU seconds (user + sys: what a parallel build pays; less
@@ -98,7 +102,7 @@ for cxx in "${compilers[@]}"; do
     continue
   fi
   for pair in "group naive_group" "cache naive_cache" "cache_loaders naive_cache" \
-    "cache_extern naive_cache"; do
+    "cache_extern naive_cache" "cache_async naive_cache" "cache_async_extern naive_cache"; do
     read -r prog naive <<<"$pair"
     read -r nw nc nr <<<"$(measure "$cxx" "$src/$naive.cpp")"
     read -r pw pc pr <<<"$(measure "$cxx" "$src/$prog.cpp")"
@@ -116,7 +120,7 @@ echo "compiled mode ($sep), the two modes alternately, medians of $runs; functio
 printf '%-10s %-18s %-12s %8s %8s %8s %9s\n' compiler program mode wall_s cpu_s rss_MB functions
 for cxx in "${compilers[@]}"; do
   command -v "$cxx" >/dev/null || continue
-  for prog in group cache cache_extern; do
+  for prog in group cache cache_extern cache_async cache_async_extern; do
     rm -f "$tmp"/h.* "$tmp"/s.*
     for ((i = 0; i < runs; i++)); do
       once h "$cxx" "$src/$prog.cpp"

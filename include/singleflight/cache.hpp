@@ -628,10 +628,14 @@ class cache {
 // Compile a cache type's slow path once for the whole program rather than in every
 // translation unit that calls it: everything a call does past the hit path (the lookup's
 // answer, the load as a flight of the cache's group, refreshes, stale-if-error, close and
-// destruction) is then compiled in the one TU that instantiates the type, and a TU calling
-// get / get_entry / get_fresh with a synchronous loader compiles only the hit path and two
-// small functions per loader type (call it, copy it). The arguments are those of
-// singleflight::cache<...>, at namespace scope, each followed by a semicolon:
+// destruction), and async_get's / co_get's / get_many's path past the key's conversion, is
+// then compiled in the one TU that instantiates the type. A TU calling get / get_entry /
+// get_fresh with a synchronous loader compiles only the hit path and small functions per
+// loader type (call it, copy it); async_get / co_get / get_many with a synchronous loader or
+// the cache-wide one, those and three per callback type (call it, move it, destroy it: the
+// callback is kept type-erased, in place when it is no larger than three pointers). The
+// arguments are those of singleflight::cache<...>, at namespace scope, each followed by a
+// semicolon:
 //
 //   // cache_types.hpp, included wherever the cache is used:
 //   #include <singleflight/cache.hpp>
@@ -640,9 +644,8 @@ class cache {
 //   #include "cache_types.hpp"
 //   SINGLEFLIGHT_INSTANTIATE_CACHE(std::string, profile);
 //
-// What stays a template of each call (compiled where it is called): the hit path,
-// async_get / co_get / get_many (their callbacks are types of their own) and a call with an
-// asynchronous loader. Both modes (header-only or SINGLEFLIGHT_SEPARATE_COMPILATION) accept
+// What stays a template of each call (compiled where it is called): the hit path and a call
+// with an asynchronous loader of its own. Both modes (header-only or SINGLEFLIGHT_SEPARATE_COMPILATION) accept
 // it; docs/performance.md ("Compile time") has what it saves.
 #define SINGLEFLIGHT_EXTERN_CACHE(...) \
   extern template class ::singleflight::detail::cache_calls<__VA_ARGS__>

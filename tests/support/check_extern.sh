@@ -2,7 +2,9 @@
 # tests/support/check_extern.sh OBJECT...: the check of SINGLEFLIGHT_EXTERN_CACHE on
 # test_cache_extern's objects (ctest cache_extern.object). In test_cache_extern.cpp's object
 # the slow path of its extern cache types (cache_calls<...>::slow_ref, ::close, the
-# constructors) must be undefined references, resolved by support/cache_extern_types.cpp's
+# constructors) and their callback path (::async_ref, async_get's and co_get's; ::many_ref,
+# get_many's; ::async_shared / ::many_shared, the same with the cache-wide loader) must be
+# undefined references, resolved by support/cache_extern_types.cpp's
 # object, which defines them. Fails with what it found otherwise.
 set -euo pipefail
 user="" inst=""
@@ -17,7 +19,8 @@ if [ -z "$user" ] || [ -z "$inst" ]; then
   exit 1
 fi
 fail=0
-for fn in '::slow_ref(' '::close()' '::cache_calls(singleflight::cache_options const&)'; do
+for fn in '::slow_ref(' '::close()' '::cache_calls(singleflight::cache_options const&)' \
+  '::async_ref(' '::async_shared(' '::many_ref(' '::many_shared('; do
   u=$(nm -C "$user" | grep -F "cache_calls<" | grep -F "$fn" || true)
   if ! grep -q ' U ' <<<"$u" || grep -q ' [TtWw] ' <<<"$u"; then
     echo "test_cache_extern.cpp.o: cache_calls<...>$fn should be an undefined reference only:" >&2
@@ -30,5 +33,5 @@ for fn in '::slow_ref(' '::close()' '::cache_calls(singleflight::cache_options c
     fail=1
   fi
 done
-[ "$fail" = 0 ] && echo "test_cache_extern.cpp.o compiles no slow path of its extern cache types"
+[ "$fail" = 0 ] && echo "test_cache_extern.cpp.o compiles no slow path or callback path of its extern cache types"
 exit "$fail"

@@ -9,8 +9,8 @@
 //     load as a flight of the cache's group (load_blocking), with stale-if-error; the
 //     caller's wait_bound, when given, bounds its wait on the group;
 //   * the callback path: the same lookup and answer, then the load through group::async_do
-//     (get_async); co_get's awaiter on top of it; get_many: one async caller per key, all
-//     started before one wait for their outcomes;
+//     (get_async, async_path); co_get's awaiter on top of it; get_many: one async caller per
+//     key, all started before one wait for their outcomes (many_of);
 //   * the cache-wide loader (shared_loader) is synchronous or asynchronous; each entry point
 //     dispatches on its form once, so an asynchronous one takes the asynchronous path
 //     everywhere (loads, refreshes) and holds no thread while pending;
@@ -33,8 +33,12 @@
 //     loader_ref (slow_ref, fresh_ref), so the inline leader's body is one type per cache
 //     type too, and the slow path one function per cache type, defined out of line with the
 //     constructors, the destructor and close(): SINGLEFLIGHT_EXTERN_CACHE (cache.hpp) then
-//     compiles it in one TU of the program. Per loader type: loader_ref's two thunks, and
-//     get_slow's path for an asynchronous loader.
+//     compiles it in one TU of the program. The callback path likewise: a synchronous loader
+//     borrowed and the callback type-erased (outcome_callback), async_path is one function
+//     per cache type (async_ref; async_shared for the cache-wide loader, whichever its form),
+//     and so is get_many (many_ref, many_shared), all defined out of line. Per loader type:
+//     loader_ref's thunks; per callback type: outcome_callback's three (call, move,
+//     destroy); per asynchronous loader passed to a call: get_slow's and async_path's paths.
 // The facade (cache.hpp) holds one and forwards to it.
 //
 // Locking: none of its own. The group's and the core's locks are taken inside their calls;
@@ -77,6 +81,7 @@
 #include "../worker_threads.hpp"
 #include "cache_core.hpp"
 #include "loader_ref.hpp"
+#include "outcome_callback.hpp"
 #include "refresh_runs.hpp"
 
 namespace singleflight::detail {
@@ -189,87 +194,24 @@ class cache_calls {
   // ---- the callback path -----------------------------------------------------------------
 
   // get_async(key, loader, cb, caller, bound): answers from the cache (cb runs here) or starts
-  // / joins a load whose outcome reaches cb (timeout_error once `bound` passes).
+  // / joins a load whose outcome reaches cb (timeout_error once `bound` passes). A synchronous
+  // loader and the callback reach the callback path borrowed and type-erased (loader_ref,
+  // outcome_callback): async_ref, one function per cache type, the key as a Key (converted
+  // once when the call probed with another type). An asynchronous loader takes async_path for
+  // its own types.
   template <class P, class L, class Cb>
   void get_async(const P& key, L&& loader, Cb cb, stop_token caller, const bound_t& bound) {
     if constexpr (is_shared_loader<L, Key, T>) {
-      if (loader.is_async()) {
-        get_async(key, loader.async(), std::move(cb), std::move(caller), bound);
-        return;
-      }
-    }
-    if (closed_.load(std::memory_order_relaxed)) {
-      deliver(cb, outcome<T>(std::make_exception_ptr(closed_error())));
-      return;
-    }
-    const std::uint64_t mixed = hash_of(key);
-    core* c = core_.get();
-    decision d = c->lookup(key, mixed, Clock::now(), false);
-    if (d.what != decision::act::load && d.what != decision::act::load_fresh) {
-      std::optional<outcome<T>> o;
-      try {
-        std::exception_ptr failed;
-        cached<T> a = answered(key, mixed, loader, d, failed);
-        o.emplace(failed ? outcome<T>(failed) : value_of(std::move(a)));
-      } catch (...) {
-        o.emplace(std::current_exception());
-      }
-      deliver(cb, std::move(*o));
-      return;
-    }
-    node_t* pinned = d.pinned;
-    try {
-      using traits = detail::loader_traits<std::decay_t<L>, Key, T>;
-      const bool off = !traits::is_async && hands_off();
-      const waits w = waits_of(c, pinned, bound, false, true);
-      auto on_done = [owner = core_, pinned, w,
-                      cb = std::move(cb)](outcome<loaded_t> o) mutable noexcept {
-        std::optional<outcome<T>> out;
-        {
-          const typename core::pin held(owner.get(), pinned);
-          try {
-            if (o.has_value()) {
-              const loaded_t& r = o.value();
-              if (r.value) {
-                out.emplace(std::in_place, *r.value);  // this caller's copy
-              } else {
-                out.emplace(std::make_exception_ptr(not_found_error()));
-              }
-            } else if (cached<T> e; w.left(o.error(), owner.get(), pinned, e) ||
-                                    owner->serve_on_error(pinned, o.error(), e)) {
-              // left() without a value: the caller's own bound passed (its timeout_error
-              // is the answer); serve_on_error always gives one.
-              if (e.value) {
-                out.emplace(std::in_place, std::move(*e.value));
-              } else {
-                out.emplace(o.error());
-              }
-            } else {
-              out.emplace(o.error());
-            }
-          } catch (...) {
-            out.emplace(std::current_exception());
-          }
-        }
-        deliver(cb, std::move(*out));
-      };
-      // group has no asynchronous do_fresh: on act::load_fresh (a load that started before an
-      // invalidation is still running) an async caller may join that load (docs/cache.md,
-      // "Choices").
-      with_erased(std::forward<L>(loader), [&](const shared_loader<Key, T>& e) {
-        if constexpr (!traits::is_async) {
-          if (!off) {
-            async_flight(key, owned_fn(key_of(key), mixed, e, true), std::move(on_done),
-                         std::move(caller), w.wait);
-            return;
-          }
-        }
-        async_flight(key, hand_off(key_of(key), mixed, e, true), std::move(on_done),
-                     std::move(caller), w.wait);
+      as_key(key, [&](const Key& k) {
+        async_shared(k, loader, outcome_callback<T>(std::move(cb)), std::move(caller), bound);
       });
-    } catch (...) {
-      if (pinned != nullptr) c->unpin(pinned);
-      throw;
+    } else if constexpr (borrows<L>) {
+      as_key(key, [&](const Key& k) {
+        async_ref(k, loader_ref<Key, T>(loader), outcome_callback<T>(std::move(cb)),
+                  std::move(caller), bound);
+      });
+    } else {
+      async_path(key, std::forward<L>(loader), std::move(cb), std::move(caller), bound);
     }
   }
 
@@ -279,46 +221,22 @@ class cache_calls {
   // value; the same key twice joins one load). `caller` and `bound` apply to each key; a key
   // still loading when they fire gets cancelled_error / timeout_error from the group while
   // its load goes on and publishes. The wait itself ends when the last outcome arrives,
-  // which the group delivers by the bound. Throws only what allocation throws.
+  // which the group delivers by the bound. Throws only what allocation throws. A synchronous
+  // loader is borrowed (many_ref: one function per cache type).
   template <class L>
   std::vector<outcome<T>> get_many(std::span<const Key> keys, L&& loader, stop_token caller,
                                    const bound_t& bound) {
     if constexpr (is_shared_loader<L, Key, T>) {
-      if (loader.is_async()) {
-        auto a = loader.async();
-        return get_many(keys, a, std::move(caller), bound);
-      }
-    }
-    // The outcomes: slot i for keys[i], filled by its callback on any thread.
-    struct many {
-      std::mutex m;
-      std::condition_variable cv;
-      std::size_t left = 0;                        // m
-      std::vector<std::optional<outcome<T>>> out;  // m
-      void set(std::size_t i, outcome<T>&& o) {
-        std::unique_lock<std::mutex> lk(m);
-        out[i].emplace(std::move(o));
-        if (--left == 0) cv.notify_all();  // under m: the waiter may free `many` after
-      }
-    };
-    auto st = std::make_shared<many>();
-    st->out.resize(keys.size());
-    st->left = keys.size();
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      try {
+      return many_shared(keys, loader, std::move(caller), bound);
+    } else if constexpr (borrows<L>) {
+      return many_ref(keys, loader_ref<Key, T>(loader), std::move(caller), bound);
+    } else {
+      return many_of(keys, [&](std::size_t i, const std::shared_ptr<many_outcomes>& st) {
         get_async(
             keys[i], loader, [st, i](outcome<T> o) noexcept { st->set(i, std::move(o)); }, caller,
             bound);
-      } catch (...) {  // Hash, KeyEqual, a copy or allocation threw: on_done never runs
-        st->set(i, outcome<T>(std::current_exception()));
-      }
+      });
     }
-    std::vector<outcome<T>> res;
-    res.reserve(keys.size());
-    std::unique_lock<std::mutex> lk(st->m);
-    st->cv.wait(lk, [&] { return st->left == 0; });
-    for (auto& o : st->out) res.push_back(std::move(*o));
-    return res;
   }
 
   // The awaitable co_get returns: async_get on await_suspend, resumed through a resume_gate.
@@ -504,6 +422,137 @@ class cache_calls {
                      const bound_t& bound, std::uint64_t mixed, time_point now, bool fired);
   cached<T> fresh_ref(const Key& key, loader_ref<Key, T> loader, stop_token caller,
                       const bound_t& bound, std::uint64_t mixed);
+
+  // async_ref / many_ref: get_async's callback path and get_many for a borrowed loader;
+  // async_shared / many_shared: the same for the cache-wide loader, synchronous (borrowed)
+  // or asynchronous (its async form: one type per cache type too). Defined out of line,
+  // below the class; async_ref and async_shared hash the key themselves.
+  void async_ref(const Key& key, loader_ref<Key, T> loader, outcome_callback<T> cb,
+                 stop_token caller, const bound_t& bound);
+  void async_shared(const Key& key, const shared_loader<Key, T>& loader, outcome_callback<T> cb,
+                    stop_token caller, const bound_t& bound);
+  std::vector<outcome<T>> many_ref(std::span<const Key> keys, loader_ref<Key, T> loader,
+                                   stop_token caller, const bound_t& bound);
+  std::vector<outcome<T>> many_shared(std::span<const Key> keys,
+                                      const shared_loader<Key, T>& loader, stop_token caller,
+                                      const bound_t& bound);
+
+  // async_path(key, loader, cb, caller, bound): get_async past the loader's dispatch: the
+  // closed check, the lookup and its answer (delivered here), else the load through
+  // group::async_do, its outcome (stale-if-error, soft_timeout, the caller's bound) delivered
+  // where the group delivers it. Instantiated once a cache type by async_ref (a loader_ref,
+  // an outcome_callback), else once per asynchronous loader and callback type.
+  template <class P, class L, class Cb>
+  void async_path(const P& key, L&& loader, Cb cb, stop_token caller, const bound_t& bound) {
+    if (closed_.load(std::memory_order_relaxed)) {
+      deliver(cb, outcome<T>(std::make_exception_ptr(closed_error())));
+      return;
+    }
+    const std::uint64_t mixed = hash_of(key);
+    core* c = core_.get();
+    decision d = c->lookup(key, mixed, Clock::now(), false);
+    if (d.what != decision::act::load && d.what != decision::act::load_fresh) {
+      std::optional<outcome<T>> o;
+      try {
+        std::exception_ptr failed;
+        cached<T> a = answered(key, mixed, loader, d, failed);
+        o.emplace(failed ? outcome<T>(failed) : value_of(std::move(a)));
+      } catch (...) {
+        o.emplace(std::current_exception());
+      }
+      deliver(cb, std::move(*o));
+      return;
+    }
+    node_t* pinned = d.pinned;
+    try {
+      using traits = detail::loader_traits<std::decay_t<L>, Key, T>;
+      const bool off = !traits::is_async && hands_off();
+      const waits w = waits_of(c, pinned, bound, false, true);
+      auto on_done = [owner = core_, pinned, w,
+                      cb = std::move(cb)](outcome<loaded_t> o) mutable noexcept {
+        std::optional<outcome<T>> out;
+        {
+          const typename core::pin held(owner.get(), pinned);
+          try {
+            if (o.has_value()) {
+              const loaded_t& r = o.value();
+              if (r.value) {
+                out.emplace(std::in_place, *r.value);  // this caller's copy
+              } else {
+                out.emplace(std::make_exception_ptr(not_found_error()));
+              }
+            } else if (cached<T> e; w.left(o.error(), owner.get(), pinned, e) ||
+                                    owner->serve_on_error(pinned, o.error(), e)) {
+              // left() without a value: the caller's own bound passed (its timeout_error
+              // is the answer); serve_on_error always gives one.
+              if (e.value) {
+                out.emplace(std::in_place, std::move(*e.value));
+              } else {
+                out.emplace(o.error());
+              }
+            } else {
+              out.emplace(o.error());
+            }
+          } catch (...) {
+            out.emplace(std::current_exception());
+          }
+        }
+        deliver(cb, std::move(*out));
+      };
+      // group has no asynchronous do_fresh: on act::load_fresh (a load that started before an
+      // invalidation is still running) an async caller may join that load (docs/cache.md,
+      // "Choices").
+      with_erased(std::forward<L>(loader), [&](const shared_loader<Key, T>& e) {
+        if constexpr (!traits::is_async) {
+          if (!off) {
+            async_flight(key, owned_fn(key_of(key), mixed, e, true), std::move(on_done),
+                         std::move(caller), w.wait);
+            return;
+          }
+        }
+        async_flight(key, hand_off(key_of(key), mixed, e, true), std::move(on_done),
+                     std::move(caller), w.wait);
+      });
+    } catch (...) {
+      if (pinned != nullptr) c->unpin(pinned);
+      throw;
+    }
+  }
+
+  // get_many's outcomes: slot i for keys[i], filled by its callback on any thread.
+  struct many_outcomes {
+    std::mutex m;
+    std::condition_variable cv;
+    std::size_t left = 0;                        // m
+    std::vector<std::optional<outcome<T>>> out;  // m
+    void set(std::size_t i, outcome<T>&& o) {
+      std::unique_lock<std::mutex> lk(m);
+      out[i].emplace(std::move(o));
+      if (--left == 0) cv.notify_all();  // under m: the waiter may free it after
+    }
+  };
+
+  // many_of(keys, start): start(i, st) for every key (an async caller whose callback fills
+  // slot i of st), then one wait for every outcome, in the keys' order.
+  template <class Start>
+  static std::vector<outcome<T>> many_of(std::span<const Key> keys, Start&& start) {
+    auto st = std::make_shared<many_outcomes>();
+    st->out.resize(keys.size());
+    st->left = keys.size();
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      try {
+        start(i, st);
+      } catch (...) {  // Hash, KeyEqual, a copy or allocation threw: on_done never runs
+        st->set(i, outcome<T>(std::current_exception()));
+      }
+    }
+    std::vector<outcome<T>> res;
+    res.reserve(keys.size());
+    std::unique_lock<std::mutex> lk(st->m);
+    st->cv.wait(lk, [&] { return st->left == 0; });
+    for (auto& o : st->out) res.push_back(std::move(*o));
+    return res;
+  }
 
   // load_fresh(key, loader, ...): get_fresh's load: counted as a miss, announced to the
   // writers (fresh_waiter), never answered from the cache.
@@ -903,6 +952,51 @@ cached<T> cache_calls<Key, T, Hash, KeyEqual, Clock>::fresh_ref(const Key& key,
                                                                 const bound_t& bound,
                                                                 std::uint64_t mixed) {
   return load_fresh(key, loader, std::move(caller), bound, mixed);
+}
+
+template <class Key, class T, class Hash, class KeyEqual, class Clock>
+void cache_calls<Key, T, Hash, KeyEqual, Clock>::async_ref(const Key& key,
+                                                           loader_ref<Key, T> loader,
+                                                           outcome_callback<T> cb,
+                                                           stop_token caller,
+                                                           const bound_t& bound) {
+  async_path(key, loader, std::move(cb), std::move(caller), bound);
+}
+
+template <class Key, class T, class Hash, class KeyEqual, class Clock>
+void cache_calls<Key, T, Hash, KeyEqual, Clock>::async_shared(const Key& key,
+                                                              const shared_loader<Key, T>& loader,
+                                                              outcome_callback<T> cb,
+                                                              stop_token caller,
+                                                              const bound_t& bound) {
+  if (loader.is_async()) {
+    auto started = loader.async();
+    async_path(key, started, std::move(cb), std::move(caller), bound);
+  } else {
+    async_ref(key, loader_ref<Key, T>(loader), std::move(cb), std::move(caller), bound);
+  }
+}
+
+template <class Key, class T, class Hash, class KeyEqual, class Clock>
+std::vector<outcome<T>> cache_calls<Key, T, Hash, KeyEqual, Clock>::many_shared(
+    std::span<const Key> keys, const shared_loader<Key, T>& loader, stop_token caller,
+    const bound_t& bound) {
+  return many_of(keys, [&](std::size_t i, const std::shared_ptr<many_outcomes>& st) {
+    async_shared(keys[i], loader, outcome_callback<T>([st, i](outcome<T>&& o) noexcept {
+                   st->set(i, std::move(o));
+                 }),
+                 caller, bound);
+  });
+}
+
+template <class Key, class T, class Hash, class KeyEqual, class Clock>
+std::vector<outcome<T>> cache_calls<Key, T, Hash, KeyEqual, Clock>::many_ref(
+    std::span<const Key> keys, loader_ref<Key, T> loader, stop_token caller, const bound_t& bound) {
+  return many_of(keys, [&](std::size_t i, const std::shared_ptr<many_outcomes>& st) {
+    async_ref(keys[i], loader,
+              outcome_callback<T>([st, i](outcome<T>&& o) noexcept { st->set(i, std::move(o)); }),
+              caller, bound);
+  });
 }
 
 }  // namespace singleflight::detail
