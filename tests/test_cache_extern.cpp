@@ -175,9 +175,32 @@ TEST_CASE("an extern cache type with a cache-wide loader serves stale on error",
   });
   CHECK(c.get("x") == "w-x");
   fail = true;
-  manual_clock::advance(2s);                        // expired, within stale_if_error
-  CHECK(c.get("x") == "w-x");                       // the load failed: the old value
-  CHECK_THROWS_AS(c.get("y"), std::runtime_error);  // nothing to fall back on
+  manual_clock::advance(2s);                              // expired, within stale_if_error
+  CHECK(c.get("x") == "w-x");                             // the load failed: the old value
+  CHECK_THROWS_AS(c.get("y"), std::runtime_error);        // nothing to fall back on
+  CHECK_THROWS_AS(c.get_fresh("x"), std::runtime_error);  // never the cache, never stale
+  fail = false;
+  CHECK(c.get_fresh("x") == "w-x");
+}
+
+TEST_CASE("an extern cache type's asynchronous cache-wide loader serves get, get_entry, get_fresh",
+          "[cache][extern]") {
+  manual_clock::reset();
+  std::atomic<int> calls{0};
+  extern_cache c(opts(1s),
+                 [&calls](const std::string& k, sf::stop_token, sf::completion<std::string> done) {
+                   ++calls;
+                   done.set_value("a-" + k);  // completed at once, on the thread that started it
+                 });
+  CHECK(c.get("k") == "a-k");
+  CHECK(c.get("k") == "a-k");  // a hit
+  CHECK(calls.load() == 1);
+  CHECK(c.get_fresh("k") == "a-k");
+  CHECK(calls.load() == 2);
+  const sf::cached<std::string> e = c.get_entry("k");
+  REQUIRE(e.value);
+  CHECK(*e.value == "a-k");
+  CHECK(calls.load() == 2);
 }
 
 TEST_CASE("an extern cache type still takes an asynchronous loader, and close from a loader",

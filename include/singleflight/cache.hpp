@@ -644,9 +644,9 @@ class cache {
 //   #include "cache_types.hpp"
 //   SINGLEFLIGHT_INSTANTIATE_CACHE(std::string, profile);
 //
-// What stays a template of each call (compiled where it is called): the hit path, a call with
-// an asynchronous loader of its own, and get / get_entry / get_fresh with the cache-wide
-// loader (the path of its asynchronous form). Both modes (header-only or
+// What stays a template of each call (compiled where it is called): the hit path and a call
+// with an asynchronous loader of its own (the cache-wide loader, asynchronous or not, takes the
+// type's compiled paths). Both modes (header-only or
 // SINGLEFLIGHT_SEPARATE_COMPILATION) accept it; docs/performance.md ("Compile time") has what
 // it saves.
 #define SINGLEFLIGHT_EXTERN_CACHE(...) \

@@ -30,7 +30,8 @@
 //     the group's paths for it are instantiated once per cache type, not once per loader
 //     type (two bodies: owned_fn for a synchronous loader on flight.executor, hand_off for
 //     the rest); a synchronous loader reaches everything past the hit path borrowed as a
-//     loader_ref (slow_ref, fresh_ref), so the inline leader's body is one type per cache
+//     loader_ref (slow_ref, fresh_ref; slow_shared, fresh_shared for the cache-wide loader,
+//     whichever its form), so the inline leader's body is one type per cache
 //     type too, and the slow path one function per cache type, defined out of line with the
 //     constructors, the destructor and close(): SINGLEFLIGHT_EXTERN_CACHE (cache.hpp) then
 //     compiles it in one TU of the program. The callback path likewise: a synchronous loader
@@ -151,9 +152,6 @@ class cache_calls {
   // hit). A hit answers whatever the bound; only a wait on a load is bounded.
   template <class P, class L>
   T get(const P& key, L&& loader, stop_token caller, const bound_t& bound) {
-    if constexpr (is_shared_loader<L, Key, T>) {
-      if (loader.is_async()) return get(key, loader.async(), std::move(caller), bound);
-    }
     if (closed_.load(std::memory_order_relaxed)) throw closed_error();
     const std::uint64_t mixed = hash_of(key);
     const time_point now = Clock::now();
@@ -170,13 +168,14 @@ class cache_calls {
   template <class P, class L>
   cached<T> get_entry(const P& key, L&& loader, stop_token caller, const bound_t& bound,
                       bool fresh) {
-    if constexpr (is_shared_loader<L, Key, T>) {
-      if (loader.is_async()) return get_entry(key, loader.async(), std::move(caller), bound, fresh);
-    }
     if (closed_.load(std::memory_order_relaxed)) throw closed_error();
     const std::uint64_t mixed = hash_of(key);
     if (fresh) {
-      if constexpr (borrows<L>) {
+      if constexpr (is_shared_loader<L, Key, T>) {
+        return as_key(key, [&](const Key& k) {
+          return fresh_shared(k, loader, std::move(caller), bound, mixed);
+        });
+      } else if constexpr (borrows<L>) {
         return as_key(key, [&](const Key& k) {
           return fresh_ref(k, loader_ref<Key, T>(loader), std::move(caller), bound, mixed);
         });
@@ -407,7 +406,11 @@ class cache_calls {
   template <class P, class L>
   cached<T> slow(const P& key, L&& loader, stop_token caller, const bound_t& bound,
                  std::uint64_t mixed, time_point now, bool fired) {
-    if constexpr (borrows<L>) {
+    if constexpr (is_shared_loader<L, Key, T>) {
+      return as_key(key, [&](const Key& k) {
+        return slow_shared(k, loader, std::move(caller), bound, mixed, now, fired);
+      });
+    } else if constexpr (borrows<L>) {
       return as_key(key, [&](const Key& k) {
         return slow_ref(k, loader_ref<Key, T>(loader), std::move(caller), bound, mixed, now, fired);
       });
@@ -422,6 +425,12 @@ class cache_calls {
                      const bound_t& bound, std::uint64_t mixed, time_point now, bool fired);
   cached<T> fresh_ref(const Key& key, loader_ref<Key, T> loader, stop_token caller,
                       const bound_t& bound, std::uint64_t mixed);
+  // slow_shared / fresh_shared: the same for the cache-wide loader, synchronous (borrowed) or
+  // asynchronous (its async form: one type per cache type); defined out of line, below.
+  cached<T> slow_shared(const Key& key, const shared_loader<Key, T>& loader, stop_token caller,
+                        const bound_t& bound, std::uint64_t mixed, time_point now, bool fired);
+  cached<T> fresh_shared(const Key& key, const shared_loader<Key, T>& loader, stop_token caller,
+                         const bound_t& bound, std::uint64_t mixed);
 
   // async_ref / many_ref: get_async's callback path and get_many for a borrowed loader;
   // async_shared / many_shared: the same for the cache-wide loader, synchronous (borrowed)
@@ -952,6 +961,28 @@ cached<T> cache_calls<Key, T, Hash, KeyEqual, Clock>::fresh_ref(const Key& key,
                                                                 const bound_t& bound,
                                                                 std::uint64_t mixed) {
   return load_fresh(key, loader, std::move(caller), bound, mixed);
+}
+
+template <class Key, class T, class Hash, class KeyEqual, class Clock>
+cached<T> cache_calls<Key, T, Hash, KeyEqual, Clock>::slow_shared(
+    const Key& key, const shared_loader<Key, T>& loader, stop_token caller, const bound_t& bound,
+    std::uint64_t mixed, time_point now, bool fired) {
+  if (loader.is_async()) {
+    auto started = loader.async();
+    return get_slow(key, started, std::move(caller), bound, mixed, now, fired);
+  }
+  return slow_ref(key, loader_ref<Key, T>(loader), std::move(caller), bound, mixed, now, fired);
+}
+
+template <class Key, class T, class Hash, class KeyEqual, class Clock>
+cached<T> cache_calls<Key, T, Hash, KeyEqual, Clock>::fresh_shared(
+    const Key& key, const shared_loader<Key, T>& loader, stop_token caller, const bound_t& bound,
+    std::uint64_t mixed) {
+  if (loader.is_async()) {
+    auto started = loader.async();
+    return load_fresh(key, started, std::move(caller), bound, mixed);
+  }
+  return fresh_ref(key, loader_ref<Key, T>(loader), std::move(caller), bound, mixed);
 }
 
 template <class Key, class T, class Hash, class KeyEqual, class Clock>
