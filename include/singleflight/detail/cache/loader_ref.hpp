@@ -3,17 +3,17 @@
 // loader_ref<Key, T>: a caller's synchronous loader, borrowed (not copied) for one call of
 // the cache's slow path, so that the slow path (the lookup's answer, the load as a flight of
 // the cache's group, a refresh) is one function per cache type rather than one per loader
-// type: each loader type adds only the two small functions below (call it, copy it), and a
-// program can compile that path once for all its translation units
+// type: each loader type adds only the two small functions below (call it and box its value,
+// copy it), and a program can compile that path once for all its translation units
 // (SINGLEFLIGHT_EXTERN_CACHE, cache.hpp).
-//   * operator()(key, st): the loader called in its shape (detail/fn_shapes.hpp), its result
-//     as a load_result<T>: loader_traits sees a synchronous loader taking the key and a token
-//     that returns load_result<T>, as it sees shared_loader's synchronous form;
-//   * load(key, st, found, ttl): the same call, its value boxed straight into a value_ref<T>
-//     (cache_loads::run_sync's path for a borrowed loader: no load_result<T> in between);
+//   * load(key, st, found, ttl): the loader called in its shape (detail/fn_shapes.hpp), its
+//     value boxed straight into a value_ref<T> (cache_loads::run_sync's path for a borrowed
+//     loader: no load_result<T> in between);
 //   * share(): a shared_loader holding a copy of the loader, for a flight body or a refresh
 //     that outlives the call (what cache_calls::with_erased made of the loader itself); the
 //     cache-wide loader is shared as it is, without a second box.
+// operator() is declared only, for loader_traits (a synchronous loader taking the key and a
+// token that returns load_result<T>, as shared_loader's synchronous form); nothing calls it.
 // An asynchronous loader is never borrowed this way: it always runs as a shared_loader.
 //
 // Locking: none. Valid only while the loader it refers to lives (the call's frame); user code
@@ -43,13 +43,12 @@ class loader_ref {
            !loader_traits<std::remove_cv_t<Ld>, Key,
                           T>::is_async) explicit loader_ref(Ld& loader) noexcept
       : obj_(const_cast<void*>(static_cast<const void*>(std::addressof(loader)))),
-        call_(&call<Ld>),
         load_(&load<Ld>),
         share_(&share<Ld>) {}
 
-  load_result<T> operator()(const Key& k, stop_token st) const {
-    return call_(obj_, k, std::move(st));
-  }
+  // Declared, not defined: what loader_traits reads (see the top of this file). The cache
+  // calls a borrowed loader through load(); a call of this would not link.
+  load_result<T> operator()(const Key& k, stop_token st) const;
 
   // The loader's value boxed (null and found = false: not found), and the ttl its
   // load_result asked for. Throws what the loader throws.
@@ -63,20 +62,9 @@ class loader_ref {
   shared_loader<Key, T> share() const { return share_(obj_); }
 
  private:
-  using call_fn = load_result<T> (*)(void*, const Key&, stop_token);
   using load_fn = value_ref<T> (*)(void*, const Key&, const stop_token&, bool&,
                                    std::optional<std::chrono::nanoseconds>&);
   using share_fn = shared_loader<Key, T> (*)(void*);
-
-  template <class Ld>
-  static load_result<T> call(void* obj, const Key& k, stop_token st) {
-    Ld& l = *static_cast<Ld*>(obj);
-    if constexpr (loader_traits<Ld, Key, T>::returns_result) {
-      return call_loader<T>(l, k, st);
-    } else {
-      return load_result<T>::value(T(call_loader<T>(l, k, st)));
-    }
-  }
 
   template <class Ld>
   static value_ref<T> load(void* obj, const Key& k, const stop_token& st, bool& found,
@@ -104,7 +92,6 @@ class loader_ref {
   }
 
   void* obj_;
-  call_fn call_;
   load_fn load_;
   share_fn share_;
 };
