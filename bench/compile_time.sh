@@ -39,40 +39,12 @@ src=$root/bench/compile_time
 runs=${RUNS:-3}
 read -r -a compilers <<<"${COMPILERS:-g++ clang++}"
 read -r -a extra <<<"${CXXFLAGS:-}"
-timebin=""
-if [ -x /usr/bin/time ]; then timebin=/usr/bin/time; fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-
-# median of the numbers on stdin
-median() { sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.3f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-
-# once <tag> <compiler> <file> [flag...]: compiles file once, appends wall, CPU and RSS to
-# $tmp/<tag>.w, .c, .r
-once() {
-  local tag=$1 cxx=$2 file=$3
-  shift 3
-  if [ -n "$timebin" ]; then
-    "$timebin" -f '%e %U %S %M' -o "$tmp/t" \
-      "$cxx" -std=c++20 -O2 "${extra[@]}" "$@" -I "$root/include" -c "$file" -o "$tmp/o.o"
-    read -r wall user sys rss <"$tmp/t"
-  else
-    local t0 t1
-    t0=$(date +%s.%N)
-    "$cxx" -std=c++20 -O2 "${extra[@]}" "$@" -I "$root/include" -c "$file" -o "$tmp/o.o"
-    t1=$(date +%s.%N)
-    wall=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')
-    user=$wall sys=0 rss=0
-  fi
-  echo "$wall" >>"$tmp/$tag.w"
-  awk -v u="$user" -v s="$sys" 'BEGIN { printf "%.2f\n", u + s }' >>"$tmp/$tag.c"
-  echo "$rss" >>"$tmp/$tag.r"
-}
-
-# medians <tag>: prints "wall cpu rss_mb", the medians of what once() recorded under tag
-medians() {
-  echo "$(median <"$tmp/$1.w") $(median <"$tmp/$1.c") $(median <"$tmp/$1.r" | awk '{ printf "%.0f", $1 / 1024 }')"
-}
+inc=$root/include
+# median, once, medians
+# shellcheck source=bench/compile_time_lib.sh
+. "$root/bench/compile_time_lib.sh"
 
 # measure <compiler> <file> [flag...]: prints "wall cpu rss_mb" (medians of $runs)
 measure() {

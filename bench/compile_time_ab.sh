@@ -27,7 +27,10 @@ trap 'rm -rf "$tmp"' EXIT
 mkdir "$tmp/a"
 git archive "$rev" include | tar -x -C "$tmp/a"
 
-median() { sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.3f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+extra=()
+# median, once, medians (once compiles against $inc, set for A and B in turn below)
+# shellcheck source=bench/compile_time_lib.sh
+. "$root/bench/compile_time_lib.sh"
 
 printf '%-8s %-11s %-10s %16s %16s %8s\n' compiler mode program "A: CPU s, MB" "B: CPU s, MB" "B vs A"
 for cxx in "${compilers[@]}"; do
@@ -41,20 +44,16 @@ for cxx in "${compilers[@]}"; do
         file=$tmp/${p%.hpp}_only.cpp
         printf '#include <singleflight/%s>\nint main() {}\n' "$p" >"$file"
       fi
-      rm -f "$tmp"/[AB].[cr]
+      rm -f "$tmp"/[AB].[wcr]
       for ((i = 0; i < runs; i++)); do
         for v in A B; do
           inc=$root/include
           if [ "$v" = A ]; then inc=$tmp/a/include; fi
-          /usr/bin/time -f '%U %S %M' -o "$tmp/t" \
-            "$cxx" -std=c++20 -O2 "${flags[@]}" -I "$inc" -c "$file" -o "$tmp/o.o"
-          read -r user sys rss <"$tmp/t"
-          awk -v u="$user" -v s="$sys" 'BEGIN { printf "%.2f\n", u + s }' >>"$tmp/$v.c"
-          echo $((rss / 1024)) >>"$tmp/$v.r"
+          once "$v" "$cxx" "$file" "${flags[@]}"
         done
       done
-      ac=$(median <"$tmp/A.c") bc=$(median <"$tmp/B.c")
-      ar=$(median <"$tmp/A.r") br=$(median <"$tmp/B.r")
+      read -r _ ac ar <<<"$(medians A)"
+      read -r _ bc br <<<"$(medians B)"
       printf '%-8s %-11s %-10s %9.2f, %4.0f %9.2f, %4.0f %+7.1f%%\n' "$cxx" "$mode" "$p" \
         "$ac" "$ar" "$bc" "$br" "$(awk -v a="$ac" -v b="$bc" 'BEGIN { print 100 * (b - a) / a }')"
     done
