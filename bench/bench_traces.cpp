@@ -14,15 +14,18 @@
 //             with its real sharding (this machine's default, or N shards with --shards)
 //   1 shard   the same cache with one shard: the unsharded policy
 //   LRU       plain LRU
-//   W-TinyLFU the TinyLFU paper's static W-TinyLFU (reference.hpp), for scale
+//   W-TinyLFU the TinyLFU paper's static W-TinyLFU (reference.hpp: a 1 % window, exact LRU lists)
+//   climber   W-TinyLFU with its window sized by Caffeine's hill climber (reference.hpp,
+//             w_tinylfu_sized_hits with window_rule::climb): the policy Caffeine ships
 //   ARC       ARC (reference.hpp, arc_replay), exact lists
 //   LIRS      LIRS (reference.hpp, lirs_replay), 1 % HIR share
 //   OPT       Belady's MIN, the limit
 // then the mean gap of the cache to OPT, and the cells where the cache trails LRU or the
 // unsharded policy; then the cells where the cache, and LIRS, miss the goal "at least the best
 // of S3-FIFO (the four settings of the r06 table) and ARC, minus 0.5 points" (with --no-r06,
-// against ARC alone) and those where LIRS trails LRU. Then (unless --no-r06) the S3-FIFO
-// choices the library made, measured with the reference model of reference.hpp: promotion
+// against ARC alone), those where LIRS trails LRU, and those where the cache trails the better
+// of the two W-TinyLFU models by more than 5 points, and by more than 1. Then (unless --no-r06) the
+// S3-FIFO choices the library made, measured with the reference model of reference.hpp: promotion
 // after 1 or 2 hits in small, ghost of 1.0x or 0.9x the capacity, on the same cells and on a
 // scan case (with ARC and LIRS).
 // --self-test replays small hand-made traces whose hits are known through the ARC and LIRS
@@ -322,16 +325,18 @@ int main(int argc, char** argv) {
   if (windows) return window_study(cells);
   std::printf("shards: %s\n\n", shards == 0 ? "the default for this machine" : "--shards");
   std::printf(
-      "| trace | capacity | shards | cache | 1 shard | LRU | W-TinyLFU | ARC | LIRS | OPT | "
+      "| trace | capacity | shards | cache | 1 shard | LRU | W-TinyLFU | climber | ARC | LIRS | "
+      "OPT | "
       "cache - OPT |\n");
-  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   double gap_sum = 0;
   int below_lru = 0;
   double worst_shard_loss = 0;
   std::string worst_shard_cell;
-  // Per cell: the cache, LRU, ARC, LIRS and (with r06) the four S3-FIFO settings.
+  // Per cell: the cache, LRU, the better W-TinyLFU model, ARC, LIRS and (with r06) the four
+  // S3-FIFO settings.
   struct row {
-    double mine, lru, arc, lirs;
+    double mine, lru, wtinylfu, arc, lirs;
     double s3[4];
   };
   std::vector<row> rows;
@@ -343,6 +348,9 @@ int main(int argc, char** argv) {
     const double one = cache_ratio(t, c.capacity, 1);
     r.lru = pct(sftrace::lru_hits(t, c.capacity), t);
     const double wt = pct(sftrace::w_tinylfu_hits(t, c.capacity), t);
+    const double climber =
+        pct(sftrace::w_tinylfu_sized_hits(t, c.capacity, {sftrace::window_rule::climb, 0.01}), t);
+    r.wtinylfu = std::max(wt, climber);
     r.arc = pct(sftrace::arc_hits(t, c.capacity), t);
     r.lirs = pct(sftrace::lirs_hits(t, c.capacity), t);
     const double opt = pct(sftrace::optimal_hits(t, sftrace::next_use(t), c.capacity), t);
@@ -352,9 +360,10 @@ int main(int argc, char** argv) {
       worst_shard_loss = one - r.mine;
       worst_shard_cell = c.trace + " @ " + std::to_string(c.capacity);
     }
-    std::printf("| %s | %zu | %zu | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
-                c.trace.c_str(), c.capacity, used, r.mine, one, r.lru, wt, r.arc, r.lirs, opt,
-                r.mine - opt);
+    std::printf(
+        "| %s | %zu | %zu | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+        c.trace.c_str(), c.capacity, used, r.mine, one, r.lru, wt, climber, r.arc, r.lirs, opt,
+        r.mine - opt);
     std::fflush(stdout);
     if (r06) {
       const int promote[4] = {1, 1, 2, 2};
@@ -404,6 +413,26 @@ int main(int argc, char** argv) {
   misses("LIRS", &row::lirs, false);
   misses("LIRS", &row::lirs, true);
   misses("ARC", &row::arc, true);
+  // The goal against W-TinyLFU: within 5 points of the better model in every cell (the long
+  // goal: within 1). Caffeine publishes its hit ratios as charts only; the two models stand in.
+  for (const double within : {5.0, 1.0}) {
+    int n = 0;
+    std::string named;
+    double worst = 1e9;
+    for (std::size_t i = 0; i < cells.size(); ++i) {
+      const row& r = rows[i];
+      worst = std::min(worst, r.mine - (r.wtinylfu - within));
+      if (r.mine >= r.wtinylfu - within) continue;
+      ++n;
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "%s%s@%zu %.2f vs %.2f (%+.3f)", named.empty() ? "" : ", ",
+                    cells[i].trace.c_str(), cells[i].capacity, r.mine, r.wtinylfu,
+                    r.mine - (r.wtinylfu - within));
+      named += buf;
+    }
+    std::printf("cache below max(W-TinyLFU, climber) - %.0f: %d%s%s (the smallest margin: %+.3f)\n",
+                within, n, n == 0 ? "" : ": ", named.c_str(), worst);
+  }
 
   if (!r06) return 0;
   std::printf(
