@@ -222,6 +222,52 @@ TEST_CASE(
   CHECK(s.origin_calls == static_cast<std::uint64_t>(leaders));
 }
 
+TEST_CASE(
+    "renew_all on a server that knows no script yet: the leases answered NOSCRIPT go again in "
+    "one pipelined round trip with the body, not one round trip each (a first renewal of 64 "
+    "leases at 20 ms RTT took over a second: most were lost)",
+    "[fleet][redis]") {
+  sftest::private_redis server;  // fresh: no script cached
+  auto admin = server.client();
+  fault_proxy proxy(server.port());
+  constexpr std::size_t leases = 64;
+  constexpr std::size_t not_ours = 5;  // held under another token
+  std::vector<d::fleet_names> names;
+  for (std::size_t i = 0; i < leases; ++i) {
+    names.push_back(d::fleet_names::of("noscript", "k" + std::to_string(i)));
+    const std::string token = i == not_ours ? "theirs" : "ours";
+    admin->command({"SET", names.back().lease, token, "PX", "10000"});
+  }
+  std::vector<std::pair<const d::fleet_names*, std::string_view>> args;
+  for (const auto& n : names) args.emplace_back(&n, "ours");
+  auto conn = d::redis_conn::open(d::redis_endpoint::parse(proxy.uri()), 20000ms, "", "");
+
+  // The first EVAL, and whatever its connection sends after it, waits in the proxy: the EVALs
+  // the proxy has read by then are those sent before any of their replies came back.
+  proxy.hold_command("EVAL", fault_proxy::until_released);
+  std::vector<bool> ours;
+  std::atomic<bool> failed{false};
+  sftest::thread renewing([&] {
+    try {
+      ours = d::renew_all(*conn, args, 60000ms, 60000ms);
+    } catch (...) {
+      failed.store(true);
+    }
+  });
+  sftest::must([&] { return proxy.held_commands() == 1; }, "the first EVAL is held");
+  CHECK(sftest::becomes([&] { return proxy.commands("EVAL") == leases; }, 5s));
+  CHECK(proxy.commands("EVALSHA") == leases);  // the first try, pipelined; none again
+  proxy.release_commands();
+  renewing.join("renew_all");
+  REQUIRE_FALSE(failed.load());
+  REQUIRE(ours.size() == leases);
+  for (std::size_t i = 0; i < leases; ++i) {
+    CHECK(ours[i] == (i != not_ours));
+    const long long ttl = admin->command({"PTTL", names[i].lease}).integer;
+    CHECK((i == not_ours ? ttl <= 10000 : ttl > 10000));
+  }
+}
+
 // subscriber_running: runs a subscriber's loop as the fleet's engine does (one job on a
 // worker_threads of its own); on scope exit stops it and joins its thread.
 struct subscriber_running {
