@@ -10,7 +10,7 @@
 //
 // The policy is driven as policy_timeline drives it (policy_shard.hpp). It does not reproduce the
 // cache in every detail: its figures differ from bench_traces's "1 shard" column by up to a few
-// tenths on some cells (round-robin 1.05x: 92.33 against 93.03), so a variant it passes still needs
+// tenths on some cells (round-robin 1.05x: 92.35 against 92.86), so a variant it passes still needs
 // the full run. Output: one line a cell, "name@capacity hit-ratio-in-%", and "scan" with the scan
 // case's hot-key miss ratio (bench_traces's last table).
 #include <cstdint>

@@ -27,8 +27,10 @@
 //              16 to a uint64_t, behind the paper's doorkeeper (a bloom
 //              filter that takes a key's first sighting, so that one-hit
 //              keys do not load the counters); every counter halved and the
-//              doorkeeper cleared after 10 x capacity sightings (see
-//              frequency_sketch). A miss counts at insert(); an entry's hits are
+//              doorkeeper cleared after 16 x capacity sightings (see
+//              frequency_sketch; with 10 x, web07@1000 was 0.24 points and
+//              sprite@100 0.64 lower: docs/performance.md, "The sketch's
+//              period"). A miss counts at insert(); an entry's hits are
 //              added (its freq, then reset) when the policy reaches it, so a
 //              hit writes nothing shared. The rows grow with the entries, to
 //              twice as many counters a row as entries (frequency_sketch::fit;
@@ -112,9 +114,10 @@ struct policy_hook {
 // doorkeeper's bit. After `sample` sightings (doorkeeper or counters) every
 // counter is halved and the doorkeeper cleared (the paper's reset, which
 // ages the counts). Keys seen once, a scan, thus never load the counters: a
-// scan 10x the capacity, halving once on its way, still gives its keys an
-// estimate of 1, not the 2 that collisions in counters it had loaded gave
-// (test_cache c9). A row's counter for a key is at hash_r & (width - 1), a
+// scan of 15x the capacity still gives its keys an estimate of 1, not the 2
+// that collisions in counters it had loaded gave (test_cache c9). A scan that
+// crosses a halving can flush keys last read before it, as their counts halve:
+// that is how the sketch forgets. A row's counter for a key is at hash_r & (width - 1), a
 // doorkeeper bit at hash & (16 x width - 1), so doubling the width keeps
 // every estimate: each word is copied into both halves (a key's new slot is
 // its old one, or the old one + the old size). Made at the first fit() (64

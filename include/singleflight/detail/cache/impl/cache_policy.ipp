@@ -20,7 +20,7 @@ namespace singleflight::detail {
 // frequency_sketch
 
 SINGLEFLIGHT_DECL void frequency_sketch::configure(std::size_t capacity) noexcept {
-  sample_ = 10 * std::max<std::uint64_t>(1, capacity);
+  sample_ = 16 * std::max<std::uint64_t>(1, capacity);
 }
 
 SINGLEFLIGHT_DECL void frequency_sketch::fit(std::size_t entries) noexcept {
