@@ -14,6 +14,8 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "support/alloc.hpp"  // this executable's operator new/delete
@@ -201,6 +203,56 @@ TEST_CASE("a loop a little longer than the cache keeps most of its hits",
   INFO("misses " << misses << " of " << reads);
   CHECK(misses * 100 <= reads * 15);  // at least 85% hits
   CHECK(c.size() <= 1024);
+}
+
+TEST_CASE("a new working set that loses its duels grows the window by more than one a loser",
+          "[cache][eviction][r07]") {
+  // The policy alone, as a one-shard cache drives it. 700 keys read 30 times fill main and
+  // the sketch; then 700 new keys read in turn. New keys lose their duels against main's
+  // victims (seen 30 times) and come back 700 accesses later, within the capacity: the ghost
+  // rule grew the window by one entry per such return, 156 entries after six rounds, while the
+  // new set waited on main (sprite@1000's phase changes, docs/performance.md). When a third of
+  // a block of inserts (a quarter of the capacity) are such returns, the window now also takes
+  // a quarter of the way to its maximum at once: 376 entries.
+  struct entry : sf::detail::policy_hook {
+    std::uint64_t key = 0;
+  };
+  constexpr std::size_t capacity = 1000;
+  constexpr std::uint64_t keys = 700;
+  sf::detail::wtinylfu policy;
+  policy.configure(capacity);
+  std::unordered_map<std::uint64_t, std::unique_ptr<entry>> held;
+  std::uint64_t hits = 0;
+  const auto clock = [&hits] { return hits; };
+  const auto dead = [](const sf::detail::policy_hook*) { return false; };
+  const auto read = [&](std::uint64_t k) {
+    if (const auto f = held.find(k); f != held.end()) {
+      ++hits;
+      f->second->touch();
+      return;
+    }
+    if (policy.size() >= capacity) {
+      auto* v = static_cast<entry*>(policy.evict(dead, clock));
+      REQUIRE(v != nullptr);
+      held.erase(v->key);
+    }
+    auto e = std::make_unique<entry>();
+    e->key = k;
+    e->fingerprint = sf::detail::mix64(k);
+    policy.insert(e.get(), clock);
+    held.emplace(k, std::move(e));
+  };
+  for (int round = 0; round < 30; ++round) {
+    for (std::uint64_t k = 0; k < keys; ++k) read(k);
+  }
+  const std::size_t before = policy.window();
+  for (int round = 0; round < 6; ++round) {
+    for (std::uint64_t k = 0; k < keys; ++k) read(100'000 + k);
+  }
+  INFO("window " << before << " -> " << policy.window());
+  CHECK(before <= capacity / 50);
+  CHECK(policy.window() >= capacity / 3);
+  CHECK(policy.size() <= capacity);
 }
 
 // ---- R05: memory -----------------------------------------------------------------------------

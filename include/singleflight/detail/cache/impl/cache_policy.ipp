@@ -154,6 +154,8 @@ SINGLEFLIGHT_DECL void wtinylfu::configure(std::size_t capacity) noexcept {
   horizon_ =
       static_cast<std::uint32_t>(std::min<std::size_t>(capacity, (std::size_t{1} << 31U) - 1));
   window_ = std::max<std::size_t>(1, capacity / 100);
+  surge_block_ = static_cast<std::uint32_t>(
+      std::min<std::size_t>(std::max<std::size_t>(64, capacity / 4), std::uint32_t{1} << 30U));
   window_max_ = std::max<std::size_t>(1, capacity - std::max<std::size_t>(1, capacity / 100));
   sketch_.configure(capacity);
   lost_.configure(capacity / 4);
@@ -191,6 +193,12 @@ SINGLEFLIGHT_DECL bool wtinylfu::admits(const policy_hook* c, const policy_hook*
   if (cf < 6) return false;
   rng_ = rng_ * 6364136223846793005ULL + 1442695040888963407ULL;
   return ((rng_ >> 33U) & 127U) == 0;
+}
+
+SINGLEFLIGHT_DECL void wtinylfu::surge() noexcept {
+  if (surge_back_ >= surge_block_ / 3) window_ += (window_max_ - window_) / 4;
+  surge_inserts_ = 0;
+  surge_back_ = 0;
 }
 
 SINGLEFLIGHT_DECL void wtinylfu::demote() noexcept {
