@@ -4,8 +4,8 @@
 // capacities, round-robin 1.00x and 1.05x), one shard, hit ratios in % (docs/performance.md,
 // "Recency a hit can keep without a shared list"). Not built by CMake:
 //   g++ -O2 -DNDEBUG -std=c++20 -I include -I bench bench/traces/recency_study.cpp -o /tmp/rs
-//   /tmp/rs            # every cell, two tables (15 to 20 seconds: most of it the two 5M-access
-//   traces) /tmp/rs sprite     # the cells whose name contains "sprite"
+//   /tmp/rs          # every cell, two tables (15 to 20 s, most of it the 5M-access traces)
+//   /tmp/rs sprite   # the cells whose name contains "sprite"
 // The traces' directory as for bench_traces ($SINGLEFLIGHT_TRACES, else ../shared/traces).
 //
 // The epoch: the shard's count of accesses (the hits the read gate counts plus the inserts, as
