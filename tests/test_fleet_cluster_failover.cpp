@@ -246,6 +246,10 @@ TEST_CASE("a master killed: its keys reach Redis again on the replica that took 
   CHECK(wrong == 0);
   CHECK(other_calls.load() == 1);  // the other master's key kept coalescing: every get a hit
   CHECK(f.healthy());              // the dead master owns no slot any more
+  // The killed node back, as its replica: the next test (or this one again, under ctest
+  // --repeat) finds every shard with a replica in sync, whatever the order.
+  restart_node(dir, victim.master);
+  sftest::must([&] { return in_sync(victim.master); }, "the old master a replica in sync", 60s);
 }
 
 // A master SIGKILLed while its keys are in demand: until its replica is promoted (after the
@@ -471,7 +475,8 @@ TEST_CASE("the seed node killed while a follower waits on another master's key: 
   CHECK(origin.calls.load() == 1);
   CHECK(follower_loads.load() == 0);
   CHECK(follower_fleet.stats().follower_woken == 1);
-  // The victim's replica takes over before the next test.
+  // The victim's replica takes over, and the victim comes back as its replica, in sync, before
+  // the next test.
   sftest::must(
       [&] {
         if (is_master(victim.replica)) return true;
@@ -479,4 +484,6 @@ TEST_CASE("the seed node killed while a follower waits on another master's key: 
         return false;
       },
       "the replica promoted");
+  restart_node(dir, victim.master);
+  sftest::must([&] { return in_sync(victim.master); }, "the old master a replica in sync", 60s);
 }
