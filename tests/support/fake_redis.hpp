@@ -186,7 +186,7 @@ class fake_redis {
   template <class Pred>
   void wait_for(Pred pred, const char* name, std::chrono::milliseconds limit = bound) const {
     std::unique_lock<std::mutex> lk(mu_);
-    if (!cv_.wait_for(lk, limit, [&] { return pred(log_); })) hang(name);
+    if (!cv_.wait_for(lk, limit, [&] { return pred(log_); })) hang(name, limit);
   }
 
  private:

@@ -132,7 +132,7 @@ class worker_fleet {
     while (!pred()) {
       if (clock::now() > deadline) {
         dump();
-        hang(name);
+        hang(name, limit);
       }
       pump(std::chrono::milliseconds(20));
     }

@@ -46,9 +46,11 @@ inline singleflight::options numbered(singleflight::options o = {}) {
 // never gets near it.
 inline constexpr std::chrono::milliseconds bound = 20s;
 
-[[noreturn]] inline void hang(const char* name) {
+// hang: reports the wait `name` that ran out after `limit` (the bound unless the wait set its
+// own) and aborts the test binary.
+[[noreturn]] inline void hang(const char* name, std::chrono::milliseconds limit = bound) {
   std::fprintf(stderr, "\nHANG: bounded wait '%s' ran out after %lld ms\n", name,
-               static_cast<long long>(bound.count()));
+               static_cast<long long>(limit.count()));
   std::fflush(stderr);
   std::abort();
 }
@@ -58,7 +60,7 @@ template <class Pred>
 void must(Pred pred, const char* name, std::chrono::milliseconds limit = bound) {
   const auto until = std::chrono::steady_clock::now() + limit;
   while (!pred()) {
-    if (std::chrono::steady_clock::now() > until) hang(name);
+    if (std::chrono::steady_clock::now() > until) hang(name, limit);
     std::this_thread::yield();
   }
 }
