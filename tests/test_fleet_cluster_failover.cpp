@@ -396,16 +396,21 @@ TEST_CASE("fences stay monotonic across a forced failover that lost the race's w
     // authenticated before the password). The replica's own word is not enough: a replica
     // that won an election less than twice the node timeout before (an earlier trial, or run,
     // promoted it) can count that election's votes again, claim the slots under its old
-    // config epoch and lose them back to the old master a moment later (Redis 7.0). The old
-    // master then never becomes a replica; seen promoted and then not, the failover is asked
-    // for again.
+    // config epoch and lose them back to the old master a moment later (Redis 7.0), or not
+    // be seen promoted at all. The failover is asked for again when the replica was seen
+    // promoted and then not, and whenever 3 s (three node timeouts) pass without it settling.
     bool seen_promoted = false;
+    auto asked = std::chrono::steady_clock::now();
     sftest::must(
         [&] {
           if (mc.info_field("replication", "role") == "slave") return true;
           const bool promoted = is_master(s.replica);
-          // (A replica answers OK; a master, if `promoted` was a failed connection, an error.)
-          if (seen_promoted && !promoted) (void)rc.command({"CLUSTER", "FAILOVER", "FORCE"});
+          const auto now = std::chrono::steady_clock::now();
+          if (!promoted && (seen_promoted || now - asked > 3s)) {
+            // (A replica answers OK; a master, if `promoted` was a failed connection, an error.)
+            (void)rc.command({"CLUSTER", "FAILOVER", "FORCE"});
+            asked = now;
+          }
           seen_promoted = promoted;
           return false;
         },
