@@ -381,7 +381,13 @@ TEST_CASE("fences stay monotonic across a forced failover that lost the race's w
       bool published = true;
       REQUIRE(d::store(*m, names, "t0", a.fence, a.gen, "", 10s, "r", 60s, published) ==
               d::store_result::stored);
-      REQUIRE(mc.command({"WAIT", "1", "2000"}).integer == 1);
+      // On the replica before the link is cut: its offset reaches the master's (not WAIT on
+      // `mc`, which wrote nothing and so would answer at once).
+      const long long written = std::stoll(mc.info_field("replication", "master_repl_offset"));
+      sftest::redis_client rr(node_uri(s.replica));
+      sftest::must(
+          [&] { return std::stoll(rr.info_field("replication", "slave_repl_offset")) >= written; },
+          "the metadata on the replica");
     }
     // The replication link cut, and kept down: the master now asks a password the replica does
     // not have (connections already open stay authenticated; the cluster bus is unaffected).
