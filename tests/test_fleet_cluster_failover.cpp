@@ -100,6 +100,17 @@ bool in_sync(int replica) {
          c.info_field("replication", "master_sync_in_progress") == "0";
 }
 
+// Waits (bounded) until `replica` has everything `master` had written when called: its
+// replication offset reaches the master's. Not WAIT on a connection of the test's own: WAIT
+// waits for that connection's writes, so on one that wrote nothing it answers at once.
+void replicated(sftest::redis_client& master, int replica, const char* what) {
+  const long long written = std::stoll(master.info_field("replication", "master_repl_offset"));
+  sftest::redis_client r(node_uri(replica));
+  sftest::must(
+      [&] { return std::stoll(r.info_field("replication", "slave_repl_offset")) >= written; },
+      what);
+}
+
 // A shard whose master is not `avoid_port` and whose replica is in sync (waits, bounded).
 shard live_shard(sftest::redis_client& seed, int avoid_port) {
   std::optional<shard> found;
@@ -291,16 +302,10 @@ TEST_CASE("a master killed: calls made before its replica is promoted wait for i
   REQUIRE(stored_calls.load() == 1);
   REQUIRE(b.get(stored_key, sftest::must_not_load(stored_calls)) == "stored value");
   {
-    // The record on the replica before the kill (replication is asynchronous): the replica's
-    // offset reaches the master's, read once the record is on the master (b's hit). Not WAIT
-    // on a connection of the test's own: WAIT waits for that connection's writes, and it made
-    // none, so it answered at once and, under load, the kill could beat the record there.
+    // The record on the replica before the kill (replication is asynchronous), from once it is
+    // on the master (b's hit): under load the kill could otherwise beat it there.
     sftest::redis_client m(node_uri(victim.master));
-    const long long written = std::stoll(m.info_field("replication", "master_repl_offset"));
-    sftest::redis_client r(node_uri(victim.replica));
-    sftest::must(
-        [&] { return std::stoll(r.info_field("replication", "slave_repl_offset")) >= written; },
-        "the record on the replica");
+    replicated(m, victim.replica, "the record on the replica");
   }
   REQUIRE(
       sftest::fleet_engine(a).router.route(d::fleet_names::of(prefix, stored_key).value).ep.port ==
@@ -381,13 +386,7 @@ TEST_CASE("fences stay monotonic across a forced failover that lost the race's w
       bool published = true;
       REQUIRE(d::store(*m, names, "t0", a.fence, a.gen, "", 10s, "r", 60s, published) ==
               d::store_result::stored);
-      // On the replica before the link is cut: its offset reaches the master's (not WAIT on
-      // `mc`, which wrote nothing and so would answer at once).
-      const long long written = std::stoll(mc.info_field("replication", "master_repl_offset"));
-      sftest::redis_client rr(node_uri(s.replica));
-      sftest::must(
-          [&] { return std::stoll(rr.info_field("replication", "slave_repl_offset")) >= written; },
-          "the metadata on the replica");
+      replicated(mc, s.replica, "the metadata on the replica, before the link is cut");
     }
     // The replication link cut, and kept down: the master now asks a password the replica does
     // not have (connections already open stay authenticated; the cluster bus is unaffected).
