@@ -2,15 +2,17 @@
 // a cache with one shard drives it, for the tools that study the policy away from the cache
 // (policy_cells.cpp, policy_timeline.cpp). A hit touches the entry's bits; a miss evicts first
 // when the shard holds its capacity, then inserts; the policy's clock is the hits so far; the
-// fingerprint is the cache's (the key times the mixing constant). It does not reproduce the
-// cache in every detail: totals differ from bench_traces's "1 shard" column by tenths on some
-// cells (docs/performance.md, "Eviction, measured").
+// fingerprint is the cache's for a uint32_t key (mix64 of std::hash, the identity), so that every
+// cell reads as bench_traces's "1 shard" column does, to the hundredth. A non-zero `seed` mixes
+// the key with it first: the same policy over other fingerprints, which is how much a cell moves
+// with the hash alone (policy_cells --seeds).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <unordered_map>
 
+#include "singleflight/detail/cache/cache_clock.hpp"
 #include "singleflight/detail/cache/cache_policy.hpp"
 
 namespace sftrace {
@@ -23,7 +25,10 @@ struct policy_entry : singleflight::detail::policy_hook {
 template <class Entry = policy_entry>
 class policy_shard {
  public:
-  explicit policy_shard(std::size_t capacity) : capacity_(capacity) { policy_.configure(capacity); }
+  explicit policy_shard(std::size_t capacity, std::uint64_t seed = 0)
+      : capacity_(capacity), seed_(seed) {
+    policy_.configure(capacity);
+  }
   policy_shard(const policy_shard&) = delete;
   policy_shard& operator=(const policy_shard&) = delete;
   ~policy_shard() {
@@ -51,7 +56,7 @@ class policy_shard {
     }
     auto* n = new Entry;
     n->key = k;
-    n->fingerprint = std::uint64_t{k} * 0x9E3779B97F4A7C15ULL;
+    n->fingerprint = singleflight::detail::mix64(std::uint64_t{k} ^ seed_);
     policy_.insert(n, clock);
     at_[k] = n;
     return nullptr;
@@ -67,6 +72,7 @@ class policy_shard {
 
  private:
   const std::size_t capacity_;
+  const std::uint64_t seed_;
   singleflight::detail::wtinylfu policy_;
   std::unordered_map<std::uint32_t, Entry*> at_;
   std::uint64_t hits_ = 0;

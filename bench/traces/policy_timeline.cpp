@@ -7,9 +7,8 @@
 // Arguments: trace name, capacity, segment length in accesses; the traces' directory as for
 // bench_traces ($SINGLEFLIGHT_TRACES, else ../shared/traces).
 //
-// The policy is driven as a shard of a cache with one shard drives it (policy_shard.hpp); it
-// does not reproduce the cache in every detail, so the totals can differ from bench_traces's
-// "1 shard" column by tenths (sprite@1000: 89.95 against 89.69). Per segment: the
+// The policy is driven as a shard of a cache with one shard drives it (policy_shard.hpp), with
+// the cache's fingerprints: the total is bench_traces's "1 shard" column's. Per segment: the
 // window's target share of the capacity and the protected queue's share of main at the segment's
 // end; the segment's evictions that took the window's candidate (it lost its duel against main's
 // victim: "lost") and those that took an entry of main ("victims": a candidate won its duel, or
