@@ -6,7 +6,7 @@
 //   g++ -O2 -DNDEBUG -std=c++20 -I include -I bench bench/traces/policy_cells.cpp -o /tmp/pc
 //   /tmp/pc            # every cell
 //   /tmp/pc web07      # the cells whose name contains "web07"
-//   /tmp/pc --seeds 8  # each cell also over 7 other fingerprints: its least and largest figure
+//   /tmp/pc --seeds 8  # each cell also over 7 other fingerprints: least, largest, mean
 // The traces' directory as for bench_traces ($SINGLEFLIGHT_TRACES, else ../shared/traces).
 //
 // The policy is driven as policy_timeline drives it (policy_shard.hpp), with the cache's
@@ -14,8 +14,9 @@
 // from it by up to a few hundredths, and holds 2 to 8 shards on the larger cells, so a variant it
 // passes still needs the full run). Output: one line a cell, "name@capacity hit-ratio-in-%", and
 // "scan" with the scan case's hot-key miss ratio (bench_traces's last table). With --seeds N, each
-// line adds the least and largest figure over the cache's fingerprints and N - 1 others (the key
-// mixed with 1 .. N - 1 first): a change smaller than that spread is one the hash alone can make.
+// line adds the least, the largest and the mean figure over the cache's fingerprints and N - 1
+// others (the key mixed with 1 .. N - 1 first): a change smaller than that spread is one the hash
+// alone can make, and the mean compares two policies over the same N hashes.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -50,12 +51,14 @@ void print_cell(const std::string& name, const std::vector<std::uint32_t>& t, st
   if (seeds > 1) {
     double low = fig;
     double high = fig;
+    double sum = fig;
     for (int s = 1; s < seeds; ++s) {
       const double f = drive(t, capacity, none, static_cast<std::uint64_t>(s));
       low = f < low ? f : low;
       high = f > high ? f : high;
+      sum += f;
     }
-    std::printf(" %.2f %.2f", low, high);
+    std::printf(" %.2f %.2f %.3f", low, high, sum / seeds);
   }
   std::printf("\n");
   std::fflush(stdout);
