@@ -15,9 +15,12 @@
 #include <utility>
 
 #include "support/catch.hpp"
+#include "support/coro.hpp"
 #include "support/sync.hpp"
 
 namespace sf = singleflight;
+using sftest::callback_log;
+using sftest::completion_box;
 using sftest::gate;
 using sftest::must;
 using namespace std::chrono_literals;
@@ -66,6 +69,24 @@ struct dval {
 };
 
 using dcache = sf::cache<dkey, dval, dhash, std::equal_to<>>;
+
+// A value whose destructor runs old_value_dtor's hook only for a value "old": the moved-from
+// and temporary copies a load makes on the way never fire it.
+hook old_value_dtor;
+
+struct oval {
+  std::string s;
+  oval(const char* v) : s(v) {}  // NOLINT
+  oval(const oval&) = default;
+  oval(oval&&) = default;
+  oval& operator=(const oval&) = default;
+  oval& operator=(oval&&) = default;
+  ~oval() {
+    if (s == "old") old_value_dtor.fire();
+  }
+};
+
+using ocache = sf::cache<std::string, oval>;
 
 // One shard (a bounded table has at most one per 1,024 entries): every key shares the mutex
 // and the read gate of every other.
@@ -189,4 +210,40 @@ TEST_CASE("Key and T destructors that call the cache, on every write that drops 
     c.put("k", "1");  // full: the next new key evicts one of "other" and "k"
     CHECK(on_thread("eviction", value_dtor, [&] { c.put("n", "2"); }));
   }
+}
+
+TEST_CASE("a T destructor run by an asynchronous load's publication may close the cache",
+          "[cache][destructors][close]") {
+  // An asynchronous load publishes on the thread that resolves its completion, before its
+  // flight settles; what the publication lets go of (the value it replaces, an entry its
+  // admission evicts) is destroyed there, after the lock. A close() from that destructor
+  // waited for the flight this very thread was about to settle: it never returned. Now it
+  // stops and rejects and waits for nothing; the cache's destructor drains.
+  ocache c(one_shard(2));
+  c.put("a", "old");
+  c.put("b", "old");
+  std::string key;
+  SECTION("the value the load replaces") {
+    key = "a";
+    c.expire("a");  // no stale window: the next get waits on a load
+  }
+  SECTION("an entry the load's admission evicts") { key = "n"; }
+  callback_log<oval> log;
+  completion_box<oval> box;
+  c.async_get(key, box.fn(), log.on_done());
+  auto [st, done] = box.take("the load starts");
+  std::atomic<bool> closed{false};
+  sftest::thread resolver([&, d = std::move(done)]() mutable {
+    old_value_dtor.arm(std::this_thread::get_id(), [&] {
+      c.close();
+      closed.store(true);
+    });
+    d.set_value(oval("new"));
+  });
+  resolver.join("the resolver returns (close() from an old value's destructor)");
+  old_value_dtor.on.store(std::thread::id{});
+  CHECK(closed.load());
+  log.wait("the caller is answered");
+  CHECK(log.calls.load() == 1);
+  CHECK_THROWS_AS(c.get("b", [] { return oval("x"); }), sf::closed_error);
 }

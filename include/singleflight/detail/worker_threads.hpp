@@ -110,6 +110,12 @@ class worker_threads {
   // close(): see the top of this file. Idempotent.
   SINGLEFLIGHT_DECL void close();
 
+  // stop(): close() that waits for nothing, from any thread: no job is accepted from here on,
+  // the queued ones still run, and no thread is joined (a later close() or the destructor
+  // joins them). For a closer that may hold up one of these threads by waiting: the cache's
+  // close() from inside one of its asynchronous loads' publication (cache_calls.hpp).
+  SINGLEFLIGHT_DECL void stop();
+
   SINGLEFLIGHT_DECL bool closed() const;
 
   // on_own_thread(): whether the caller is one of this object's threads.

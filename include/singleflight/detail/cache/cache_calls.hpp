@@ -943,6 +943,13 @@ void cache_calls<Key, T, Hash, KeyEqual, Clock>::close() {
     threads_.close();
     return;
   }
+  if (core_->publishing_here()) {
+    // A destructor run by an asynchronous load's publication, on the thread that resolves the
+    // load: its flight settles only after this returns. Stop and reject, wait for nothing.
+    (void)group_.close_for(std::chrono::nanoseconds::zero());
+    threads_.stop();
+    return;
+  }
   group_.close();
   threads_.close();
 }

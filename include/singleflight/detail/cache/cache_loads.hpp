@@ -450,6 +450,21 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
     return r.publish(std::move(box), found, ttl_override);
   }
 
+  // publishing_here(): whether the calling thread is recording the outcome of one of this
+  // cache's asynchronous loads (run_async), before that load's flight is settled. User code
+  // runs there: the destructors of what the record lets go of (the value it replaces, an
+  // evicted entry's Key and T, an old exception). A close() they call must not wait for the
+  // flight this very thread is about to settle: cache_calls::close() then stops and rejects
+  // and waits for nothing, as on one of the cache's own threads.
+  //
+  // Thread safety: reads the calling thread's own marks only.
+  bool publishing_here() const noexcept {
+    for (const publishing* m = publishing::top; m != nullptr; m = m->prev) {
+      if (m->cache == this) return true;
+    }
+    return false;
+  }
+
   // run_async(key, mixed, loader, st, done, foreground): an asynchronous
   // loader, called with a relayed completion (completion_relay.hpp); its
   // outcome is published, then `done` is resolved, on the thread that
@@ -471,22 +486,37 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
       return;
     }
     r.running(st);
-    auto finish = [r = std::move(r), st, d = std::move(done)](outcome<X>&& o) mutable noexcept {
+    // The outcome is recorded inside a `publishing` mark, `done` resolved after it: what the
+    // record lets go of (the value it replaces, an evicted entry's Key and T, an old
+    // exception) is destroyed inside the mark, before the load's flight is settled.
+    auto finish = [r = std::move(r), st, d = std::move(done),
+                   c = this](outcome<X>&& o) mutable noexcept {
       try {
         if (!o.has_value()) {
-          r.fail(o.error(), st.stop_requested());
+          {
+            const publishing mark(c);
+            r.fail(o.error(), st.stop_requested());
+          }
           d.set_exception(o.error());
           return;
         }
+        value_ref<T> box;
+        bool found = true;
+        std::optional<std::chrono::nanoseconds> entry_ttl;
         if constexpr (std::same_as<X, T>) {
-          d.set_value(r.publish(value_ref<T>::make(std::move(o).value()), true, std::nullopt));
+          box = value_ref<T>::make(std::move(o).value());
         } else {
           load_result<T> res = std::move(o).value();
-          const bool found = res.loaded.has_value();
-          value_ref<T> box;
+          found = res.loaded.has_value();
+          entry_ttl = res.ttl;
           if (found) box = value_ref<T>::make(std::move(*res.loaded));
-          d.set_value(r.publish(std::move(box), found, res.ttl));
         }
+        loaded_t published;
+        {
+          const publishing mark(c);
+          published = r.publish(std::move(box), found, entry_ttl);
+        }
+        d.set_value(std::move(published));
       } catch (...) {
         if (d) d.set_exception(std::current_exception());
       }
@@ -496,6 +526,20 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
   }
 
  private:
+  // publishing: the calling thread records an asynchronous load's outcome for `cache` while
+  // it lives (publishing_here()). Marks nest (a destructor run inside one may finish a load
+  // of another cache), each on its thread's stack, linked from a thread_local: one per cache
+  // type, and per shared object under -fvisibility=hidden (detail/library_thread.hpp).
+  struct publishing {
+    explicit publishing(const cache_loads* c) noexcept : cache(c), prev(top) { top = this; }
+    publishing(const publishing&) = delete;
+    publishing& operator=(const publishing&) = delete;
+    ~publishing() { top = prev; }
+    const cache_loads* cache;
+    const publishing* prev;
+    static inline thread_local const publishing* top = nullptr;
+  };
+
   running_loads<Clock> running_;  // loads whose loader runs now (the gauges)
 };
 

@@ -79,6 +79,12 @@ SINGLEFLIGHT_DECL void worker_threads::close() {
   join_all(lk);
 }
 
+SINGLEFLIGHT_DECL void worker_threads::stop() {
+  std::lock_guard<std::mutex> lk(mu_);
+  closing_ = true;
+  cv_.notify_all();
+}
+
 SINGLEFLIGHT_DECL bool worker_threads::closed() const {
   std::lock_guard<std::mutex> lk(mu_);
   return closing_;
