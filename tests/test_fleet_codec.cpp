@@ -106,6 +106,13 @@ TEST_CASE("every Redis name of one key shares one hash tag (the names of one slo
     }
     CHECK(n.value != n.lease);
     CHECK(n.meta != n.channel);
+    // In db 3 only the channel differs (channels are the server's, the other names a db's).
+    const auto in3 = d::fleet_names::of(prefix, key, 3);
+    CHECK(in3.channel == n.channel + ":3");
+    CHECK(tag(in3.channel) == tag(n.value));
+    CHECK(in3.value == n.value);
+    CHECK(in3.lease == n.lease);
+    CHECK(in3.meta == n.meta);
   }
 }
 

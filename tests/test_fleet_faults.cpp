@@ -71,6 +71,43 @@ TEST_CASE(
   CHECK(users_eu.stats().hits == 0);
 }
 
+TEST_CASE(
+    "two dbs of one server never meet: a load that fails in db 1 does not fail the waiting "
+    "followers of the same prefix and key in db 2 (pub/sub channels are server-wide; db 2's "
+    "follower threw db 1's remote_load_error)",
+    "[fleet][names]") {
+  sftest::private_redis server;
+  const std::string prefix = "dbs";
+  fleet_t in_db1(message_only(server.tcp_uri() + "/1", prefix));
+  fleet_t leader(message_only(server.tcp_uri() + "/2", prefix));
+  fleet_t follower(message_only(server.tcp_uri() + "/2", prefix));
+  sftest::fleet_points pf;
+  pf.attach(follower);
+
+  held_origin origin("db 2's value");
+  sftest::result<std::string> rl;
+  auto tl = sftest::spawn(rl, [&] { return leader.get("k", origin.loader()); });
+  origin.started.wait("db 2's leader loads");
+  std::atomic<int> ran{0};
+  sftest::result<std::string> rf;
+  auto tf = sftest::spawn(rf, [&] { return follower.get("k", sftest::must_not_load(ran)); });
+  sftest::must([&] { return pf.waiting.load() >= 1; }, "db 2's follower waits");
+
+  // db 1 has no lease for "k": in_db1 leads there, its load fails, and it publishes the failure
+  // on the key's channel (when it returns, the message is out).
+  CHECK_THROWS_AS(in_db1.get("k", []() -> std::string { throw std::runtime_error("db 1 down"); }),
+                  std::runtime_error);
+  origin.release.open();
+  sftest::finish(tl, rl, "db 2's leader returns");
+  sftest::finish(tf, rf, "db 2's follower returns");
+  CHECK(rl.value == "db 2's value");
+  CHECK_FALSE(rf.threw<sf::remote_load_error>());
+  CHECK(rf.value == "db 2's value");
+  CHECK(follower.stats().remote_failures == 0);
+  CHECK(ran.load() == 0);
+  CHECK(origin.calls.load() == 1);
+}
+
 // ---- values Redis will not store --------------------------------------------------------------
 
 TEST_CASE(

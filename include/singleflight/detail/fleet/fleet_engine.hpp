@@ -51,6 +51,7 @@ namespace singleflight::detail {
 // The settings, validated and with their defaults resolved (of()).
 struct fleet_config {
   std::vector<redis_endpoint> seeds;  // redis_uri's, at least one
+  int db = 0;                         // redis_uri's db, every seed's (fleet_names::of)
   std::string username;
   std::string password;
   std::string key_prefix;
@@ -97,6 +98,7 @@ struct fleet_config {
     }
     fleet_config c;
     c.seeds = redis_endpoint::parse_list(o.redis_uri);
+    c.db = c.seeds.front().db;
     c.username = o.username;
     c.password = o.password;
     c.key_prefix = o.key_prefix;
@@ -219,7 +221,7 @@ class fleet_engine {
   // the primary applied it), std::bad_alloc. A refused PUBLISH (an ACL without channel rights) is
   // counted, not thrown: the invalidation applied.
   std::uint64_t invalidate(std::string_view text) {
-    const fleet_names names = fleet_names::of(cfg.key_prefix, text);
+    const fleet_names names = fleet_names::of(cfg.key_prefix, text, cfg.db);
     return written("invalidate", names.value, [&](redis_conn& rc) {
       bool published = true;
       const std::uint64_t gen =
@@ -237,7 +239,7 @@ class fleet_engine {
   // process hears of it).
   std::uint64_t write(std::string_view text, std::string_view rec, std::string_view bus,
                       std::string_view message) {
-    const fleet_names names = fleet_names::of(cfg.key_prefix, text);
+    const fleet_names names = fleet_names::of(cfg.key_prefix, text, cfg.db);
     bool broadcast = true;
     const std::uint64_t gen = written("put/invalidate", names.value, [&](redis_conn& rc) {
       bool published = true;

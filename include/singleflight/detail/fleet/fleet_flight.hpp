@@ -74,7 +74,7 @@ class fleet_flight {
       : e_(e),
         tag_(tag),
         text_(text),
-        names_(fleet_names::of(e.cfg.key_prefix, text)),
+        names_(fleet_names::of(e.cfg.key_prefix, text, e.cfg.db)),
         limit_(record_limit(e.cfg.max_value_bytes, tag)),
         v_(v),
         st_(st),

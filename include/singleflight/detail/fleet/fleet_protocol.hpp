@@ -17,7 +17,10 @@
 //                    channel: SPUBLISH, the *_script(true) variants): "v" (stored), "r"
 //                    (lease released without a value: race again), "n" (a value
 //                    was loaded but could not be stored: load for yourself),
-//                    "e<text>" (the load failed)
+//                    "e<text>" (the load failed). In db D other than 0,
+//                    {N:P:K}:c:D: channels are the server's, not a db's, and a
+//                    message of db 1's key (its failure: "e") must not reach the
+//                    waiters of db 2's key of the same name
 //   {N:P:K}:g:<tok>  a race its client gave up on (a tombstone, meta_ttl)
 //   {N:P}:i          fleet_cache's bus: every put and invalidate publishes
 //                    "<writer id><key text>" on it (the writer: 32 hex digits)
@@ -84,7 +87,9 @@ struct fleet_names {
   std::string channel;
   std::string tag;  // "{N:P:K}:", what every name starts with
 
-  static fleet_names of(std::string_view prefix, std::string_view key) {
+  // of(prefix, key, db): the names of `key` under `prefix` in database `db` (the connection's
+  // SELECT: only the channel names it, the other names are a db's own).
+  static fleet_names of(std::string_view prefix, std::string_view key, int db = 0) {
     const std::string length = std::to_string(prefix.size());
     fleet_names n;
     n.tag.reserve(length.size() + prefix.size() + key.size() + 5);
@@ -99,6 +104,10 @@ struct fleet_names {
     n.lease = n.tag + 'l';
     n.meta = n.tag + 'm';
     n.channel = n.tag + 'c';
+    if (db != 0) {
+      n.channel += ':';
+      n.channel += std::to_string(db);
+    }
     return n;
   }
 
