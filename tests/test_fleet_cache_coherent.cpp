@@ -132,6 +132,39 @@ TEST_CASE("put on one process is what another reads once it has heard it", "[fle
 }
 
 TEST_CASE(
+    "put_superseded_before_its_local_step_is_not_kept: another process's put of the same key "
+    "lands in Redis after this put's and is heard before this put stores locally; this process "
+    "then reads the newer value, not its own older one (it kept p1 for its ttl)",
+    "[fleet][fleet_cache]") {
+  const mode m = GENERATE(mode::tracking, mode::publish);
+  const std::string uri = sftest::need_redis();
+  const std::string prefix = sftest::unique_prefix("fc-put-race");
+  sftest::redis_client redis(uri);
+  fc_t a(opts(uri, prefix, m));
+  fc_t b(opts(uri, prefix, m));
+  until_listening(a, "a listens");
+  until_listening(b, "b listens");
+  const std::uint64_t heard = a.stats().invalidations_heard;
+  // Under tracking a hears its own put's report and b's; on the bus only b's.
+  const std::uint64_t reports = m == mode::tracking ? 2 : 1;
+  std::atomic<bool> once{false};
+  // Between a's write in Redis and its local step: b's put, heard by a.
+  fleet_cache_engine(a).hook = [&](point p, std::string_view) {
+    if (p != point::written || once.exchange(true)) return;
+    (void)b.put("k", std::string("p2"));
+    sftest::must([&] { return a.stats().invalidations_heard >= heard + reports; },
+                 "a hears b's put");
+  };
+  (void)a.put("k", std::string("p1"));
+  REQUIRE(once.load());
+  CHECK(sftest::stored(redis, prefix, "k") == "p2");
+  std::atomic<int> ran{0};
+  CHECK(a.get("k", must_not_load(ran)) == "p2");
+  CHECK(b.get("k", must_not_load(ran)) == "p2");
+  CHECK(ran.load() == 0);
+}
+
+TEST_CASE(
     "a load under way in another process when invalidate runs: its callers get what it "
     "loaded, but it is not kept, neither locally nor in Redis; the next read loads again",
     "[fleet][fleet_cache]") {

@@ -368,7 +368,7 @@ class fleet_cache {
   // Thread-safe.
   std::uint64_t invalidate(const Key& key) {
     const std::string text = key_text(key);
-    return write(text, std::string(), bus_, [&] { (void)local_.invalidate(text); });
+    return write(text, std::string(), bus_, [&](bool) { (void)local_.invalidate(text); });
   }
 
   // expire(key)
@@ -390,7 +390,7 @@ class fleet_cache {
   std::uint64_t expire(const Key& key) {
     const std::string text = key_text(key);
     return write(
-        text, std::string(), expire_bus_, [&] { (void)local_.expire(text); },
+        text, std::string(), expire_bus_, [&](bool) { (void)local_.expire(text); },
         [&] { (void)local_.expire(text); });
   }
 
@@ -399,7 +399,12 @@ class fleet_cache {
   // Fleet-wide: stores `value` in Redis (for fleet.value_ttl; a load of the
   // key that started before it does not store), tells every process on the
   // bus (they drop their local copy and read this one on their next get),
-  // and stores it in this process's local cache. A value over
+  // and stores it in this process's local cache, unless this process heard,
+  // while the put was in Redis, of a write of the key (on the bus, another
+  // process's; under tracking any, its own included: reports name no writer)
+  // or of a gap: that write may have followed this one, so the key is dropped
+  // and the next get reads Redis (test
+  // "put_superseded_before_its_local_step_is_not_kept"). A value over
   // fleet.max_value_bytes is not stored in Redis: the key is invalidated
   // fleet-wide instead (counted: fleet.oversized_values). Returns the key's
   // new generation. Throws as invalidate (the local entry is then dropped),
@@ -416,7 +421,13 @@ class fleet_cache {
     } else {
       rec = detail::make_record('v', fleet_.tag_, "0", "0", payload);
     }
-    return write(text, rec, bus_, [&] { (void)local_.put(text, std::move(v)); });
+    return write(text, rec, bus_, [&](bool superseded) {
+      if (superseded) {
+        (void)local_.invalidate(text);  // the next get reads Redis
+      } else {
+        (void)local_.put(text, std::move(v));
+      }
+    });
   }
 
   // close()
@@ -503,23 +514,33 @@ class fleet_cache {
   // Applies what the bus told this process to the local cache: before every
   // read, and before every local write (a mark still pending from a
   // confirmation would otherwise make a later put stale, or a FLUSHALL's
-  // clear take it away).
-  void catch_up() {
+  // clear take it away). Returns whether it changed what the local cache may
+  // hold for `watched` (when given): a drop or a stale mark of that key, a
+  // clear, a stale mark of every key.
+  bool catch_up(const std::string* watched = nullptr) {
+    bool touched = false;
+    const auto touches = [&](const std::string& text) {
+      if (watched != nullptr && text == *watched) touched = true;
+    };
     inbox_.apply(
-        [this](const std::string& text, std::uint64_t seq) {
+        [&](const std::string& text, std::uint64_t seq) {
           if (kept(text, seq)) return;
           voided_.dropped(text, seq);
           (void)local_.invalidate(text);
+          touches(text);
         },
-        [this] {
+        [&] {
           void_all();
           local_.clear();
+          touched = true;
         },
-        [this](const std::string& text) {
+        [&](const std::string& text) {
           void_all();
           (void)local_.expire(text);
+          touches(text);
         },
-        [this](std::chrono::steady_clock::time_point since) {
+        [&](std::chrono::steady_clock::time_point since) {
+          touched = true;
           void_all();
           // The bound runs from the mark (the confirmations, an overflow), not from this call:
           // a first get long after a reconnect is answered stale no more than one at once.
@@ -527,6 +548,7 @@ class fleet_cache {
           local_.expire_all(gone < gap_stale_bound_ ? gap_stale_bound_ - gone
                                                     : std::chrono::nanoseconds::zero());
         });
+    return touched;
   }
 
   // void_all(): a clear, a stale mark or an expire is applied: no value set aside before it
@@ -709,6 +731,9 @@ class fleet_cache {
   std::uint64_t write(const std::string& text, const std::string& rec, const std::string& channel,
                       Local&& local, Failed&& failed) {
     if (closed_.load(std::memory_order_relaxed)) throw closed_error();
+    // What was heard before the write is sent is of writes Redis ran before it: applied now,
+    // so that what the catch_up after it applies may be a later write (see below).
+    (void)catch_up();
     // Counted before and after: a load that overlaps a write keeps no report (kept_reads.hpp).
     const write_count counted(writes_);
     voided_.discard_all();  // none can be taken any more (their write count is past)
@@ -719,10 +744,14 @@ class fleet_cache {
       failed();
       throw;
     }
-    broadcasts_.fetch_add(1, std::memory_order_relaxed);  // a counter
+    broadcasts_.fetch_add(1, std::memory_order_relaxed);     // a counter
+    fleet_.engine_->at(detail::fleet_point::written, text);  // a test hook; it must not throw
     (void)fleet_.group_.forget(text);
-    catch_up();
-    local();
+    // What this process heard of the key since the write was sent may be of a later write
+    // by another (on the bus, another process's; under tracking, reports name no writer: this
+    // write's own too), or a gap that hid one (a stale mark of every key): `local` is told
+    // so, and a put then drops the key instead of keeping a value another write replaced.
+    local(catch_up(&text));
     return gen;
   }
 

@@ -19,6 +19,7 @@ enum class fleet_point {
   leading,       // a leader won the lease, before its loader runs
   loaded,        // the loader returned a value, before the store
   stored,        // the store script ran (or failed)
+  written,       // fleet_cache's put, invalidate or expire applied in Redis, before its local step
   resubscribing  // the subscriber thread reconnected after losing its connection, before it
                  // subscribes again (key text: empty)
 };
