@@ -26,10 +26,12 @@
 // against ARC alone), those where LIRS trails LRU, and those where the cache trails the better
 // of the two W-TinyLFU models by more than 5 points, and by more than 1. Then (unless --no-r06) the
 // S3-FIFO choices the library made, measured with the reference model of reference.hpp: promotion
-// after 1 or 2 hits in small, ghost of 1.0x or 0.9x the capacity, on the same cells and on a
-// scan case (with ARC and LIRS).
-// --self-test replays small hand-made traces whose hits are known through the ARC and LIRS
-// models (and random ones, against OPT and the capacity) and exits non-zero on a mismatch.
+// after 1 or 2 hits in small, ghost of 1.0x or 0.9x the capacity, on the same cells; two more
+// policies of the literature, SIEVE and 2Q (reference.hpp), on the same cells, with the cells
+// where they trail LRU and the S3-FIFO/ARC bar; and a scan case (with ARC, LIRS, SIEVE and 2Q).
+// --self-test replays small hand-made traces whose hits are known through the ARC, LIRS, SIEVE
+// and 2Q models (and random ones, against OPT and the capacity) and exits non-zero on a
+// mismatch.
 // --windows prints instead how W-TinyLFU's window size decides its hit ratio on the same cells:
 // fixed windows, Caffeine's hill climber and a ghost-feedback rule (reference.hpp,
 // w_tinylfu_sized_hits), each with the window's final share of the capacity.
@@ -149,7 +151,7 @@ int window_study(const Cells& cells) {
   return 0;
 }
 
-// --self-test: the ARC and LIRS models on traces whose answers are known by hand.
+// --self-test: the ARC, LIRS, SIEVE and 2Q models on traces whose answers are known by hand.
 int self_test() {
   int failed = 0;
   const auto check = [&failed](const char* what, double got, double want) {
@@ -175,6 +177,41 @@ int self_test() {
   check("small set, ARC c=10", count(sftrace::arc_replay(small, 10)), 50 * 8 - 8);
   check("small set, LIRS c=10", count(sftrace::lirs_replay(small, 10)), 50 * 8 - 8);
   check("small set, LRU c=10", static_cast<double>(sftrace::lru_hits(small, 10)), 50 * 8 - 8);
+  check("small set, SIEVE c=10", count(sftrace::sieve_replay(small, 10)), 50 * 8 - 8);
+  check("small set, 2Q c=10", count(sftrace::two_q_replay(small, 10)), 50 * 8 - 8);
+  // SIEVE, traced by hand with c = 3 (the queue head first, * a set bit): a b c (c b a); a hits
+  // (c b a*); d: the hand starts at the tail, clears a, evicts b and stops at c (d c a); b: the
+  // hand evicts c and stops at d (b d a); e: the hand evicts d and stops at b (e b a); a hits,
+  // kept at the tail although read before b, d and e. 2 hits; LRU evicts a at e: 1 hit.
+  {
+    const auto t = keys("a b c a d b e a");
+    const auto h = sftrace::sieve_replay(t, 3);
+    check("SIEVE hand trace c=3: hits", count(h), 2);
+    check("SIEVE hand trace c=3: the last a hits", h[7] ? 1 : 0, 1);
+    check("SIEVE hand trace c=3: LRU hits", static_cast<double>(sftrace::lru_hits(t, 3)), 1);
+  }
+  // SIEVE, c = 2, the hand wrapping: a b, then both hit (b* a*); c: the hand clears a and b,
+  // wraps to the tail, evicts a and leaves the hand at b (c b); b hits (c b*); a: the hand
+  // clears b, evicts c, the head, and starts from the tail again (a b). 3 hits.
+  {
+    const auto h = sftrace::sieve_replay(keys("a b a b c b a c"), 2);
+    check("SIEVE hand trace c=2, the hand wraps: hits", count(h), 3);
+    check("SIEVE hand trace c=2, the hand wraps: c was evicted", h[7] ? 1 : 0, 0);
+  }
+  // 2Q, traced by hand with c = 4 (Kin = 1, Kout = 2; lists head first): a b c d fill A1in
+  // (d c b a); a hits in A1in, which does not move it; e: A1in holds more than Kin, so its tail
+  // a goes to A1out (a), e to A1in (e d c b); a misses, is found in A1out and enters Am (a),
+  // b going to A1out; f sends c to A1out (c b), enters A1in (f e d); a hits in Am; b misses,
+  // is found in A1out and enters Am (b a), d going to A1out (d c); e hits in A1in. 3 hits; LRU
+  // (a e d c, then a f e d, then b a f e) hits 4.
+  {
+    const auto t = keys("a b c d a e a f a b e");
+    const auto h = sftrace::two_q_replay(t, 4);
+    check("2Q hand trace c=4: hits", count(h), 3);
+    check("2Q hand trace c=4: a back from A1out misses", h[6] ? 1 : 0, 0);
+    check("2Q hand trace c=4: then hits in Am", h[8] ? 1 : 0, 1);
+    check("2Q hand trace c=4: LRU hits", static_cast<double>(sftrace::lru_hits(t, 4)), 4);
+  }
   // ARC, traced by hand with c = 2 through Fig. 4's cases (I: a b c a a; II at the 7th and
   // 10th access, from B1; III at the 8th and 13th, from B2; IV-A at c, a; IV-B at b, d):
   // 3 hits, and at the end p = 0, T1 = {}, T2 = {b, a}, B1 = {d}, B2 = {c}.
@@ -273,6 +310,18 @@ int self_test() {
           n, c, opt, arc, a.peak_resident, a.peak_tracked, lirs, l.peak_resident, l.peak_tracked);
       ++failed;
     }
+    // SIEVE holds at most c keys; 2Q at most c resident and Kout = c / 2 remembered.
+    sftrace::policy_probe sv;
+    sftrace::policy_probe q;
+    const double sieve = count(sftrace::sieve_replay(t, c, &sv));
+    const double two_q = count(sftrace::two_q_replay(t, c, 0.25, 0.5, &q));
+    if (sieve > opt || two_q > opt || sv.peak_resident > c || q.peak_resident > c ||
+        q.peak_tracked > c + std::max<std::size_t>(1, c / 2)) {
+      std::printf(
+          "FAIL random trace %d (c=%zu): OPT %g, SIEVE %g (%zu resident), 2Q %g (%zu, %zu)\n", n, c,
+          opt, sieve, sv.peak_resident, two_q, q.peak_resident, q.peak_tracked);
+      ++failed;
+    }
   }
   std::printf("random traces: %s\n%d failed\n", failed == 0 ? "ok" : "see above", failed);
   return failed == 0 ? 0 : 1;
@@ -334,10 +383,11 @@ int main(int argc, char** argv) {
   double worst_shard_loss = 0;
   std::string worst_shard_cell;
   // Per cell: the cache, LRU, the better W-TinyLFU model, ARC, LIRS and (with r06) the four
-  // S3-FIFO settings.
+  // S3-FIFO settings, SIEVE and 2Q.
   struct row {
     double mine, lru, wtinylfu, arc, lirs;
     double s3[4];
+    double sieve, two_q;
   };
   std::vector<row> rows;
   for (const cell& c : cells) {
@@ -371,6 +421,8 @@ int main(int argc, char** argv) {
       for (int i = 0; i < 4; ++i) {
         r.s3[i] = pct(sftrace::s3fifo_hits(t, c.capacity, promote[i], ghost[i]), t);
       }
+      r.sieve = pct(sftrace::sieve_hits(t, c.capacity), t);
+      r.two_q = pct(sftrace::two_q_hits(t, c.capacity), t);
     }
     rows.push_back(r);
   }
@@ -443,6 +495,19 @@ int main(int argc, char** argv) {
   const auto n = static_cast<double>(cells.size());
   std::printf("| mean | | %.2f | %.2f | %.2f | %.2f |\n", sums[0] / n, sums[1] / n, sums[2] / n,
               sums[3] / n);
+  std::printf(
+      "\nTwo more policies of the literature (reference models, unsharded): hit ratio %%\n\n"
+      "| trace | capacity | LRU | SIEVE | 2Q | cache |\n|---|---:|---:|---:|---:|---:|\n");
+  for (std::size_t i = 0; i < cells.size(); ++i) {
+    const row& r = rows[i];
+    std::printf("| %s | %zu | %.2f | %.2f | %.2f | %.2f |\n", cells[i].trace.c_str(),
+                cells[i].capacity, r.lru, r.sieve, r.two_q, r.mine);
+  }
+  std::printf("\n");
+  below("SIEVE", "below LRU", &row::sieve, lru, 0, false);
+  below("2Q", "below LRU", &row::two_q, lru, 0, false);
+  below("SIEVE", against_goal, &row::sieve, goal, 0.5, false);
+  below("2Q", against_goal, &row::two_q, goal, 0.5, false);
   // The scan case: the hot keys' misses after their first round, 64 entries in one shard.
   const std::vector<std::uint32_t> scan = sftrace::scan_case();
   const auto hot_miss = [&](const std::function<bool(std::size_t)>& hit_at) {
@@ -459,12 +524,14 @@ int main(int argc, char** argv) {
       "\nscan case (64 entries, one shard; 40 hot keys in turn, then 40 scanned keys "
       "each read twice, 100 rounds): hot-key miss ratio after round one, %%\n\n");
   std::printf(
-      "| reference, 1 hit | reference, 2 hits | ARC | LIRS | cache "
-      "|\n|---:|---:|---:|---:|---:|\n");
+      "| reference, 1 hit | reference, 2 hits | ARC | LIRS | SIEVE | 2Q | cache "
+      "|\n|---:|---:|---:|---:|---:|---:|---:|\n");
   const std::vector<bool> one_hit = sftrace::s3fifo_replay(scan, 64, 1, 1.0);
   const std::vector<bool> two_hits = sftrace::s3fifo_replay(scan, 64, 2, 0.9);
   const std::vector<bool> arc = sftrace::arc_replay(scan, 64);
   const std::vector<bool> lirs = sftrace::lirs_replay(scan, 64);
+  const std::vector<bool> sieve = sftrace::sieve_replay(scan, 64);
+  const std::vector<bool> two_q = sftrace::two_q_replay(scan, 64);
   std::vector<bool> lib(scan.size(), false);
   {
     sf::detail::cache_shards_for_tests.store(1, std::memory_order_relaxed);
@@ -483,11 +550,13 @@ int main(int argc, char** argv) {
       lib[i] = !loaded;
     }
   }
-  std::printf("| %.1f | %.1f | %.1f | %.1f | %.1f |\n",
+  std::printf("| %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
               hot_miss([&](std::size_t i) { return one_hit[i]; }),
               hot_miss([&](std::size_t i) { return two_hits[i]; }),
               hot_miss([&](std::size_t i) { return arc[i]; }),
               hot_miss([&](std::size_t i) { return lirs[i]; }),
+              hot_miss([&](std::size_t i) { return sieve[i]; }),
+              hot_miss([&](std::size_t i) { return two_q[i]; }),
               hot_miss([&](std::size_t i) { return lib[i]; }));
   return 0;
 }

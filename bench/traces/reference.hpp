@@ -8,6 +8,8 @@
 //   s3fifo_hits   S3-FIFO in the settings the library chose between (below)
 //   arc_hits      ARC, exact lists (below)
 //   lirs_hits     LIRS, 1 % HIR share (below)
+//   sieve_hits    SIEVE (below)
+//   two_q_hits    2Q, full version, Kin 25 % and Kout 50 % (below)
 // Single-threaded; no part of the library.
 #pragma once
 
@@ -727,6 +729,138 @@ inline std::vector<bool> lirs_replay(const std::vector<std::uint32_t>& t, std::s
 
 inline std::uint64_t lirs_hits(const std::vector<std::uint32_t>& t, std::size_t capacity) {
   const std::vector<bool> h = lirs_replay(t, capacity);
+  return static_cast<std::uint64_t>(std::count(h.begin(), h.end(), true));
+}
+
+// sieve_replay: SIEVE (Zhang, Yang, Yue, Vigfusson, Rashmi, "SIEVE is Simpler than LRU: an
+// Efficient Turn-Key Eviction Algorithm for Web Caches", NSDI 2024), exact and unsharded. One
+// FIFO queue with a visited bit a key: a hit sets the bit and moves nothing; a new key enters at
+// the head; a miss with the cache full moves a hand from where it stopped (from the tail at
+// first) towards the head, clearing the bits it passes, evicts the first key whose bit is clear
+// and leaves the hand on the key after it towards the head (wrapping to the tail). Retained keys
+// keep their place, so that a new key is looked at, and evicted if unread, before the old ones the
+// hand has passed. The hits, access by access; `probe` gets the peak resident count.
+inline std::vector<bool> sieve_replay(const std::vector<std::uint32_t>& t, std::size_t capacity,
+                                      policy_probe* probe = nullptr) {
+  struct node {
+    std::uint32_t key;
+    bool visited;
+  };
+  using list = std::list<node>;  // front = head (newest), back = tail (oldest)
+  list q;
+  std::unordered_map<std::uint32_t, list::iterator> at;
+  at.reserve(capacity * 2);
+  auto hand = q.end();  // end(): from the tail
+  std::vector<bool> hit(t.size(), false);
+  std::size_t peak = 0;
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    const std::uint32_t k = t[i];
+    if (const auto f = at.find(k); f != at.end()) {
+      f->second->visited = true;
+      hit[i] = true;
+      continue;
+    }
+    if (capacity == 0) continue;
+    if (at.size() >= capacity) {
+      auto h = hand == q.end() ? std::prev(q.end()) : hand;
+      while (h->visited) {
+        h->visited = false;
+        h = h == q.begin() ? std::prev(q.end()) : std::prev(h);
+      }
+      hand = h == q.begin() ? q.end() : std::prev(h);
+      at.erase(h->key);
+      q.erase(h);
+    }
+    q.push_front({k, false});
+    at[k] = q.begin();
+    peak = std::max(peak, at.size());
+  }
+  if (probe != nullptr) probe->peak_resident = probe->peak_tracked = peak;
+  return hit;
+}
+
+inline std::uint64_t sieve_hits(const std::vector<std::uint32_t>& t, std::size_t capacity) {
+  const std::vector<bool> h = sieve_replay(t, capacity);
+  return static_cast<std::uint64_t>(std::count(h.begin(), h.end(), true));
+}
+
+// two_q_replay: 2Q, the full version (Johnson and Shasha, "2Q: A Low Overhead High Performance
+// Buffer Management Replacement Algorithm", VLDB 1994, Fig. 2), exact and unsharded. A1in, a
+// FIFO of the keys read once (Kin = `in_share` of the capacity, at least 1); A1out, a FIFO
+// remembering the keys A1in let go (Kout = `out_share` of the capacity keys, not resident); Am,
+// an LRU of the keys read again after A1in let them go. A hit in Am moves the key to Am's head, a
+// hit in A1in moves nothing; a miss on a key of A1out puts it in Am, any other miss in A1in.
+// Room is made (the paper's reclaimfor) from A1in's tail, into A1out, while A1in holds more than
+// Kin or Am is empty, else from Am's tail (forgotten). The hits, access by access; `probe` gets
+// the peak resident count and the peak of resident plus remembered keys.
+inline std::vector<bool> two_q_replay(const std::vector<std::uint32_t>& t, std::size_t capacity,
+                                      double in_share = 0.25, double out_share = 0.5,
+                                      policy_probe* probe = nullptr) {
+  using list = std::list<std::uint32_t>;  // front = head (newest)
+  enum which : std::uint8_t { am, a1in, a1out };
+  struct where {
+    which in;
+    list::iterator it;
+  };
+  list l[3];
+  std::unordered_map<std::uint32_t, where> at;
+  at.reserve(capacity * 2);
+  const auto share = [capacity](double s) {
+    return std::max<std::size_t>(1, static_cast<std::size_t>(static_cast<double>(capacity) * s));
+  };
+  const std::size_t kin = share(in_share);
+  const std::size_t kout = share(out_share);
+  const auto push = [&](which w, std::uint32_t k) {
+    l[w].push_front(k);
+    at[k] = {w, l[w].begin()};
+  };
+  const auto reclaim = [&] {
+    if (l[am].size() + l[a1in].size() < capacity) return;
+    if (l[a1in].size() > kin || l[am].empty()) {
+      const std::uint32_t y = l[a1in].back();
+      l[a1in].pop_back();
+      push(a1out, y);
+      if (l[a1out].size() > kout) {
+        at.erase(l[a1out].back());
+        l[a1out].pop_back();
+      }
+    } else {
+      at.erase(l[am].back());
+      l[am].pop_back();
+    }
+  };
+  std::vector<bool> hit(t.size(), false);
+  std::size_t peak = 0;
+  std::size_t tracked = 0;
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    const std::uint32_t k = t[i];
+    const auto f = at.find(k);
+    if (f != at.end() && f->second.in == am) {
+      l[am].splice(l[am].begin(), l[am], f->second.it);
+      hit[i] = true;
+    } else if (f != at.end() && f->second.in == a1in) {
+      hit[i] = true;
+    } else if (capacity != 0) {
+      const bool remembered = f != at.end();
+      if (remembered) {
+        l[a1out].erase(f->second.it);
+        at.erase(f);
+      }
+      reclaim();
+      push(remembered ? am : a1in, k);
+    }
+    peak = std::max(peak, l[am].size() + l[a1in].size());
+    tracked = std::max(tracked, at.size());
+  }
+  if (probe != nullptr) {
+    probe->peak_resident = peak;
+    probe->peak_tracked = tracked;
+  }
+  return hit;
+}
+
+inline std::uint64_t two_q_hits(const std::vector<std::uint32_t>& t, std::size_t capacity) {
+  const std::vector<bool> h = two_q_replay(t, capacity);
   return static_cast<std::uint64_t>(std::count(h.begin(), h.end(), true));
 }
 
