@@ -12,6 +12,7 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 
 #include "support/catch.hpp"
@@ -246,4 +247,38 @@ TEST_CASE("a T destructor run by an asynchronous load's publication may close th
   log.wait("the caller is answered");
   CHECK(log.calls.load() == 1);
   CHECK_THROWS_AS(c.get("b", [] { return oval("x"); }), sf::closed_error);
+}
+
+TEST_CASE("a garbage_hold keeps what this thread's writes take out of the cache until it ends",
+          "[cache][destructors]") {
+  // detail::cache_table::garbage_hold (fleet_cache applies the bus inside one): the entries a
+  // write on the hold's thread drops are destroyed when the hold ends, not inside the write;
+  // writes on other threads and to other caches are not held.
+  ocache c(one_shard());
+  ocache other(one_shard());
+  c.put("a", "old");
+  c.put("b", "old");
+  other.put("x", "old");
+  std::atomic<int> fired{0};
+  const auto count = [&] { fired.fetch_add(1); };
+  auto& table = sf::detail::cache_access::table(c);
+  {
+    using hold_t = std::remove_reference_t<decltype(table)>::garbage_hold;
+    const hold_t held(table);
+    old_value_dtor.arm(std::this_thread::get_id(), count);
+    (void)c.invalidate("a");
+    CHECK(fired.load() == 0);  // held
+    (void)other.invalidate("x");
+    CHECK(fired.load() == 1);  // another cache's: destroyed at once
+    sftest::thread elsewhere([&] {
+      old_value_dtor.arm(std::this_thread::get_id(), count);
+      (void)c.invalidate("b");
+    });
+    elsewhere.join("an invalidate on another thread");
+    CHECK(fired.load() == 2);  // another thread's: destroyed at once
+    old_value_dtor.arm(std::this_thread::get_id(), count);
+  }
+  CHECK(fired.load() == 3);  // the held entry, with the hold
+  old_value_dtor.on.store(std::thread::id{});
+  CHECK_FALSE(c.peek("a").has_value());
 }

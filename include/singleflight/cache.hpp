@@ -100,6 +100,10 @@
 
 namespace singleflight {
 
+namespace detail {
+struct cache_access;
+}  // namespace detail
+
 // cache
 //
 // Template parameters:
@@ -617,8 +621,23 @@ class cache {
                   "completion<load_result<T>>)");
   }
 
+  friend struct detail::cache_access;
+
   calls_t calls_;
 };
+
+namespace detail {
+// cache_access: what another layer of the library reaches inside a cache. table(c): c's entry
+// table, for a garbage_hold (detail/cache/cache_table.hpp: what c's writes on this thread take
+// out of it is destroyed when the hold is, not inside the write; fleet_cache's application of
+// the bus).
+struct cache_access {
+  template <class C>
+  static auto& table(C& c) noexcept {
+    return c.calls_.state().table;
+  }
+};
+}  // namespace detail
 
 }  // namespace singleflight
 

@@ -517,29 +517,45 @@ class fleet_cache {
   // clear take it away). Returns whether it changed what the local cache may
   // hold for `watched` (when given): a drop or a stale mark of that key, a
   // clear, a stale mark of every key.
+  //
+  // What the application takes out of the local cache (its entries' keys and values) is
+  // destroyed once it is over, not inside it (a garbage_hold, made by its first step: nothing
+  // on the path with nothing to apply): other callers wait for an application under way before
+  // they read, and those destructors are user code that may re-enter this fleet_cache,
+  // close() included, whose wait for a load would wait for that load's loader reading it.
   bool catch_up(const std::string* watched = nullptr) {
+    using hold_t = typename std::remove_reference_t<decltype(detail::cache_access::table(
+        local_))>::garbage_hold;
+    std::optional<hold_t> held;
+    const auto hold = [&] {
+      if (!held) held.emplace(detail::cache_access::table(local_));
+    };
     bool touched = false;
     const auto touches = [&](const std::string& text) {
       if (watched != nullptr && text == *watched) touched = true;
     };
     inbox_.apply(
         [&](const std::string& text, std::uint64_t seq) {
+          hold();
           if (kept(text, seq)) return;
           voided_.dropped(text, seq);
           (void)local_.invalidate(text);
           touches(text);
         },
         [&] {
+          hold();
           void_all();
           local_.clear();
           touched = true;
         },
         [&](const std::string& text) {
+          hold();
           void_all();
           (void)local_.expire(text);
           touches(text);
         },
         [&](std::chrono::steady_clock::time_point since) {
+          hold();
           touched = true;
           void_all();
           // The bound runs from the mark (the confirmations, an overflow), not from this call:

@@ -438,13 +438,23 @@ class cache_table {
   // garbage: nodes unlinked under a shard's mutex, destroyed (keys, values
   // and exceptions) when this object dies, after the mutex: declare it
   // before the lock. Each node's memory then goes back to the pool of its
-  // own shard (the one its fingerprint picks), without a lock.
+  // own shard (the one its fingerprint picks), without a lock. While a
+  // garbage_hold of the same table lives on this thread, the nodes go to
+  // the hold instead, to be destroyed with it.
   class garbage {
    public:
     explicit garbage(cache_table& t) noexcept : t_(t) {}
     garbage(const garbage&) = delete;
     garbage& operator=(const garbage&) = delete;
     ~garbage() {
+      if (head_ != nullptr) {
+        for (garbage_hold* h = garbage_hold::top; h != nullptr; h = h->prev_) {
+          if (&h->kept_.t_ == &t_) {
+            h->kept_.take(head_);
+            return;
+          }
+        }
+      }
       using pool_t = node_pool<node>;
       pool_t* first = nullptr;
       typename pool_t::batch b;
@@ -472,8 +482,44 @@ class cache_table {
     }
 
    private:
+    friend class garbage_hold;
+    // take(list): the nodes chained from `list` join this garbage.
+    void take(node* list) noexcept {
+      while (list != nullptr) {
+        node* n = list;
+        list = n->chain;
+        add(n);
+      }
+    }
+
     cache_table& t_;
     node* head_ = nullptr;
+  };
+
+  // garbage_hold: while it lives, the garbage of its table made on this
+  // thread (every write's: invalidate, clear, expire, an eviction) is kept,
+  // not destroyed; it is destroyed (Key, T and exception destructors: user
+  // code) when the hold is, after the hold is unlinked, so that what those
+  // destructors write is destroyed at once, or by an outer hold. For a
+  // caller that must finish something others wait for before user code
+  // runs (fleet_cache's application of the bus: callers wait for it before
+  // they read, and a destructor may re-enter, close() included). Holds
+  // nest, each on its thread's stack, linked from a thread_local (one per
+  // table type, and per shared object under -fvisibility=hidden).
+  //
+  // Thread safety: touches the calling thread's own links only.
+  class garbage_hold {
+   public:
+    explicit garbage_hold(cache_table& t) noexcept : kept_(t), prev_(top) { top = this; }
+    garbage_hold(const garbage_hold&) = delete;
+    garbage_hold& operator=(const garbage_hold&) = delete;
+    ~garbage_hold() { top = prev_; }  // then kept_ dies: outside this hold
+
+   private:
+    friend class garbage;
+    garbage kept_;
+    garbage_hold* prev_;
+    static inline thread_local garbage_hold* top = nullptr;
   };
 
   std::size_t shard_total() const noexcept { return std::size_t{1} << shard_bits_; }
