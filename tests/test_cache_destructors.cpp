@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstddef>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -246,6 +247,37 @@ TEST_CASE("a T destructor run by an asynchronous load's publication may close th
   CHECK(closed.load());
   log.wait("the caller is answered");
   CHECK(log.calls.load() == 1);
+  CHECK_THROWS_AS(c.get("b", [] { return oval("x"); }), sf::closed_error);
+}
+
+TEST_CASE("a T destructor run by an asynchronous load's recorded failure may close the cache",
+          "[cache][destructors][close]") {
+  // With error_ttl, a failed load records its failure in place of a dead value: the value is
+  // destroyed on the thread that fails the load's completion, before the load's flight
+  // settles. A close() from that destructor must not wait for that flight.
+  sf::cache_options o = one_shard();
+  o.error_ttl = 1h;
+  ocache c(o);
+  c.put("a", "old");
+  c.expire("a");  // dead: no stale window, so the failure replaces it
+  callback_log<oval> log;
+  completion_box<oval> box;
+  c.async_get("a", box.fn(), log.on_done());
+  auto [st, done] = box.take("the load starts");
+  std::atomic<bool> closed{false};
+  sftest::thread resolver([&, d = std::move(done)]() mutable {
+    old_value_dtor.arm(std::this_thread::get_id(), [&] {
+      c.close();
+      closed.store(true);
+    });
+    d.set_exception(std::make_exception_ptr(std::runtime_error("origin down")));
+  });
+  resolver.join("the resolver returns (close() from a dead value's destructor)");
+  old_value_dtor.on.store(std::thread::id{});
+  CHECK(closed.load());
+  log.wait("the caller is answered");
+  CHECK(log.calls.load() == 1);
+  CHECK(log.threw<std::runtime_error>());
   CHECK_THROWS_AS(c.get("b", [] { return oval("x"); }), sf::closed_error);
 }
 
