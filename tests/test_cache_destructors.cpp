@@ -314,3 +314,28 @@ TEST_CASE("a garbage_hold keeps what this thread's writes take out of the cache 
   old_value_dtor.on.store(std::thread::id{});
   CHECK_FALSE(c.peek("a").has_value());
 }
+
+TEST_CASE("cache_access::age reads the age peek would report without copying T",
+          "[cache][destructors]") {
+  // fleet_cache reads an entry's age inside its application of the bus, where no user code
+  // may run: no copy of T (nor a destruction: the reference count is not touched).
+  struct copies {
+    std::atomic<int>* n;
+    explicit copies(std::atomic<int>* c) : n(c) {}
+    copies(const copies& o) : n(o.n) { n->fetch_add(1); }
+  };
+  std::atomic<int> copied{0};
+  sf::cache<std::string, copies> c(one_shard());
+  CHECK_FALSE(sf::detail::cache_access::age(c, "a").has_value());
+  c.put("a", copies(&copied));
+  const int before = copied.load();
+  const auto age = sf::detail::cache_access::age(c, "a");
+  CHECK(copied.load() == before);
+  REQUIRE(age.has_value());
+  const auto seen = c.peek("a");
+  REQUIRE(seen.has_value());
+  CHECK(*age <= seen->age);
+  (void)c.expire("a");  // no stale window: peek answers nothing, nor does age
+  CHECK_FALSE(c.peek("a").has_value());
+  CHECK_FALSE(sf::detail::cache_access::age(c, "a").has_value());
+}

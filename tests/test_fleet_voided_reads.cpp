@@ -106,3 +106,24 @@ TEST_CASE("voided_reads: discard_all drops every stash; past `max` keys the stas
   CHECK(v.stash_count() == 0);
   CHECK(v.take("c").first == nullptr);
 }
+
+TEST_CASE(
+    "voided_reads: a discard into a set_aside keeps the values until the set_aside dies (T's "
+    "destructor runs after fleet_cache's application of the bus)",
+    "[fleet][fleet_cache][tracking]") {
+  int destroyed = 0;
+  d::voided_reads<counted> c(8);
+  c.stash("k", std::make_shared<const counted>(counted{&destroyed}), read_with<counted>(1));
+  c.stash("j", std::make_shared<const counted>(counted{&destroyed}), read_with<counted>(1));
+  c.stash("i", std::make_shared<const counted>(counted{&destroyed}), read_with<counted>(1));
+  const int before = destroyed;  // the temporaries the stashes were copied from
+  {
+    d::voided_reads<counted>::set_aside kept;
+    c.dropped("k", 2, &kept);
+    CHECK(c.stash_count() == 2);
+    c.discard_all(&kept);
+    CHECK(c.stash_count() == 0);
+    CHECK(destroyed == before);  // kept
+  }
+  CHECK(destroyed == before + 3);
+}

@@ -72,6 +72,7 @@
 // section or under its mutex and must not call the cache.
 #pragma once
 
+#include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -627,14 +628,19 @@ class cache {
 };
 
 namespace detail {
-// cache_access: what another layer of the library reaches inside a cache. table(c): c's entry
-// table, for a garbage_hold (detail/cache/cache_table.hpp: what c's writes on this thread take
-// out of it is destroyed when the hold is, not inside the write; fleet_cache's application of
-// the bus).
+// cache_access: what another layer of the library reaches inside a cache (fleet_cache, while
+// it applies the bus: no user code may run there).
+//   * table(c): c's entry table, for a garbage_hold (detail/cache/cache_table.hpp): what c's
+//     writes on this thread take out of it is destroyed when the hold is, not in the write;
+//   * age(c, key): the age c.peek(key) would report (nullopt: none), with no copy of T.
 struct cache_access {
   template <class C>
   static auto& table(C& c) noexcept {
     return c.calls_.state().table;
+  }
+  template <class C>
+  static std::optional<std::chrono::nanoseconds> age(C& c, const typename C::key_type& key) {
+    return c.calls_.state().peek_age(key, c.calls_.hash_of(key));
   }
 };
 }  // namespace detail

@@ -518,14 +518,17 @@ class fleet_cache {
   // hold for `watched` (when given): a drop or a stale mark of that key, a
   // clear, a stale mark of every key.
   //
-  // What the application takes out of the local cache (its entries' keys and values) is
-  // destroyed once it is over, not inside it (a garbage_hold, made by its first step: nothing
-  // on the path with nothing to apply): other callers wait for an application under way before
-  // they read, and those destructors are user code that may re-enter this fleet_cache,
-  // close() included, whose wait for a load would wait for that load's loader reading it.
+  // No user code runs inside the application: what it takes out of the local cache (its
+  // entries' keys and values) and the stashed values it discards (voided_reads.hpp) are
+  // destroyed once it is over (a garbage_hold, made by its first step: nothing on the path
+  // with nothing to apply; a set_aside), and kept() reads an entry's age without copying T.
+  // Other callers wait for an application under way before they read, and those destructors
+  // and copies are user code that may re-enter this fleet_cache, close() included, whose wait
+  // for a load would wait for that load's loader reading it.
   bool catch_up(const std::string* watched = nullptr) {
     using hold_t = typename std::remove_reference_t<decltype(detail::cache_access::table(
         local_))>::garbage_hold;
+    typename detail::voided_reads<T>::set_aside discarded;  // stashes discarded, likewise
     std::optional<hold_t> held;
     const auto hold = [&] {
       if (!held) held.emplace(detail::cache_access::table(local_));
@@ -538,26 +541,26 @@ class fleet_cache {
         [&](const std::string& text, std::uint64_t seq) {
           hold();
           if (kept(text, seq)) return;
-          voided_.dropped(text, seq);
+          voided_.dropped(text, seq, &discarded);
           (void)local_.invalidate(text);
           touches(text);
         },
         [&] {
           hold();
-          void_all();
+          void_all(&discarded);
           local_.clear();
           touched = true;
         },
         [&](const std::string& text) {
           hold();
-          void_all();
+          void_all(&discarded);
           (void)local_.expire(text);
           touches(text);
         },
         [&](std::chrono::steady_clock::time_point since) {
           hold();
           touched = true;
-          void_all();
+          void_all(&discarded);
           // The bound runs from the mark (the confirmations, an overflow), not from this call:
           // a first get long after a reconnect is answered stale no more than one at once.
           const auto gone = std::chrono::steady_clock::now() - since;
@@ -567,11 +570,11 @@ class fleet_cache {
     return touched;
   }
 
-  // void_all(): a clear, a stale mark or an expire is applied: no value set aside before it
-  // (voided_reads.hpp) may be taken after it; they are discarded.
-  void void_all() noexcept {
+  // void_all(keep): a clear, a stale mark or an expire is applied: no value set aside before it
+  // (voided_reads.hpp) may be taken after it; they are discarded, into `keep`.
+  void void_all(typename detail::voided_reads<T>::set_aside* keep) noexcept {
     voids_.fetch_add(1, std::memory_order_acq_rel);
-    voided_.discard_all();
+    voided_.discard_all(keep);
   }
 
   // kept(text, seq): under client tracking, whether report `seq` of `text` is one the local
@@ -586,9 +589,8 @@ class fleet_cache {
     // No entry: a drop of nothing still voids loads under way.
     return detail::kept_reads::stored_after(*after,
                                             [&]() -> std::optional<std::chrono::nanoseconds> {
-                                              const std::optional<cached<T>> e = local_.peek(text);
-                                              if (!e) return std::nullopt;
-                                              return e->age;
+                                              // No copy of T: this runs inside an application.
+                                              return detail::cache_access::age(local_, text);
                                             });
   }
 

@@ -11,7 +11,8 @@
 //     when it must start a refresh, register a load or pin a stale value (or
 //     the gate is closed), again under the shard's mutex (lookup_locked());
 //   * fresh_hit(): the hit path proper, a fresh value that starts nothing;
-//   * peek(): the entry as it stands, with no effect at all.
+//   * peek(): the entry as it stands, with no effect at all; peek_age():
+//     only its age, with no copy of T (nor of its reference).
 // A decision carries the value out (copied inside the section, or pinned and
 // copied after it: copy_inside) and whatever the caller must start or undo.
 //
@@ -25,6 +26,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -424,6 +426,30 @@ class cache_lookup {
     }
     if (d.what != decision::act::serve && d.what != decision::act::not_found) return std::nullopt;
     return std::move(d).entry();
+  }
+
+  // peek_age(key, mixed): the age peek() would report, nullopt when it would report nothing;
+  // no T is copied, nor its reference count touched (so none is destroyed by this call).
+  // Under the shard's mutex.
+  template <class P>
+  std::optional<std::chrono::nanoseconds> peek_age(const P& key, std::uint64_t mixed) {
+    const std::size_t si = table.shard_index(mixed);
+    const time_point now = Clock::now();
+    shard_lock lk(table, si);
+    const node_t* n = table.at(si).find(key, mixed, eq);
+    if (n == nullptr) return std::nullopt;
+    switch (classify(*n, now, [] { return false; })) {
+      case verdict::fresh:
+      case verdict::fresh_refresh:
+      case verdict::stale:
+      case verdict::stale_refresh:
+      case verdict::stale_on_error:
+      case verdict::not_found:
+        return std::chrono::duration_cast<std::chrono::nanoseconds>(
+            now > n->written ? now - n->written : duration::zero());
+      default:
+        return std::nullopt;
+    }
   }
 
   // Leaves a read section on every exit (KeyEqual may throw).

@@ -25,7 +25,9 @@
 // stale mark, a clear, an expire).
 //
 // Locking: `mu_`, a leaf, guards loading_ and stashed_. Values are held by shared_ptr, made and
-// copied outside the lock: no T is copied, moved or destroyed under it.
+// copied outside the lock: no T is copied, moved or destroyed under it. A discard may hand its
+// values to the caller's set_aside instead of destroying them (fleet_cache's application of
+// the bus destroys them once it is over).
 #pragma once
 
 #include <cstddef>
@@ -36,6 +38,7 @@
 #include <string>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "../chrono.hpp"
 
@@ -71,28 +74,54 @@ class voided_reads {
     }
   }
 
-  // dropped(text, seq): report `seq` of `text` dropped the local entry (and voided the loads of
-  // it under way); a stash of `text` read before it is discarded. Thread-safe; the discarded
-  // value is destroyed after the lock.
-  void dropped(const std::string& text, std::uint64_t seq) noexcept {
-    std::shared_ptr<const T> gone;
-    const std::lock_guard<std::mutex> lk(mu_);
-    if (const auto s = stashed_.find(text); s != stashed_.end() && seq > s->second.from.reports) {
-      gone = std::move(s->second.value);
-      stashed_.erase(s);
+  // set_aside: discarded values that their discarder must not destroy yet (fleet_cache applying
+  // the bus: others wait for it, and T's destructor is user code); they die with this object.
+  // Not thread-safe: one caller's, on its stack.
+  class set_aside {
+   public:
+    // keep(v): v lives until this object dies; when that cannot be recorded (bad_alloc), v is
+    // left to the caller, which destroys it at once.
+    void keep(std::shared_ptr<const T>& v) noexcept {
+      if (!v) return;
+      try {
+        values_.push_back(std::move(v));
+      } catch (...) {  // push_back's strong guarantee: v is untouched
+      }
     }
-    const auto it = loading_.find(text);
-    if (it == loading_.end()) return;
-    ++it->second.drops;
-    it->second.last = seq;
+
+   private:
+    std::vector<std::shared_ptr<const T>> values_;
+  };
+
+  // dropped(text, seq[, keep]): report `seq` of `text` dropped the local entry (and voided the
+  // loads of it under way); a stash of `text` read before it is discarded. Thread-safe; the
+  // discarded value is destroyed after the lock, or handed to `keep`.
+  void dropped(const std::string& text, std::uint64_t seq, set_aside* keep = nullptr) noexcept {
+    std::shared_ptr<const T> gone;
+    {
+      const std::lock_guard<std::mutex> lk(mu_);
+      if (const auto s = stashed_.find(text); s != stashed_.end() && seq > s->second.from.reports) {
+        gone = std::move(s->second.value);
+        stashed_.erase(s);
+      }
+      if (const auto it = loading_.find(text); it != loading_.end()) {
+        ++it->second.drops;
+        it->second.last = seq;
+      }
+    }
+    if (keep != nullptr) keep->keep(gone);
   }
 
-  // discard_all(): every stash, discarded (none could be taken any more). Thread-safe; the
-  // values are destroyed after the lock.
-  void discard_all() noexcept {
+  // discard_all([keep]): every stash, discarded (none could be taken any more). Thread-safe;
+  // the values are destroyed after the lock, or handed to `keep`.
+  void discard_all(set_aside* keep = nullptr) noexcept {
     std::unordered_map<std::string, stashed> gone;
-    const std::lock_guard<std::mutex> lk(mu_);
-    gone.swap(stashed_);
+    {
+      const std::lock_guard<std::mutex> lk(mu_);
+      gone.swap(stashed_);
+    }
+    if (keep == nullptr) return;
+    for (auto& [text, s] : gone) keep->keep(s.value);
   }
 
   // stash_count(): how many keys hold a stash. Thread-safe.
