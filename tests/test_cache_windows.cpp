@@ -844,3 +844,46 @@ TEST_CASE("expire_all without stale_while_revalidate: the next get waits on a lo
   CHECK(*f.value == "v2");
   CHECK(f.state == sf::freshness::stale_on_error);
 }
+
+TEST_CASE(
+    "a refresh that puts its own key and then fails leaves the put's value fresh and unthrottled",
+    "[cache][c5]") {
+  // The put gives the key a new version: the refresh, registered before it, records nothing,
+  // neither its failure (which would throttle the key or stand in for the value) nor a stale
+  // mark on the newer value.
+  manual_clock::reset();
+  sf::cache_options o = swr(1s, 1h);
+  o.error_ttl = 2s;
+  scache c(o);
+  c.put("k", "v1");
+  manual_clock::advance(1500ms);
+  std::atomic<int> calls{0};
+  auto put_then_fail = [&]() -> std::string {
+    calls.fetch_add(1);
+    (void)c.put("k", "v2");
+    throw origin_error();
+  };
+  CHECK(c.get("k", put_then_fail) == "v1");  // stale: the refresh starts
+  must([&] { return c.stats().load_failures == 1; }, "the refresh failed");
+  CHECK(c.stats().rejected_publishes == 1);
+  const auto e = c.peek("k");
+  REQUIRE(e.has_value());
+  CHECK(e->value == "v2");
+  CHECK(e->state == sf::freshness::fresh);
+  int ran = 0;
+  CHECK(c.get("k", [&] {
+    ++ran;
+    return std::string("x");
+  }) == "v2");
+  CHECK(ran == 0);
+  // Stale again: the next read starts a refresh at once (the failure throttles nothing).
+  manual_clock::advance(1500ms);
+  std::atomic<int> refreshed{0};
+  CHECK(c.get("k", [&] {
+    refreshed.fetch_add(1);
+    return std::string("v3");
+  }) == "v2");
+  must([&] { return refreshed.load() == 1; }, "a refresh of the put's value");
+  must([&] { return c.peek("k").has_value() && c.peek("k")->value == "v3"; }, "v3 published");
+  CHECK(calls.load() == 1);
+}
