@@ -12,8 +12,10 @@
 #include <chrono>
 #include <cstddef>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <span>
@@ -932,4 +934,107 @@ TEST_CASE("docs: the quick example (docs/batch_loader.md)", "[batch][docs]") {
   CHECK(s.calls == 3);
   CHECK(names.load("7|43") == "Grace");
   CHECK(names.try_load("7|99").status() == sf::status::failed);  // not_found_error
+}
+
+namespace {
+
+// A value whose moves on one watched thread are counted; the fire_at-th runs `act`.
+struct move_watch {
+  std::atomic<std::thread::id> thread{};
+  std::atomic<int> moves{0};
+  int fire_at = -1;
+  std::function<void()> act;
+  void moved() {
+    if (thread.load(std::memory_order_acquire) != std::this_thread::get_id()) return;
+    if (moves.fetch_add(1) + 1 == fire_at) act();
+  }
+};
+
+move_watch watch;
+
+struct mval {
+  std::string s;
+  explicit mval(std::string v) : s(std::move(v)) {}
+  mval(const mval&) = default;
+  mval(mval&& o) noexcept : s(std::move(o.s)) { watch.moved(); }
+  mval& operator=(const mval&) = default;
+  mval& operator=(mval&&) = default;
+  ~mval() = default;
+};
+
+}  // namespace
+
+TEST_CASE("load_many: a T move that blocks while one key is delivered does not stall another's",
+          "[batch][many]") {
+  // Each key's outcome is moved into load_many's slot on the thread that resolves its batch.
+  // T's move is user code: it must not run under the lock every other key's delivery takes.
+  // The moves of one delivery are counted once (the last is the one into the slot); then a
+  // second load_many blocks in that move until another batch's delivery returns (bounded).
+  using completion_t = sf::batch_completion<std::string, mval>;
+  std::mutex m;
+  std::map<std::string, completion_t> held;  // m
+  sf::batch_loader<std::string, mval> l(
+      [&](std::span<const std::string> keys, sf::stop_token, completion_t done) {
+        const std::lock_guard<std::mutex> lk(m);
+        held.emplace(keys.front(), std::move(done));
+      },
+      no_window(1));  // one key per batch: a batch (and a delivery) per key
+  const auto take = [&](const std::string& k) {
+    const std::lock_guard<std::mutex> lk(m);
+    completion_t c = std::move(held.at(k));
+    held.erase(k);
+    return c;
+  };
+  const auto run = [&](const std::string& a, const std::string& b, auto&& then) {
+    const std::vector<std::string> keys{a, b};
+    std::vector<sf::outcome<mval>> out;
+    sftest::thread caller([&] { out = l.load_many(keys); });
+    must(
+        [&] {
+          const std::lock_guard<std::mutex> lk(m);
+          return held.size() == 2;
+        },
+        "both batches start");
+    sftest::thread resolver([&, c = take(a)]() mutable {
+      watch.moves.store(0);
+      watch.thread.store(std::this_thread::get_id(), std::memory_order_release);
+      std::vector<mval> v;
+      v.emplace_back("va");
+      c.set_value(std::move(v));
+      watch.thread.store(std::thread::id{});
+    });
+    resolver.join("a's delivery returns");
+    then(b);
+    caller.join("load_many returns");
+    REQUIRE(out.size() == 2);
+    CHECK(out[0].value().s == "va");
+    CHECK(out[1].value().s == "vb");
+  };
+  const auto resolve_b = [&](const std::string& b) {
+    std::vector<mval> v;
+    v.emplace_back("vb");
+    take(b).set_value(std::move(v));
+  };
+
+  // Count the moves of one delivery.
+  watch.fire_at = -1;
+  run("a1", "b1", resolve_b);
+  const int last = watch.moves.load();
+  REQUIRE(last > 0);
+
+  // Again, blocking in the last move (into the slot) until b's delivery has returned.
+  std::atomic<bool> b_done{false};
+  bool b_in_time = false;
+  std::unique_ptr<sftest::thread> b_resolver;
+  watch.fire_at = last;
+  watch.act = [&] {
+    b_resolver = std::make_unique<sftest::thread>([&] {
+      resolve_b("b2");
+      b_done.store(true);
+    });
+    b_in_time = sftest::becomes([&] { return b_done.load(); }, 3s);
+  };
+  run("a2", "b2", [&](const std::string&) { b_resolver->join("b's delivery returns"); });
+  watch.fire_at = -1;
+  CHECK(b_in_time);
 }

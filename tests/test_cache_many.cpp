@@ -13,10 +13,12 @@
 #include <cstddef>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -317,4 +319,113 @@ TEST_CASE(
   });
   for (std::size_t i = 0; i < more.size(); ++i) CHECK(got[i].value() == "p:" + more[i]);
   CHECK(calls.load() == 3);
+}
+
+namespace {
+
+// A value whose moves on one watched thread are counted; the fire_at-th runs `act`.
+struct move_watch {
+  std::atomic<std::thread::id> thread{};
+  std::atomic<int> moves{0};
+  int fire_at = -1;
+  std::function<void()> act;
+  void moved() {
+    if (thread.load(std::memory_order_acquire) != std::this_thread::get_id()) return;
+    if (moves.fetch_add(1) + 1 == fire_at) act();
+  }
+};
+
+move_watch watch;
+
+struct mval {
+  std::string s;
+  explicit mval(std::string v) : s(std::move(v)) {}
+  mval(const mval&) = default;
+  mval(mval&& o) noexcept : s(std::move(o.s)) { watch.moved(); }
+  mval& operator=(const mval&) = default;
+  mval& operator=(mval&&) = default;
+  ~mval() = default;
+};
+
+// An asynchronous origin for mval that keeps every load's completion by key.
+struct held_mval_origin {
+  std::mutex m;
+  std::vector<std::pair<std::string, sf::completion<mval>>> held;  // m
+  auto loader() {
+    return [this](const std::string& key, sf::stop_token, sf::completion<mval> done) {
+      const std::lock_guard<std::mutex> lk(m);
+      held.emplace_back(key, std::move(done));
+    };
+  }
+  std::size_t count() {
+    const std::lock_guard<std::mutex> lk(m);
+    return held.size();
+  }
+  sf::completion<mval> take(const std::string& key) {
+    const std::lock_guard<std::mutex> lk(m);
+    for (auto& [k, d] : held) {
+      if (k == key) return std::move(d);
+    }
+    return {};
+  }
+};
+
+}  // namespace
+
+TEST_CASE("get_many: a T move that blocks while one key is delivered does not stall another's",
+          "[cache][many]") {
+  // Each key's outcome is moved into get_many's slot on the thread that settles its load. T's
+  // move is user code: it must not run under the lock that every other key's delivery takes.
+  // The moves of one delivery are counted once (the last is the one into the slot); then a
+  // second get_many blocks in that move until another key's delivery returns (bounded).
+  sf::cache<std::string, mval> c(sf::cache_options{});
+  held_mval_origin origin;
+  const auto run = [&](const std::string& a, const std::string& b, auto&& during_last_move) {
+    const std::vector<std::string> keys{a, b};
+    std::vector<sf::outcome<mval>> out;
+    sftest::thread caller([&] { out = c.get_many(keys, origin.loader()); });
+    must([&] { return origin.count() >= 2; }, "both loads start");
+    sftest::thread resolver([&, d = origin.take(a)]() mutable {
+      watch.moves.store(0);
+      watch.thread.store(std::this_thread::get_id(), std::memory_order_release);
+      d.set_value(mval("va"));
+      watch.thread.store(std::thread::id{});
+    });
+    resolver.join("a's delivery returns");
+    during_last_move.finish(origin, b);
+    caller.join("get_many returns");
+    REQUIRE(out.size() == 2);
+    CHECK(out[0].value().s == "va");
+    CHECK(out[1].value().s == "vb");
+    origin.held.clear();
+  };
+
+  // Count the moves of one delivery.
+  struct plain {
+    void finish(held_mval_origin& o, const std::string& b) { o.take(b).set_value(mval("vb")); }
+  };
+  watch.fire_at = -1;
+  run("a1", "b1", plain{});
+  const int last = watch.moves.load();
+  REQUIRE(last > 0);
+
+  // Again, blocking in the last move (into the slot) until b's delivery has returned.
+  std::atomic<bool> b_done{false};
+  bool b_in_time = false;
+  std::unique_ptr<sftest::thread> b_resolver;
+  watch.fire_at = last;
+  watch.act = [&] {
+    b_resolver = std::make_unique<sftest::thread>([&, d = origin.take("b2")]() mutable {
+      d.set_value(mval("vb"));
+      b_done.store(true);
+    });
+    b_in_time = sftest::becomes([&] { return b_done.load(); }, 3s);
+  };
+  struct joined {
+    std::unique_ptr<sftest::thread>* t;
+    void finish(held_mval_origin&, const std::string&) { (*t)->join("b's delivery returns"); }
+  };
+  run("a2", "b2", joined{&b_resolver});
+  watch.fire_at = -1;
+  CHECK(b_in_time);
 }

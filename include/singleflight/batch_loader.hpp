@@ -547,41 +547,54 @@ class batch_loader {
     return f;
   }
 
-  // The outcome one caller of this loader waits for (reentrant, many).
+  // The outcome one caller of this loader waits for (reentrant, many). T's move (user code)
+  // runs under no lock: put() writes a slot, by its key's delivery alone, before arrived()
+  // counts it under `m` (inside the queue's settle, which holds the queue's lock); the waiter
+  // reads the slots only once the count says they are written.
   struct one_waiter {
     std::mutex m;
     std::condition_variable cv;
-    std::optional<outcome<T>> o;
-    void set(outcome<T>&& x) {
+    std::optional<outcome<T>> o;  // written by put(), then read by wait() once `done`
+    bool done = false;            // m
+    void put(outcome<T>&& x) { o.emplace(std::move(x)); }
+    void arrived() {
       const std::lock_guard<std::mutex> lk(m);
-      o.emplace(std::move(x));
+      done = true;
       cv.notify_all();  // under the lock: the waiter's frame may go right after
     }
     outcome<T> wait() {
-      std::unique_lock<std::mutex> lk(m);
-      cv.wait(lk, [&] { return o.has_value(); });
+      {
+        std::unique_lock<std::mutex> lk(m);
+        cv.wait(lk, [&] { return done; });
+      }
       return std::move(*o);
     }
     bool ready() {
       const std::lock_guard<std::mutex> lk(m);
-      return o.has_value();
+      return done;
     }
   };
   struct many_waiter {
     explicit many_waiter(std::size_t n) : slots(n), left(n) {}
     std::mutex m;
     std::condition_variable cv;
-    std::vector<std::optional<outcome<T>>> slots;
-    std::size_t left;
-    void set(std::size_t i, outcome<T>&& x) {
+    std::vector<std::optional<outcome<T>>> slots;  // slot i: its delivery's, then the waiter's
+    std::size_t left;                              // m
+    void put(std::size_t i, outcome<T>&& x) { slots[i].emplace(std::move(x)); }
+    void arrived() {
       const std::lock_guard<std::mutex> lk(m);
-      slots[i].emplace(std::move(x));
       if (--left == 0) cv.notify_all();  // under the lock, as above
+    }
+    void set(std::size_t i, outcome<T>&& x) {
+      put(i, std::move(x));
+      arrived();
     }
     // The outcomes; slot i is empty for a repeated key (many() fills it).
     std::vector<std::optional<outcome<T>>> wait() {
-      std::unique_lock<std::mutex> lk(m);
-      cv.wait(lk, [&] { return left == 0; });
+      {
+        std::unique_lock<std::mutex> lk(m);
+        cv.wait(lk, [&] { return left == 0; });
+      }
       return std::move(slots);
     }
     bool ready() {
@@ -622,7 +635,10 @@ class batch_loader {
     if (queue_.has_frames()) check_not_own_batch(key);
     if (!help && !queue_.delivering_here()) return std::nullopt;
     one_waiter w;
-    auto on_done = [&w, q = &queue_](outcome<T> o) { q->settle([&] { w.set(std::move(o)); }); };
+    auto on_done = [&w, q = &queue_](outcome<T> o) {
+      w.put(std::move(o));  // T's move: no lock
+      q->settle([&] { w.arrived(); });
+    };
     if (bound != nullptr) {
       group_.async_do(key, by_value{&queue_, key}, on_done, caller, wait_bound(*bound));
     } else {
@@ -684,7 +700,8 @@ class batch_loader {
       }
       try {
         auto on_done = [w, i, q = &queue_](outcome<T> o) {
-          q->settle([&] { w->set(i, std::move(o)); });
+          w->put(i, std::move(o));  // T's move: no lock
+          q->settle([&] { w->arrived(); });
         };
         if (bound != nullptr) {
           group_.async_do(keys[i], by_value{&queue_, keys[i]}, on_done, caller, wait_bound(*bound));

@@ -528,15 +528,17 @@ class cache_calls {
     }
   }
 
-  // get_many's outcomes: slot i for keys[i], filled by its callback on any thread.
+  // get_many's outcomes: slot i for keys[i], filled by its callback on any thread. T's move
+  // (user code) runs outside `m`: a slot is written once, by its key's callback alone, and read
+  // by the waiter only after `left`, under m, says every slot is written.
   struct many_outcomes {
     std::mutex m;
     std::condition_variable cv;
     std::size_t left = 0;                        // m
-    std::vector<std::optional<outcome<T>>> out;  // m
+    std::vector<std::optional<outcome<T>>> out;  // slot i: its callback's, then the waiter's
     void set(std::size_t i, outcome<T>&& o) {
-      std::unique_lock<std::mutex> lk(m);
       out[i].emplace(std::move(o));
+      const std::lock_guard<std::mutex> lk(m);
       if (--left == 0) cv.notify_all();  // under m: the waiter may free it after
     }
   };
@@ -557,9 +559,11 @@ class cache_calls {
     }
     std::vector<outcome<T>> res;
     res.reserve(keys.size());
-    std::unique_lock<std::mutex> lk(st->m);
-    st->cv.wait(lk, [&] { return st->left == 0; });
-    for (auto& o : st->out) res.push_back(std::move(*o));
+    {
+      std::unique_lock<std::mutex> lk(st->m);
+      st->cv.wait(lk, [&] { return st->left == 0; });
+    }
+    for (auto& o : st->out) res.push_back(std::move(*o));  // T's moves: no lock
     return res;
   }
 
