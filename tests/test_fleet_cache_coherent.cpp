@@ -165,6 +165,44 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "put_superseded_applied_by_another_caller_is_not_kept: another process's put of the same "
+    "key lands in Redis after this put's, is heard, and is applied by another caller's peek "
+    "before this put's local step (which then found nothing left to apply); this process then "
+    "reads the newer value, not its own older one (it kept p1 for its ttl)",
+    "[fleet][fleet_cache]") {
+  const mode m = GENERATE(mode::tracking, mode::publish);
+  const std::string uri = sftest::need_redis();
+  const std::string prefix = sftest::unique_prefix("fc-put-race-other");
+  sftest::redis_client redis(uri);
+  fc_t a(opts(uri, prefix, m));
+  fc_t b(opts(uri, prefix, m));
+  until_listening(a, "a listens");
+  until_listening(b, "b listens");
+  const std::uint64_t heard = a.stats().invalidations_heard;
+  // Under tracking a hears its own put's report and b's; on the bus only b's.
+  const std::uint64_t reports = m == mode::tracking ? 2 : 1;
+  std::atomic<bool> once{false};
+  // Between a's write in Redis and its local step: b's put, heard by a, and applied to a's
+  // local cache by another of a's callers (a peek of another key applies everything heard).
+  fleet_cache_engine(a).hook = [&](point p, std::string_view) {
+    if (p != point::written || once.exchange(true)) return;
+    (void)b.put("k", std::string("p2"));
+    sftest::must([&] { return a.stats().invalidations_heard >= heard + reports; },
+                 "a hears b's put");
+    sftest::result<bool> other;
+    sftest::jthread t = sftest::spawn(other, [&] { return a.peek("other").has_value(); });
+    sftest::finish(t, other, "another caller of a applies what a heard");
+  };
+  (void)a.put("k", std::string("p1"));
+  REQUIRE(once.load());
+  CHECK(sftest::stored(redis, prefix, "k") == "p2");
+  std::atomic<int> ran{0};
+  CHECK(a.get("k", must_not_load(ran)) == "p2");
+  CHECK(b.get("k", must_not_load(ran)) == "p2");
+  CHECK(ran.load() == 0);
+}
+
+TEST_CASE(
     "a load under way in another process when invalidate runs: its callers get what it "
     "loaded, but it is not kept, neither locally nor in Redis; the next read loads again",
     "[fleet][fleet_cache]") {

@@ -93,6 +93,7 @@
 #include "detail/fleet/kept_reads.hpp"
 #include "detail/fleet/read_mark.hpp"
 #include "detail/fleet/voided_reads.hpp"
+#include "detail/fleet/write_watches.hpp"
 #include "detail/functional.hpp"
 #include "detail/get_awaitable.hpp"
 #include "detail/resume_gate.hpp"
@@ -368,7 +369,10 @@ class fleet_cache {
   // Thread-safe.
   std::uint64_t invalidate(const Key& key) {
     const std::string text = key_text(key);
-    return write(text, std::string(), bus_, [&](bool) { (void)local_.invalidate(text); });
+    return write(text, std::string(), bus_, [&](bool) {
+      (void)local_.invalidate(text);
+      return false;
+    });
   }
 
   // expire(key)
@@ -390,7 +394,11 @@ class fleet_cache {
   std::uint64_t expire(const Key& key) {
     const std::string text = key_text(key);
     return write(
-        text, std::string(), expire_bus_, [&](bool) { (void)local_.expire(text); },
+        text, std::string(), expire_bus_,
+        [&](bool) {
+          (void)local_.expire(text);
+          return false;
+        },
         [&] { (void)local_.expire(text); });
   }
 
@@ -403,8 +411,9 @@ class fleet_cache {
   // while the put was in Redis, of a write of the key (on the bus, another
   // process's; under tracking any, its own included: reports name no writer)
   // or of a gap: that write may have followed this one, so the key is dropped
-  // and the next get reads Redis (test
-  // "put_superseded_before_its_local_step_is_not_kept"). A value over
+  // and the next get reads Redis, whichever caller of this process applied
+  // what it heard (tests "put_superseded_before_its_local_step_is_not_kept",
+  // "put_superseded_applied_by_another_caller_is_not_kept"). A value over
   // fleet.max_value_bytes is not stored in Redis: the key is invalidated
   // fleet-wide instead (counted: fleet.oversized_values). Returns the key's
   // new generation. Throws as invalidate (the local entry is then dropped),
@@ -424,9 +433,10 @@ class fleet_cache {
     return write(text, rec, bus_, [&](bool superseded) {
       if (superseded) {
         (void)local_.invalidate(text);  // the next get reads Redis
-      } else {
-        (void)local_.put(text, std::move(v));
+        return false;
       }
+      (void)local_.put(text, std::move(v));
+      return true;
     });
   }
 
@@ -514,9 +524,8 @@ class fleet_cache {
   // Applies what the bus told this process to the local cache: before every
   // read, and before every local write (a mark still pending from a
   // confirmation would otherwise make a later put stale, or a FLUSHALL's
-  // clear take it away). Returns whether it changed what the local cache may
-  // hold for `watched` (when given): a drop or a stale mark of that key, a
-  // clear, a stale mark of every key.
+  // clear take it away). Each change is told to the writes watching its key
+  // (watches_, write_watches.hpp) before it reaches the local cache.
   //
   // No user code runs inside the application: what it takes out of the local cache (its
   // entries' keys and values) and the stashed values it discards (voided_reads.hpp) are
@@ -525,7 +534,7 @@ class fleet_cache {
   // Other callers wait for an application under way before they read, and those destructors
   // and copies are user code that may re-enter this fleet_cache, close() included, whose wait
   // for a load would wait for that load's loader reading it.
-  bool catch_up(const std::string* watched = nullptr) {
+  void catch_up() {
     using hold_t = typename std::remove_reference_t<decltype(detail::cache_access::table(
         local_))>::garbage_hold;
     typename detail::voided_reads<T>::set_aside discarded;  // stashes discarded, likewise
@@ -533,33 +542,29 @@ class fleet_cache {
     const auto hold = [&] {
       if (!held) held.emplace(detail::cache_access::table(local_));
     };
-    bool touched = false;
-    const auto touches = [&](const std::string& text) {
-      if (watched != nullptr && text == *watched) touched = true;
-    };
     inbox_.apply(
         [&](const std::string& text, std::uint64_t seq) {
           hold();
           if (kept(text, seq)) return;
+          watches_.touch(text);
           voided_.dropped(text, seq, &discarded);
           (void)local_.invalidate(text);
-          touches(text);
         },
         [&] {
           hold();
+          watches_.touch_all();
           void_all(&discarded);
           local_.clear();
-          touched = true;
         },
         [&](const std::string& text) {
           hold();
+          watches_.touch(text);
           void_all(&discarded);
           (void)local_.expire(text);
-          touches(text);
         },
         [&](std::chrono::steady_clock::time_point since) {
           hold();
-          touched = true;
+          watches_.touch_all();
           void_all(&discarded);
           // The bound runs from the mark (the confirmations, an overflow), not from this call:
           // a first get long after a reconnect is answered stale no more than one at once.
@@ -567,7 +572,6 @@ class fleet_cache {
           local_.expire_all(gone < gap_stale_bound_ ? gap_stale_bound_ - gone
                                                     : std::chrono::nanoseconds::zero());
         });
-    return touched;
   }
 
   // void_all(keep): a clear, a stale mark or an expire is applied: no value set aside before it
@@ -737,8 +741,9 @@ class fleet_cache {
   }
 
   // put / invalidate / expire: the write script with the message on
-  // `channel`, then the local step; when Redis fails, `failed` (by default
-  // the local entry is dropped) and the error thrown.
+  // `channel`, then the local step, local(superseded), which returns whether it
+  // stored a value locally; when Redis fails, `failed` (by default the local
+  // entry is dropped) and the error thrown.
   template <class Local>
   std::uint64_t write(const std::string& text, const std::string& rec, const std::string& channel,
                       Local&& local) {
@@ -750,8 +755,11 @@ class fleet_cache {
                       Local&& local, Failed&& failed) {
     if (closed_.load(std::memory_order_relaxed)) throw closed_error();
     // What was heard before the write is sent is of writes Redis ran before it: applied now,
-    // so that what the catch_up after it applies may be a later write (see below).
-    (void)catch_up();
+    // so that what is applied after it, by any caller, may be a later write (see below).
+    catch_up();
+    // From before the write is sent to after the local step: every change of the key applied
+    // meanwhile, by this caller or another one (write_watches.hpp).
+    const detail::write_watches::watch watched(watches_, text);
     // Counted before and after: a load that overlaps a write keeps no report (kept_reads.hpp).
     const write_count counted(writes_);
     voided_.discard_all();  // none can be taken any more (their write count is past)
@@ -765,11 +773,14 @@ class fleet_cache {
     broadcasts_.fetch_add(1, std::memory_order_relaxed);     // a counter
     fleet_.engine_->at(detail::fleet_point::written, text);  // a test hook; it must not throw
     (void)fleet_.group_.forget(text);
-    // What this process heard of the key since the write was sent may be of a later write
-    // by another (on the bus, another process's; under tracking, reports name no writer: this
-    // write's own too), or a gap that hid one (a stale mark of every key): `local` is told
-    // so, and a put then drops the key instead of keeping a value another write replaced.
-    local(catch_up(&text));
+    // What was applied of the key since the write was sent, here or by another caller, may be
+    // a later write by another process (on the bus, another process's; under tracking, reports
+    // name no writer: this write's own too), or a gap that hid one (a stale mark of every key):
+    // `local` is told so, and a put then drops the key instead of keeping a value another write
+    // replaced. A change applied by another caller after this check and before the put's local
+    // step reached the local cache first: the put's value is dropped again.
+    catch_up();
+    if (local(watched.touched()) && watched.touched()) (void)local_.invalidate(text);
     return gen;
   }
 
@@ -797,6 +808,7 @@ class fleet_cache {
   detail::voided_reads<T> voided_;        // tracking: such values the local cache refused
   std::atomic<std::uint64_t> voids_{0};   // stale marks, clears, expires applied (voided_)
   std::atomic<std::uint64_t> writes_{0};  // put / invalidate / expire begun and ended
+  detail::write_watches watches_;         // put / invalidate / expire: their keys' changes
   local_t local_;                         // destroyed first: joins its loads
   std::atomic<bool> closed_{false};
   std::atomic<std::uint64_t> broadcasts_{0};
