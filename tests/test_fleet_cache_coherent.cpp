@@ -203,6 +203,63 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "key texts that hold the names' separators, begin with 32 hex digits (a writer id's "
+    "length) or are empty: another process's put of each reaches this process's local cache",
+    "[fleet][fleet_cache][names]") {
+  const mode m = GENERATE(mode::tracking, mode::publish);
+  const std::string uri = sftest::need_redis();
+  const std::string prefix = sftest::unique_prefix("fc-key-texts");
+  fc_t a(opts(uri, prefix, m));
+  fc_t b(opts(uri, prefix, m));
+  until_listening(a, "a listens");
+  until_listening(b, "b listens");
+  const std::vector<std::string> keys = {"",
+                                         "0123456789abcdef0123456789abcdef",
+                                         "0123456789abcdef0123456789abcdefk",
+                                         "}:v",
+                                         "k}:v}:v",
+                                         "{1:a:k}:v",
+                                         "k}:i"};
+  for (const std::string& k : keys) CHECK(b.get(k, [] { return std::string("old"); }) == "old");
+  const std::uint64_t heard = b.stats().invalidations_heard;
+  for (const std::string& k : keys) (void)a.put(k, "new:" + k);
+  sftest::must([&] { return b.stats().invalidations_heard >= heard + keys.size(); },
+               "b hears every put");
+  std::atomic<int> ran{0};
+  for (const std::string& k : keys) {
+    INFO("key text <" << k << ">");
+    CHECK(b.get(k, must_not_load(ran)) == "new:" + k);
+  }
+  CHECK(ran.load() == 0);
+}
+
+TEST_CASE(
+    "a Redis restart (an empty server on the same port): once both processes have subscribed "
+    "again, a put after it reaches the process that held the value from before it",
+    "[fleet][fleet_cache]") {
+  const mode m = GENERATE(mode::tracking, mode::publish);
+  sftest::private_redis server;
+  fc_t a(opts(server.uri(), "restart", m));
+  fc_t b(opts(server.uri(), "restart", m));
+  until_listening(a, "a listens");
+  until_listening(b, "b listens");
+  CHECK(b.get("k", [] { return std::string("v1"); }) == "v1");
+  const std::uint64_t resyncs_a = a.stats().resyncs;
+  const std::uint64_t resyncs_b = b.stats().resyncs;
+  server.restart();
+  sftest::must(
+      [&] { return a.stats().resyncs >= resyncs_a + 2 && b.stats().resyncs >= resyncs_b + 2; },
+      "both subscribe again");
+  until_listening(b, "b listens again");
+  (void)a.put("k", std::string("v2"));
+  // b's entry from before the restart was marked stale by its resubscription, and the put's
+  // report or message drops it: its next reads go to Redis, none to the origin.
+  std::atomic<int> ran{0};
+  sftest::must([&] { return b.get("k", must_not_load(ran)) == "v2"; }, "b reads the put");
+  CHECK(ran.load() == 0);
+}
+
+TEST_CASE(
     "a load under way in another process when invalidate runs: its callers get what it "
     "loaded, but it is not kept, neither locally nor in Redis; the next read loads again",
     "[fleet][fleet_cache]") {
