@@ -76,9 +76,10 @@
 // except the destructor, which must not run concurrently with any other call,
 // nor on a thread the fleet handed user code to (a loader, a callback).
 //
-// One Redis node: every command goes to the server redis_uri names. A Redis
-// Cluster is not supported (a fleet's keys spread over every node; the fleet
-// does not follow MOVED redirections, so most keys would load locally).
+// One Redis server, or a Redis Cluster: on a cluster every command about a
+// key goes to the master of its slot, following MOVED and ASK, and a key's
+// pub/sub messages travel on its shard channel (docs/fleet.md, "Redis
+// Cluster").
 //
 // Platform: POSIX (poll, pipe). hiredis 0.14 has no TLS: run the fleet on a
 // trusted network or through a TLS tunnel (stunnel, a service mesh).

@@ -51,9 +51,11 @@ struct fleet_options {
   std::string username;
   std::string password;
 
-  // Prefix of every Redis name this fleet uses: "{<key_prefix>:<key text>}:v"
-  // and so on. Fleets that must not share values need different prefixes;
-  // put the value format's version in it.
+  // Prefix of every Redis name this fleet uses: a key's names are
+  // "{<length of key_prefix>:<key_prefix>:<key text>}:v" (the value), ":l"
+  // (the lease), ":m", ":c" (docs/fleet.md has them all). Fleets that must
+  // not share values need different prefixes; put the value format's
+  // version in it.
   std::string key_prefix = "sf";
 
   // How long a lease lives without renewal. A leader that dies holds the
