@@ -1,6 +1,6 @@
 // Where user code runs (issue "Where user code runs"): one rule, and the
 // defects a review found against it. Each TEST_CASE is named after the defect
-// it pins (C, E, A, B, D, G, I; F is in test_user_code_schedules.cpp, H in
+// it pins (C, E, A, B, D, G, J, I; F is in test_user_code_schedules.cpp, H in
 // tests/modules/) and failed on the code before the fix (a hang aborts with
 // the name of the bounded wait; a terminate or a wrong exception fails).
 //
@@ -27,6 +27,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "support/catch.hpp"
 #include "support/coro.hpp"
@@ -391,6 +392,95 @@ TEST_CASE("G: async_do with a T whose move throws delivers the value without mov
   CHECK(by_value == std::optional<int>(42));
   CHECK_FALSE(error);
   CHECK(by_rvalue == std::optional<int>(42));
+}
+
+// ---- J: T's destructor never runs under a lock ---------------------------------------
+
+namespace {
+// Whether the thread running some user code holds a lock of group `g`: stats() on another
+// thread takes every shard's lock in turn, so it returns only once none is held. Called only
+// on the test's thread; the helpers are joined (bounded) by join_all().
+template <class Group>
+struct lock_probe {
+  explicit lock_probe(Group& grp) : g(&grp) {}
+  lock_probe(const lock_probe&) = delete;
+  lock_probe& operator=(const lock_probe&) = delete;
+  ~lock_probe() { join_all(); }
+
+  void check() {
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    helpers.emplace_back(done, std::thread([g = g, done] {
+                           (void)g->stats();
+                           done->store(true);
+                         }));
+    ++runs;
+    // A lock held by this thread keeps stats() waiting until the user code returns.
+    if (!sftest::becomes([&] { return done->load(); }, 5s)) ++under_lock;
+  }
+  void join_all() {
+    for (auto& h : helpers) {
+      const auto& done = h.first;
+      must([&] { return done->load(); }, "the probe's stats() returned");
+      h.second.join();
+    }
+    helpers.clear();
+  }
+
+  Group* g;
+  int runs = 0;
+  int under_lock = 0;
+  std::vector<std::pair<std::shared_ptr<std::atomic<bool>>, std::thread>> helpers;
+};
+
+// A value whose destructor re-enters its group (it probes the group's locks).
+struct reentrant_value {
+  using group = sf::group<std::string, reentrant_value>;
+  lock_probe<group>* probe = nullptr;
+  reentrant_value() = default;
+  explicit reentrant_value(lock_probe<group>* p) : probe(p) {}
+  reentrant_value(const reentrant_value&) = default;
+  reentrant_value& operator=(const reentrant_value&) = default;
+  ~reentrant_value() {
+    if (probe != nullptr) probe->check();
+  }
+};
+}  // namespace
+
+// An inline leader whose flight settled before its fn returned (close() from inside fn, the
+// deadline) has no use for fn's value: it was destroyed under the shard's lock, so a T whose
+// destructor re-entered the group (stats(), do_, close()) deadlocked on that lock.
+TEST_CASE(
+    "J: the value of an inline leader's fn whose flight settled first is destroyed "
+    "outside the lock",
+    "[user-code][close][deadline]") {
+  SECTION("close() from inside fn") {
+    reentrant_value::group g;
+    lock_probe<reentrant_value::group> probe(g);
+    CHECK_THROWS_AS(g.do_("k",
+                          [&] {
+                            g.close();  // settles this flight with closed_error
+                            return reentrant_value(&probe);
+                          }),
+                    sf::closed_error);
+    probe.join_all();
+    CHECK(probe.runs >= 1);
+    CHECK(probe.under_lock == 0);
+  }
+  SECTION("the deadline") {
+    reentrant_value::group g(with_timeout(10ms));
+    lock_probe<reentrant_value::group> probe(g);
+    CHECK_THROWS_AS(g.do_("k",
+                          [&](sf::stop_token st) {
+                            // The deadline settles the flight, then stops its token.
+                            must([&] { return st.stop_requested(); }, "the deadline stops fn");
+                            return reentrant_value(&probe);
+                          }),
+                    sf::timeout_error);
+    probe.join_all();
+    CHECK(probe.runs >= 1);
+    CHECK(probe.under_lock == 0);
+    CHECK(g.in_flight() == 0);
+  }
 }
 
 // ---- I: forced unwinding through fn -------------------------------------------------

@@ -118,6 +118,12 @@ class blocking_calls : public flight_table<Key, T, Hash, KeyEqual> {
       t.f->stop.request_stop();
     }
     if (!t.wake.empty()) base::notify(this, s, t.wake);
+    // A value fn returned to an inline leader whose flight had settled
+    // otherwise goes to no one. Destroyed here, as any user code: outside the
+    // lock, and once this call's waiters are notified, so that a destructor
+    // that re-enters the group (close() included) waits for no one this call
+    // still had to wake.
+    if (t.outcome != kind::value) local.reset();
     return t;
   }
 
@@ -538,9 +544,10 @@ class blocking_calls : public flight_table<Key, T, Hash, KeyEqual> {
                                                              : f->kind;
     if (sole && local) {
       this->recycle(mine);  // no one else can reach it: keep it for this thread's next start
-    } else {
-      local.reset();  // callers read f->value; `local` stays engaged only for the sole leader
     }
+    // Otherwise an engaged `local` holds a value no caller receives (the flight
+    // settled first: close(), the deadline, the ownership policy). It is not
+    // destroyed here, under the lock: T's destructor is user code (call_with).
     t.f = std::move(mine);
     return t;
   }
