@@ -1,6 +1,6 @@
 // Where user code runs (issue "Where user code runs"): one rule, and the
 // defects a review found against it. Each TEST_CASE is named after the defect
-// it pins (C, E, A, B, D, G, J, I; F is in test_user_code_schedules.cpp, H in
+// it pins (C, E, A, B, D, G, J, K, I; F is in test_user_code_schedules.cpp, H in
 // tests/modules/) and failed on the code before the fix (a hang aborts with
 // the name of the bounded wait; a terminate or a wrong exception fails).
 //
@@ -20,6 +20,7 @@
 #include <atomic>
 #include <chrono>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -480,6 +481,121 @@ TEST_CASE(
     CHECK(probe.runs >= 1);
     CHECK(probe.under_lock == 0);
     CHECK(g.in_flight() == 0);
+  }
+}
+
+// ---- K: an exception's destructor never runs under a lock, nor before the notifications --
+
+namespace {
+using int_group = sf::group<std::string, int>;
+
+// An exception whose destructor probes the group's locks and then runs `then` (close_for, say)
+// if no lock was held. Both pointers are the test's; the destructor may run on any thread.
+struct probing_error : std::runtime_error {
+  probing_error(lock_probe<int_group>* p, std::function<void()>* t)
+      : std::runtime_error("probing"), probe(p), then(t) {}
+  probing_error(const probing_error&) = default;
+  probing_error& operator=(const probing_error&) = default;
+  ~probing_error() override {
+    if (probe == nullptr) return;
+    const int before = probe->under_lock;
+    probe->check();
+    if (probe->under_lock == before && then != nullptr) (*then)();
+  }
+  lock_probe<int_group>* probe;
+  std::function<void()>* then;
+};
+}  // namespace
+
+// fn's exception that no caller receives (its flight settled first) was released by an inline
+// leader under the shard's lock, and by a task after its lock but before it notified the
+// waiters it had claimed: the exception's destructor (user code) deadlocked re-entering the
+// group, and a close() from it waited for an observer that only this thread could wake.
+TEST_CASE(
+    "K: the exception of a fn whose flight settled first is released outside the lock, "
+    "after the waiters are notified",
+    "[user-code][close]") {
+  SECTION("an inline leader, close() from inside fn") {
+    int_group g;
+    lock_probe<int_group> probe(g);
+    CHECK_THROWS_AS(g.do_("k",
+                          [&]() -> int {
+                            g.close();  // settles this flight with closed_error
+                            throw probing_error(&probe, nullptr);
+                          }),
+                    sf::closed_error);
+    probe.join_all();
+    CHECK(probe.runs >= 1);
+    CHECK(probe.under_lock == 0);
+  }
+  SECTION("a task whose stopped flight has an observer; close_for() from the destructor") {
+    // Threads of the test's own (close() on a thread of the group waits for nothing).
+    std::mutex threads_mu;
+    std::vector<std::pair<std::shared_ptr<std::atomic<bool>>, std::thread>> threads;
+    sf::options o;
+    o.executor = [&](sf::task t) {
+      auto ran = std::make_shared<std::atomic<bool>>(false);
+      const std::lock_guard<std::mutex> lk(threads_mu);
+      threads.emplace_back(ran, std::thread([t = std::move(t), ran]() mutable {
+                             t();
+                             ran->store(true);
+                           }));
+    };
+    int_group g(o);
+    lock_probe<int_group> probe(g);
+    std::atomic<int> closed{-1};  // close_for's answer (1: drained)
+    std::atomic<bool> dtor_done{false};
+    std::function<void()> close_then = [&] {
+      closed = g.close_for(5s) ? 1 : 0;
+      dtor_done = true;
+    };
+    std::atomic<bool> started{false};
+    gate observer_waits;
+    sf::stop_source leader_stop;
+    sftest::result<int> leader, observer;
+    // fn stopped, then throwing once the observer waits for it.
+    auto body = [&](const sf::stop_token& st) {
+      started = true;
+      must([&] { return st.stop_requested(); }, "the leader's leaving stops fn");
+      observer_waits.wait("the observer waits for this fn");
+      throw probing_error(&probe, &close_then);
+    };
+    const bool async_fn = GENERATE(false, true);  // a sync fn, or an async one that throws
+    auto tl = sftest::spawn(leader, [&] {
+      if (async_fn) {
+        return g.do_(
+            "k", [&](sf::stop_token st, sf::completion<int>) { body(st); },
+            leader_stop.get_token());
+      }
+      return g.do_(
+          "k",
+          [&](sf::stop_token st) -> int {
+            body(st);
+            return 0;
+          },
+          leader_stop.get_token());
+    });
+    must([&] { return started.load(); }, "fn started");
+    leader_stop.request_stop();  // the only waiter leaves: the flight is cancelled, fn stopped
+    sftest::finish(tl, leader, "the leader left");
+    CHECK(leader.threw<sf::cancelled_error>());
+    // The key's fn still winds down: this caller observes it (linked under the lock that
+    // counts its call).
+    auto to = sftest::spawn(observer, [&] { return g.do_("k", [] { return 7; }); });
+    must([&] { return g.stats().calls == 2; }, "the observer arrived");
+    observer_waits.open();
+    sftest::finish(to, observer, "the observer got an outcome");
+    must([&] { return dtor_done.load(); }, "the exception was destroyed");
+    probe.join_all();
+    CHECK(probe.under_lock == 0);
+    CHECK(closed == 1);  // it waited for no one this thread had yet to wake
+    CHECK((observer.value == std::optional<int>(7) || observer.threw<sf::closed_error>()));
+    g.close();  // every task has run: no more threads are added
+    for (auto& th : threads) {
+      const auto& ran = th.first;
+      must([&] { return ran->load(); }, "the executor's thread ran its task");
+      th.second.join();
+    }
   }
 }
 

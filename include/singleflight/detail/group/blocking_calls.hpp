@@ -65,6 +65,9 @@ class blocking_calls : public flight_table<Key, T, Hash, KeyEqual> {
     bool accounted = false;  // claimed by a settler, who did the bookkeeping
     bool early = false;      // rejected before entering the group (call_with)
     wake_batch wake;         // waiters this call claimed, to notify after unlocking
+    // What an inline leader's fn threw when no caller takes it (the flight
+    // settled first): released only after `wake` is notified (call_with).
+    std::exception_ptr discarded;
   };
 
   // An inline leader's stop callback (leader_stop.hpp: not a template).
@@ -118,12 +121,15 @@ class blocking_calls : public flight_table<Key, T, Hash, KeyEqual> {
       t.f->stop.request_stop();
     }
     if (!t.wake.empty()) base::notify(this, s, t.wake);
-    // A value fn returned to an inline leader whose flight had settled
-    // otherwise goes to no one. Destroyed here, as any user code: outside the
-    // lock, and once this call's waiters are notified, so that a destructor
-    // that re-enters the group (close() included) waits for no one this call
-    // still had to wake.
-    if (t.outcome != kind::value) local.reset();
+    // An exception fn threw, or a value it returned (left in `local`), to an
+    // inline leader whose flight had settled otherwise goes to no one. Their
+    // destructors are user code: they run outside the lock, and only once
+    // this call's waiters are notified, so that one that re-enters the group
+    // (close() included) waits for no one this call still had to wake. The
+    // exception is released here, the value with `local` in the caller's
+    // frame (do_, try_do), which never reads it then: the outcome is not a
+    // value.
+    t.discarded = nullptr;
     return t;
   }
 
@@ -175,8 +181,8 @@ class blocking_calls : public flight_table<Key, T, Hash, KeyEqual> {
   static T result_of(ticket& t, std::optional<T>& local) {
     switch (t.outcome) {
       case kind::value:
-        // `local` is engaged exactly when the leader ran fn inline and no one
-        // else reads the flight (lead_inline); testing the optional itself
+        // With a value, `local` is engaged exactly when the leader ran fn
+        // inline and no one else reads the flight (lead_inline); testing the optional itself
         // lets GCC see that its payload is initialized here (-O3
         // -Wmaybe-uninitialized otherwise, in the caller's code).
         if (local) return std::move(*local);
@@ -537,6 +543,7 @@ class blocking_calls : public flight_table<Key, T, Hash, KeyEqual> {
     s.frames.erase(fr);
     s.bounds.unlink(w);
     if (k == kind::fn_error && f->kind == kind::pending) f->error = std::move(err);
+    t.discarded = std::move(err);  // not released under the lock: its destructor is user code
     const bool sole = k == kind::value && f->kind == kind::pending;  // nobody else reads it
     this->finish(s, f, k, t.wake);
     t.outcome = w.stop_fired.load(std::memory_order_relaxed) ? kind::cancelled
@@ -547,7 +554,8 @@ class blocking_calls : public flight_table<Key, T, Hash, KeyEqual> {
     }
     // Otherwise an engaged `local` holds a value no caller receives (the flight
     // settled first: close(), the deadline, the ownership policy). It is not
-    // destroyed here, under the lock: T's destructor is user code (call_with).
+    // destroyed here, under the lock: T's destructor is user code (see
+    // call_with).
     t.f = std::move(mine);
     return t;
   }

@@ -85,8 +85,8 @@ class execution : public leader_stop {
     // a translation unit whose bodies are all sync does not compile it).
     // Null for a sync fn.
     std::exception_ptr (*start)(execution* g, flight_base* f, void* fn);
-    void (*started)(execution* g, shard& s, flight_base* f, frame& fr, std::exception_ptr thrown,
-                    wake_batch& wake);
+    void (*started)(execution* g, shard& s, flight_base* f, frame& fr,
+                    const std::exception_ptr& thrown, wake_batch& wake);
   };
   template <class Fn, class T>
   static constexpr run_ops make_run_ops() noexcept {
@@ -197,7 +197,8 @@ class execution : public leader_stop {
   // threw or let its completion die meanwhile, and the task's count is
   // given back.
   SINGLEFLIGHT_DECL static void async_started(execution* g, shard& s, flight_base* f, frame& fr,
-                                              std::exception_ptr thrown, wake_batch& wake) noexcept;
+                                              const std::exception_ptr& thrown,
+                                              wake_batch& wake) noexcept;
 
   // invoke_fn<Fn, T>(f, err, fn, out): runs a sync fn (*fn, an Fn) with f's
   // token (or none). The value goes to *out (a std::optional<T>; null: f's

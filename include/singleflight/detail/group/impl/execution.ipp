@@ -73,6 +73,12 @@ SINGLEFLIGHT_DECL bool execution::hand_off(std::unique_lock<std::mutex>& lk, fli
 
 SINGLEFLIGHT_DECL void execution::run_task(flight_base* f, void* fn, const run_ops& ops) {
   shard& s = this->shard_of(*f);
+  // What fn threw. Released only after `wake` is notified (the end of this
+  // function), so that when no caller takes it (its flight settled first) its
+  // destructor, user code, runs outside the lock and re-enters a group with
+  // no waiter this thread still has to wake (close() from it would wait for
+  // them).
+  std::exception_ptr err;
   wake_batch wake;
   frame fr;  // the task's count (held since submission) while fn runs
   {
@@ -111,11 +117,10 @@ SINGLEFLIGHT_DECL void execution::run_task(flight_base* f, void* fn, const run_o
     notify(this, s, lost);
   });
   if (ops.start != nullptr) {
-    std::exception_ptr thrown = ops.start(this, f, fn);
+    err = ops.start(this, f, fn);
     unwind.disarm();
-    ops.started(this, s, f, fr, std::move(thrown), wake);
+    ops.started(this, s, f, fr, err, wake);
   } else {
-    std::exception_ptr err;
     const kind k = ops.invoke(f, err, fn, nullptr);
     unwind.disarm();
     SINGLEFLIGHT_HOOK(leader_fn_returned);
@@ -132,7 +137,7 @@ SINGLEFLIGHT_DECL void execution::run_task(flight_base* f, void* fn, const run_o
 }
 
 SINGLEFLIGHT_DECL void execution::async_started(execution* g, shard& s, flight_base* f, frame& fr,
-                                                std::exception_ptr thrown,
+                                                const std::exception_ptr& thrown,
                                                 wake_batch& wake) noexcept {
   std::lock_guard<std::mutex> lk(s.mu);
   f->runner = std::thread::id{};
