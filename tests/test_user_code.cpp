@@ -599,6 +599,31 @@ TEST_CASE(
   }
 }
 
+// An executor that throws: its exception is the flight's failure, unless the flight settled
+// while it was being submitted (here: its deadline). Then it goes to no one, and was released
+// with the shard's lock held (hand_off returns with it).
+TEST_CASE(
+    "K: an executor's exception for a flight that settled during the submission is "
+    "released outside the lock",
+    "[user-code][executor][deadline]") {
+  int_group* gp = nullptr;
+  lock_probe<int_group>* pp = nullptr;
+  sf::options o = with_timeout(10ms);
+  o.executor = [&](sf::task) {
+    must([&] { return gp->stats().timeouts == 1; }, "the deadline settles the flight");
+    throw probing_error(pp, nullptr);
+  };
+  int_group g(o);
+  lock_probe<int_group> probe(g);
+  gp = &g;
+  pp = &probe;
+  CHECK_THROWS_AS(g.do_("k", [] { return 1; }), sf::timeout_error);
+  probe.join_all();
+  CHECK(probe.runs >= 1);
+  CHECK(probe.under_lock == 0);
+  CHECK(g.in_flight() == 0);
+}
+
 // ---- I: forced unwinding through fn -------------------------------------------------
 
 // Whether this platform survives pthread_exit through a C++ frame that has a destructor, probed

@@ -50,9 +50,9 @@
 // Where user code runs (the one rule; docs/async.md, "Re-entrancy", has the table):
 //  * No lock of the group is held while user code runs (fn, on_done, a
 //    resumption, an executor, Hash, T's copy, move or destructor, the
-//    destructor of fn's exception, a stop callback), and user code may
-//    re-enter the group: do_, async_do, forget, close(), even ~group() from a
-//    callback.
+//    destructor of an exception fn or the executor threw, a stop callback),
+//    and user code may re-enter the group: do_, async_do, forget, close(),
+//    even ~group() from a callback.
 //  * A step that settles flights requests stop on every one of them before it
 //    notifies any waiter, so a notified waiter that blocks on such a flight
 //    (a retry with a blocking do_, close()) finds its fn already asked to stop.

@@ -391,6 +391,7 @@ class async_calls : public blocking_calls<Key, T, Hash, KeyEqual> {
     frame fr;             // ... and close() from code it runs meanwhile does not wait for it
     s.frames.push(fr);
     ref_t mine = ref_t::share(f);
+    std::exception_ptr discarded;  // released after the notification (hand_off)
     wake_batch wake;
     // fn (run right here without an executor) may end this thread: run_task
     // fails the flight; this thread's own count goes here.
@@ -410,7 +411,7 @@ class async_calls : public blocking_calls<Key, T, Hash, KeyEqual> {
         owned ? base::fn_ptr(__builtin_addressof(*owned)) : base::fn_ptr(__builtin_addressof(fn));
     const typename base::body b{
         fnp, owned ? &base::template body_ops_of<Fn, T> : &base::template body_ops_of<F, T>};
-    const bool stop = this->hand_off(lk, f, b, wake, defer);
+    const bool stop = this->hand_off(lk, f, b, wake, discarded, defer);
     unwind.disarm();
     s.frames.erase(fr);
     this->exit_user(s);

@@ -65,8 +65,9 @@ class blocking_calls : public flight_table<Key, T, Hash, KeyEqual> {
     bool accounted = false;  // claimed by a settler, who did the bookkeeping
     bool early = false;      // rejected before entering the group (call_with)
     wake_batch wake;         // waiters this call claimed, to notify after unlocking
-    // What an inline leader's fn threw when no caller takes it (the flight
-    // settled first): released only after `wake` is notified (call_with).
+    // What an inline leader's fn, or the executor, threw when no caller
+    // takes it (the flight settled first): released only after `wake` is
+    // notified (call_with).
     std::exception_ptr discarded;
   };
 
@@ -121,8 +122,8 @@ class blocking_calls : public flight_table<Key, T, Hash, KeyEqual> {
       t.f->stop.request_stop();
     }
     if (!t.wake.empty()) base::notify(this, s, t.wake);
-    // An exception fn threw, or a value it returned (left in `local`), to an
-    // inline leader whose flight had settled otherwise goes to no one. Their
+    // An exception fn (or the executor) threw, or a value fn returned (left
+    // in `local`), when the flight had settled otherwise goes to no one. Their
     // destructors are user code: they run outside the lock, and only once
     // this call's waiters are notified, so that one that re-enters the group
     // (close() included) waits for no one this call still had to wake. The
@@ -464,7 +465,7 @@ class blocking_calls : public flight_table<Key, T, Hash, KeyEqual> {
         this->exit_user(s);
         lk.unlock();
       });
-      t.stop = this->hand_off(lk, f, fn, t.wake);
+      t.stop = this->hand_off(lk, f, fn, t.wake, t.discarded);
       unwind.disarm();
       s.frames.erase(fr);
     }

@@ -160,16 +160,20 @@ class execution : public leader_stop {
     bool ran_ = false;
   };
 
-  // hand_off(lk, f, fn, wake, defer)
+  // hand_off(lk, f, fn, wake, discarded, defer)
   //
   // Hands f's fn, packaged as a task, to the executor (or, without one, runs
   // it right here: it starts an async fn, or runs a sync fn for an async
   // caller; or, `defer`, queues it to this thread's notification loop).
   // Called with `lk` (f's shard lock) held by a thread that counts as a user;
   // returns with it held. Returns whether f's token must be stopped once the
-  // lock is released. A failure to hand off fails the flight.
+  // lock is released. A failure to hand off fails the flight; what the
+  // executor threw lands in `discarded` (the caller's: it may be the last
+  // reference, whose release runs user code, so the caller drops it only
+  // once the lock is released and `wake` is notified).
   SINGLEFLIGHT_DECL bool hand_off(std::unique_lock<std::mutex>& lk, flight_base* f, body fn,
-                                  wake_batch& wake, bool defer = false);
+                                  wake_batch& wake, std::exception_ptr& discarded,
+                                  bool defer = false);
 
   // run_task(f, fn, ops): the body of f's task, on whatever thread runs it.
   // Not noexcept only so that a forced unwind (fn ending its thread) passes:

@@ -19,7 +19,8 @@ namespace singleflight::detail {
 SINGLEFLIGHT_DECL execution::execution(options opts) : base(std::move(opts)) {}
 
 SINGLEFLIGHT_DECL bool execution::hand_off(std::unique_lock<std::mutex>& lk, flight_base* f,
-                                           body fn, wake_batch& wake, bool defer) {
+                                           body fn, wake_batch& wake, std::exception_ptr& discarded,
+                                           bool defer) {
   shard& s = this->shard_of(*f);
   this->enter_user(s);  // the task is a user until it finishes or is dropped
   loop_record* later = defer && !this->opts().executor ? current_loop(s) : nullptr;
@@ -68,6 +69,9 @@ SINGLEFLIGHT_DECL bool execution::hand_off(std::unique_lock<std::mutex>& lk, fli
     // so it stays a user and keeps its (unjoinable) entry until it runs
     // (and, seeing the flight settled, skips fn) or is destroyed.
   }
+  // Not released under the lock: when the flight had settled meanwhile, no
+  // one else holds the executor's exception, and its destructor is user code.
+  discarded = std::move(submit_error);
   return stop;
 }
 
