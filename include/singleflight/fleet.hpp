@@ -89,14 +89,17 @@
 #include <concepts>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
 
 #include "codec.hpp"
+#include "detail/cache/refresh_runs.hpp"
 #include "detail/chrono.hpp"
 #include "detail/fleet/fleet_engine.hpp"
 #include "detail/fleet/fleet_flight.hpp"
@@ -216,15 +219,26 @@ class fleet {
   // Throws: what the loader threw (in this process); remote_load_error (the
   // leader in another process failed, or its error marker is stored);
   // cancelled_error, timeout_error, closed_error, overloaded_error as
-  // group::do_. Never a Redis error: Redis failing means a local load.
+  // group::do_; std::logic_error when a loader calls get for its own key on
+  // the thread running it (the caller's, the executor's, or a fleet worker's
+  // for async_get and co_get), which would wait for itself forever. Never a
+  // Redis error: Redis failing means a local load.
   // Thread-safe.
   template <class K, class Loader>
   T get(const K& key, Loader&& loader, stop_token caller = {}) {
     check_loader<Loader>();
     detail::fleet_counters::bump(engine_->counters.gets);
+    std::string text = key_text(key);
+    // An async flight's loader runs on a worker after its fn returned: the group no longer
+    // knows that thread, so the fleet does (runs_).
+    if (runs_.running_here(text, 0, std::equal_to<std::string>{})) {
+      throw std::logic_error(
+          "singleflight::fleet::get: a loader called get for its own key on the fleet worker "
+          "running it (it would wait for itself forever; use async_get or co_get)");
+    }
     return group_.do_(
         key,
-        [this, text = key_text(key), load = std::forward<Loader>(loader)](
+        [this, text = std::move(text), load = std::forward<Loader>(loader)](
             stop_token st) mutable -> T { return run(text, load, st); },
         std::move(caller));
   }
@@ -392,6 +406,15 @@ class fleet {
     return std::move(*v.result);
   }
 
+  // run() on a fleet worker, marked in runs_ while it runs: a loader that calls get() for its
+  // own key there throws logic_error (see get). The mark ends before the flight settles, so an
+  // on_done that runs here afterwards may start the key's next flight.
+  template <class Loader>
+  T run_on_worker(const std::string& text, Loader& load, const stop_token& st) {
+    const runs::scope running(runs_, text, 0);
+    return run(text, load, st);
+  }
+
   // The fn of an async flight: hands the protocol to a worker and returns.
   template <class Loader>
   struct async_flight {
@@ -404,7 +427,7 @@ class fleet {
                                                    load = std::move(load), st = std::move(st),
                                                    done = std::move(done)]() mutable {
         try {
-          done.set_value(self->run(text, load, st));
+          done.set_value(self->run_on_worker(text, load, st));
         } catch (...) {
           const std::exception_ptr p = std::current_exception();
           if (!p) throw;
@@ -415,8 +438,11 @@ class fleet {
     }
   };
 
+  using runs = detail::refresh_runs<std::string, std::equal_to<std::string>>;
+
   group<Key, T> group_;
   std::unique_ptr<detail::fleet_engine> engine_;
+  runs runs_;  // the keys (texts) whose async flights run on the fleet's workers now
   Codec codec_;
   KeyCodec key_codec_;
   std::string_view tag_;

@@ -5,7 +5,9 @@
 // long ago, so the group no longer knows the thread that runs its loader: a loader that then
 // calls the cache for its own key would join its own flight and wait for itself forever. The
 // blocking path asks here first (running_here) and throws std::logic_error instead, as the
-// group does on the caller's thread.
+// group does on the caller's thread. A fleet keeps one too, for the same reason: the flights of
+// its async_get and co_get run on its workers after the group's fn handed them off (keyed by the
+// key codec's text; KeyEqual is then std::equal_to<std::string>, library code).
 //
 // Each record lives on the stack of the thread running the refresh (scope), linked for as
 // long as its loader runs. Locking: `mu_` guards the list; KeyEqual runs under it (as it runs
