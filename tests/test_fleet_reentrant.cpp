@@ -5,6 +5,7 @@
 // flight once this one settled, are fine. Each test bounds its wait and closes the fleet on a
 // hang (close() settles the waiting get with closed_error), so a regression fails, not hangs.
 #include <singleflight/fleet.hpp>
+#include <singleflight/thread_executor.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -107,4 +108,27 @@ TEST_CASE("an async loader may call get for another key; on_done may call get fo
   CHECK(settled);
   CHECK(other_ok.load());
   CHECK(again.load() == 1);
+}
+
+TEST_CASE("a get loader that calls get for its own key gets logic_error, inline or on the executor",
+          "[fleet]") {
+  const std::string uri = sftest::need_redis();
+  sf::fleet_options o = sftest::fleet_opts(uri, sftest::unique_prefix("selfsync"));
+  const bool with_executor = GENERATE(false, true);
+  if (with_executor) o.local.executor = sf::thread_executor{};
+  o.local.timeout = 3s;  // a regression fails with timeout_error instead of hanging
+  fleet_t f(o);
+  std::atomic<int> inner{0};
+  CHECK(f.get("k", [&] {
+    try {
+      (void)f.get("k", [] { return std::string("inner"); });
+      inner = 3;
+    } catch (const std::logic_error&) {
+      inner = 1;
+    } catch (...) {
+      inner = 2;
+    }
+    return std::string("outer");
+  }) == "outer");
+  CHECK(inner.load() == 1);
 }
