@@ -132,3 +132,31 @@ TEST_CASE("a get loader that calls get for its own key gets logic_error, inline 
   }) == "outer");
   CHECK(inner.load() == 1);
 }
+
+namespace {
+// Awaits co_get, then closes the fleet from where it was resumed (a fleet worker).
+sftest::fire_task<std::string> co_then_close(fleet_t& f, std::atomic<bool>& closed) {
+  auto loader = [] { return std::string("v"); };  // named: GCC 12 (README)
+  std::string v = co_await f.co_get(std::string("k"), loader);
+  f.close();
+  closed = true;
+  co_return v;
+}
+}  // namespace
+
+TEST_CASE("a coroutine resumed by co_get may close() the fleet there; the destructor then joins",
+          "[fleet][async][close]") {
+  const std::string uri = sftest::need_redis();
+  std::atomic<bool> closed{false};
+  std::optional<sftest::fire_task<std::string>> t;
+  {
+    fleet_t f(sftest::fleet_opts(uri, sftest::unique_prefix("coclose")));
+    t.emplace(co_then_close(f, closed));
+    t->wait("the coroutine closed the fleet and finished");
+    CHECK(closed.load());
+    CHECK(t->get().finished_on != std::this_thread::get_id());
+    CHECK_THROWS_AS(f.get("k", [] { return std::string("x"); }), sf::closed_error);
+  }  // the destructor joins the worker the coroutine finished on
+  REQUIRE(t->get().value);
+  CHECK(*t->get().value == "v");
+}
