@@ -160,3 +160,50 @@ TEST_CASE("a coroutine resumed by co_get may close() the fleet there; the destru
   REQUIRE(t->get().value);
   CHECK(*t->get().value == "v");
 }
+
+TEST_CASE(
+    "a loader on the only fleet worker that calls get for a key whose async flight is queued "
+    "behind it runs that flight itself instead of waiting forever",
+    "[fleet][async]") {
+  const std::string uri = sftest::need_redis();
+  sf::fleet_options o = sftest::fleet_opts(uri, sftest::unique_prefix("pool1"));
+  o.max_async_threads = 1;  // a's loader holds the only worker while b's flight is queued
+  fleet_t f(o);
+  sftest::gate b_queued;
+  std::atomic<int> b_loads{0};
+  std::atomic<int> inner{0};  // 1 b's value, 2 an exception, 3 another value
+  std::atomic<int> settled{0};
+  std::atomic<int> values{0};
+  f.async_get(
+      std::string("a"),
+      [&] {
+        b_queued.wait("b queued");
+        try {
+          inner = f.get("b", [] { return std::string("b-inline"); }) == "vb" ? 1 : 3;
+        } catch (...) {
+          inner = 2;
+        }
+        return std::string("va");
+      },
+      [&](sf::outcome<std::string> r) {
+        if (r.has_value() && r.value() == "va") values.fetch_add(1);
+        settled.fetch_add(1);
+      });
+  f.async_get(
+      std::string("b"),
+      [&] {
+        b_loads.fetch_add(1);
+        return std::string("vb");
+      },
+      [&](sf::outcome<std::string> r) {
+        if (r.has_value() && r.value() == "vb") values.fetch_add(1);
+        settled.fetch_add(1);
+      });
+  b_queued.open();
+  const bool both = sftest::becomes([&] { return settled.load() == 2; }, 3s);
+  if (!both) f.close();  // unblocks the waiting get (closed_error)
+  CHECK(both);
+  CHECK(inner.load() == 1);  // it joined b's queued flight and ran it: one load of b
+  CHECK(b_loads.load() == 1);
+  CHECK(values.load() == 2);
+}

@@ -103,6 +103,7 @@
 #include "detail/chrono.hpp"
 #include "detail/fleet/fleet_engine.hpp"
 #include "detail/fleet/fleet_flight.hpp"
+#include "detail/fleet/queued_flights.hpp"
 #include "detail/fn_shapes.hpp"
 #include "detail/get_awaitable.hpp"
 #include "detail/library_thread.hpp"
@@ -214,7 +215,10 @@ class fleet {
   // loads for itself. `caller` firing makes this caller leave at once with
   // cancelled_error (the flight goes on for the other callers here, as with
   // a group); the flight's own token (its last caller left, its deadline,
-  // close()) ends the wait without a load.
+  // close()) ends the wait without a load. On a fleet worker (a loader of
+  // async_get or co_get calling back), a flight of `key` still queued for a
+  // worker runs on this thread: the workers are bounded, and this wait must
+  // not keep busy the worker it waits for.
   //
   // Throws: what the loader threw (in this process); remote_load_error (the
   // leader in another process failed, or its error marker is stored);
@@ -236,6 +240,9 @@ class fleet {
       throw std::logic_error(
           "singleflight::fleet::get: a loader called get for its own key on the fleet worker "
           "running it (it would wait for itself forever; use async_get or co_get)");
+    }
+    if (engine_->workers.on_own_thread()) {
+      return get_on_worker(key, std::move(text), std::forward<Loader>(loader), std::move(caller));
     }
     return group_.do_(
         key,
@@ -416,6 +423,28 @@ class fleet {
     return run(text, load, st);
   }
 
+  // get() on a fleet worker (a loader of an async flight calling the fleet): the workers are
+  // bounded, so this caller must not block on a flight whose body is queued behind it
+  // (queued_flights.hpp). It joins or starts the flight as an async caller (a flight it
+  // starts runs here, inline) and, while it waits, runs the key's queued bodies itself.
+  template <class K, class Loader>
+  T get_on_worker(const K& key, std::string text, Loader&& loader, stop_token caller) {
+    std::optional<outcome<T>> r;
+    bool ready = false;
+    const std::string awaited = text;
+    group_.async_do(
+        key,
+        [this, text = std::move(text), load = std::forward<Loader>(loader)](
+            stop_token st) mutable -> T { return run_on_worker(text, load, st); },
+        [this, &r, &ready](outcome<T> o) noexcept {
+          r.emplace(std::move(o));  // before done(): the waiter reads it once ready
+          queued_.done(ready);
+        },
+        std::move(caller));
+    queued_.help_until(awaited, ready);
+    return std::move(*r).value();
+  }
+
   // The fn of an async flight: hands the protocol to a worker and returns.
   template <class Loader>
   struct async_flight {
@@ -424,6 +453,7 @@ class fleet {
     Loader load;
 
     void operator()(stop_token st, completion<T> done) {
+      std::string text_of_job = text;
       auto job = detail::worker_threads::make_job([self = self, text = std::move(text),
                                                    load = std::move(load), st = std::move(st),
                                                    done = std::move(done)]() mutable {
@@ -435,7 +465,22 @@ class fleet {
           done.set_exception(p);
         }
       });
-      if (!self->engine_->workers.post(job)) throw closed_error();
+      // Queued as a slot too, so that a worker waiting for this key may run it (get_on_worker).
+      auto slot = std::make_shared<detail::queued_flights::slot>(text_of_job, std::move(job));
+      self->queued_.add(slot);
+      auto post =
+          detail::worker_threads::make_job([q = &self->queued_, slot]() mutable { q->run(slot); });
+      bool posted = false;
+      try {
+        posted = self->engine_->workers.post(post);
+      } catch (...) {
+        self->queued_.drop(slot);
+        throw;
+      }
+      if (!posted) {
+        self->queued_.drop(slot);
+        throw closed_error();
+      }
     }
   };
 
@@ -444,6 +489,9 @@ class fleet {
   group<Key, T> group_;
   std::unique_ptr<detail::fleet_engine> engine_;
   runs runs_;  // the keys (texts) whose async flights run on the fleet's workers now
+  // The async flights' bodies not started yet. Its slots outlive the workers' jobs: the
+  // destructor's close() joins the workers before any member dies.
+  detail::queued_flights queued_;
   Codec codec_;
   KeyCodec key_codec_;
   std::string_view tag_;
