@@ -670,6 +670,60 @@ TEST_CASE("expire keeps the value for stale_if_error: a failed load after it ans
   CHECK(!c.peek("nf"));
 }
 
+TEST_CASE(
+    "expire_stops_a_load_under_way_of_a_value_already_stale_from_publishing: the refresh of a "
+    "stale value and the load of a dead one, held across expire(key), hand their callers what "
+    "they read and store nothing; the windows and the refresh mark stay",
+    "[cache][expire]") {
+  manual_clock::reset();
+  scache c(swr(60s, 60s));
+  const std::uint64_t dead_version = c.put("dead", "v1");
+  manual_clock::advance(121s);  // past ttl + stale_while_revalidate: dead
+  c.put("stale", "v1");
+  manual_clock::advance(61s);  // past its ttl: stale
+  REQUIRE(c.peek("stale"));
+  CHECK(c.peek("stale")->state == sf::freshness::stale);
+  CHECK(!c.peek("dead"));
+
+  held_origin origin;
+  CHECK(c.get_entry("stale", origin.fn()).state == sf::freshness::stale);  // starts its refresh
+  result<std::string> miss;
+  sftest::jthread t = spawn(miss, [&] { return c.get("dead", origin.fn()); });
+  must([&] { return origin.calls.load() == 2; }, "the refresh and the load reach the origin");
+  const std::uint64_t stale_version = c.peek("stale")->version;
+
+  // Both loads read the origin before these marks: neither may store what it read.
+  CHECK(c.expire("stale") > stale_version);
+  CHECK(c.expire("dead") > dead_version);
+  // A repeated expire while the refresh runs starts no second refresh: the mark stays.
+  (void)c.expire("stale");
+  CHECK(c.get_entry("stale", origin.fn()).state == sf::freshness::stale);
+  CHECK(origin.calls.load() == 2);
+
+  origin.release.open();
+  sftest::finish(t, miss, "the dead key's caller");
+  REQUIRE(miss.value);
+  CHECK(*miss.value == "v2");  // its callers receive what it loaded
+  must([&] { return c.stats().rejected_publishes == 2; }, "both loads end unpublished");
+  REQUIRE(c.peek("stale"));
+  CHECK(*c.peek("stale")->value == "v1");
+  CHECK(c.peek("stale")->state == sf::freshness::stale);  // its windows kept
+  CHECK(!c.peek("dead"));
+  // The refresh's end cleared its mark: a read after it starts one that publishes.
+  must(
+      [&] {
+        (void)c.get_entry("stale", origin.fn());
+        return origin.calls.load() == 3;
+      },
+      "a refresh after the mark starts");
+  must([&] { return c.peek("stale")->state == sf::freshness::fresh; }, "a new refresh publishes");
+  CHECK(*c.peek("stale")->value == "v2");
+  // Without a load under way, an expire of a stale value is unchanged.
+  manual_clock::advance(90s);
+  const std::uint64_t v = c.peek("stale")->version;
+  CHECK(c.expire("stale") == v);
+}
+
 // ---- expire_all: every key stale, but kept ------------------------------------
 
 TEST_CASE(

@@ -350,9 +350,14 @@ class cache {
   // stale_while_revalidate and starts one refresh, and past that it is kept
   // for stale_if_error, both measured from now. It does so under a new
   // version (returned), as put and invalidate: a load of the key that
-  // started before it will not publish. A value already stale is unchanged
-  // (its version returned); a cached not-found or failure is dropped, as by
-  // invalidate; 0 when the cache holds nothing for the key. Thread-safe.
+  // started before it will not publish. A value already stale keeps its
+  // windows and its refresh mark (a repeated expire starts no second
+  // refresh), and its version unless a load or refresh of the key is under
+  // way: that one may have read the origin before what the expire stands for,
+  // so the key takes a new version and it does not publish (its callers still
+  // receive what it read). A cached not-found or failure is dropped, as by
+  // invalidate. Returns the key's version; 0 when the cache holds nothing for
+  // the key. Thread-safe.
   template <class K>
   std::uint64_t expire(const K& key) {
     return calls_t::with_key(key, [&](const auto& k) {

@@ -386,8 +386,9 @@ class fleet_cache {
   // returns the old value (freshness::stale) within stale_while_revalidate
   // and starts one refresh through the fleet; past that, the value is kept
   // for stale_if_error, both measured from the expire. A local entry
-  // already stale is unchanged. Under client tracking the server's report of
-  // the deletion is recognised as the expire's and does not drop the entry
+  // already stale keeps its windows (a local load of it under way does not
+  // publish). Under client tracking the server's report of the deletion is
+  // recognised as the expire's and does not drop the entry
   // (docs/fleet_cache.md). Returns the key's new generation. Throws as
   // invalidate (this process's entry is then marked stale anyway).
   // Thread-safe.

@@ -281,8 +281,12 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
   }
 
   // expire(key, mixed, now): mark_stale() at `now` for key's record, unless
-  // it holds a value already past its fresh window (then unchanged, its
-  // version returned). 0 without a record.
+  // it holds a value already past its fresh window: that one keeps its
+  // windows and its refresh mark (a repeated expire starts no second
+  // refresh), and its version too unless a load or refresh of the key is
+  // registered — that one may have read the origin before what the expire
+  // stands for, so the key takes a new version and it does not publish. The
+  // key's version is returned; 0 without a record.
   template <class P>
   std::uint64_t expire(const P& key, std::uint64_t mixed, time_point now) {
     garbage_t g{table};
@@ -291,7 +295,12 @@ class cache_writes : public cache_lookup<Key, T, KeyEqual, Clock> {
     shard_lock lk(table, si);
     node_t* n = s.find(key, mixed, eq);
     if (n == nullptr) return 0;
-    if (n->kind == detail::held::value && !(now < n->fresh_until)) return n->version;
+    if (n->kind == detail::held::value && !(now < n->fresh_until)) {
+      if (n->loading() == 0) return n->version;
+      lk.write();
+      n->set_version(s.next_version());
+      return n->version;
+    }
     lk.write();
     return mark_stale(s, n, now, g);
   }
