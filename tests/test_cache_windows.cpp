@@ -12,9 +12,11 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "support/catch.hpp"
@@ -80,6 +82,26 @@ struct held_origin {
   }
 };
 
+// The cache-wide loader of the hard-wall tests below: held on `release` (a hanging refresh)
+// or failing, as `failing` says.
+struct wide_origin {
+  gate release;
+  std::atomic<int> calls{0};
+  std::atomic<bool> failing{false};
+  auto fn() {
+    return [this](const std::string&, sf::stop_token) -> std::string {
+      calls.fetch_add(1);
+      if (failing.load()) throw origin_error();
+      release.wait("wide origin released");
+      return "v2";
+    };
+  }
+};
+
+sftest::fire_task<std::string> co_read_wide(scache& c, std::string key, sf::wait_bound bound) {
+  co_return co_await c.co_get(key, {}, bound);
+}
+
 }  // namespace
 
 // ---- 2. stale-while-revalidate and the hard wall -------------------------------
@@ -132,6 +154,118 @@ TEST_CASE(
   origin.release.open();
   must([&] { return origin.done.load(); }, "refresh finished");
   CHECK(!origin.stopped);  // the reader leaving did not cancel the cache's refresh
+}
+
+TEST_CASE(
+    "past the wall no entry point returns the dead value: get_entry, async_get, co_get and "
+    "get_many wait on the hanging refresh until their bound, peek answers nothing",
+    "[cache][c2]") {
+  manual_clock::reset();
+  wide_origin origin;
+  scache c(swr(), origin.fn());
+  c.put("k", "v1");
+  manual_clock::advance(1500ms);
+  CHECK(c.get("k") == "v1");  // stale: starts the refresh, which hangs
+  must([&] { return origin.calls.load() == 1; }, "refresh hanging");
+  manual_clock::advance(500ms);  // ttl + stale_while_revalidate reached
+  CHECK(!c.peek("k"));
+  CHECK_THROWS_AS(c.get_entry("k", {}, 20ms), sf::timeout_error);
+  sftest::callback_log<std::string> log;
+  c.async_get("k", log.on_done(), {}, 20ms);
+  log.wait("the async caller is told");
+  CHECK(log.threw<sf::timeout_error>());
+  CHECK(!log.value);
+  sftest::fire_task<std::string> task = co_read_wide(c, "k", 20ms);
+  task.wait("the coroutine resumes");
+  CHECK(task.get().threw<sf::timeout_error>());
+  const std::vector<std::string> keys{"k"};
+  const std::vector<sf::outcome<std::string>> many = c.get_many(keys, {}, 20ms);
+  REQUIRE(many.size() == 1);
+  REQUIRE(!many[0].has_value());
+  CHECK(sftest::holds<sf::timeout_error>(many[0].error()));
+  CHECK(origin.calls.load() == 1);  // each joined the refresh: it is the load
+  origin.release.open();
+  must([&] { return c.peek("k").has_value(); }, "the refresh publishes");
+  CHECK(*c.peek("k")->value == "v2");
+  CHECK(c.peek("k")->state == sf::freshness::fresh);
+}
+
+TEST_CASE(
+    "refreshes failing again and again: within stale_if_error every entry point answers "
+    "stale_on_error, past it every one loads and throws; the failures are not kept",
+    "[cache][c5]") {
+  manual_clock::reset();
+  wide_origin origin;
+  origin.failing = true;
+  sf::cache_options o = swr();  // ttl 1 s, stale_while_revalidate 1 s
+  o.stale_if_error = 2s;        // error_until: 3 s; error_ttl 0: a failure throttles for 1 s
+  scache c(o, origin.fn());
+  c.put("k", "v1");
+  manual_clock::advance(1500ms);
+  CHECK(c.get("k") == "v1");  // stale: its refresh fails, throttling the key until 2.5 s
+  must([&] { return c.stats().load_failures == 1; }, "the refresh failed");
+  const std::vector<std::string> keys{"k"};
+  const auto every_entry_point = [&](const char* when) {
+    INFO(when);
+    std::vector<std::optional<std::string>> got;
+    std::vector<std::exception_ptr> failed;
+    const auto record = [&](auto&& f) {
+      try {
+        got.emplace_back(f());
+        failed.emplace_back();
+      } catch (...) {
+        got.emplace_back();
+        failed.emplace_back(std::current_exception());
+      }
+    };
+    record([&] { return *c.get_entry("k").value; });
+    record([&] {
+      sftest::callback_log<std::string> log;
+      c.async_get("k", log.on_done());
+      log.wait("the async caller is told");
+      if (log.error) std::rethrow_exception(log.error);
+      return *log.value;
+    });
+    record([&] {
+      sftest::fire_task<std::string> task = co_read_wide(c, "k", 10s);
+      task.wait("the coroutine resumes");
+      if (task.get().error) std::rethrow_exception(task.get().error);
+      return *task.get().value;
+    });
+    record([&] {
+      std::vector<sf::outcome<std::string>> many = c.get_many(keys);
+      if (!many.at(0).has_value()) std::rethrow_exception(many[0].error());
+      return std::move(many[0]).value();
+    });
+    return std::make_pair(got, failed);
+  };
+
+  manual_clock::advance(600ms);  // 2.1 s: past stale_while_revalidate, throttled, within 3 s
+  REQUIRE(c.peek("k"));
+  CHECK(c.peek("k")->state == sf::freshness::stale_on_error);
+  CHECK(c.get_entry("k").state == sf::freshness::stale_on_error);
+  {
+    const auto [got, failed] = every_entry_point("throttled, within stale_if_error");
+    for (const auto& g : got) CHECK(g == std::optional<std::string>("v1"));
+  }
+  CHECK(origin.calls.load() == 1);  // throttled: no load
+
+  manual_clock::advance(500ms);  // 2.6 s: the throttle is over: a load, failing again
+  const sf::cached<std::string> again = c.get_entry("k");
+  CHECK(*again.value == "v1");
+  CHECK(again.state == sf::freshness::stale_on_error);
+  CHECK(origin.calls.load() == 2);  // and the key is throttled again, until 3.6 s
+
+  manual_clock::advance(500ms);  // 3.1 s: past stale_if_error (the throttle still runs)
+  CHECK(!c.peek("k"));
+  {
+    const auto [got, failed] = every_entry_point("dead, throttled");
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      CHECK(!got[i]);  // never "v1"
+      CHECK(sftest::holds<origin_error>(failed[i]));
+    }
+  }
+  CHECK(origin.calls.load() == 6);  // each one loaded: no failure kept without error_ttl
 }
 
 TEST_CASE("a reader past the wall is bounded by flight.timeout while a refresh hangs",
