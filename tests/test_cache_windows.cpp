@@ -1034,6 +1034,54 @@ TEST_CASE("expire_all without stale_while_revalidate: the next get waits on a lo
 }
 
 TEST_CASE(
+    "a_put_during_a_failing_load_is_not_throttled_by_its_callers: the callers of a load that "
+    "started before a put and then failed answer from the cache, and record neither the failure "
+    "nor a throttle on the put's value",
+    "[cache][c5]") {
+  // The load's own failure is not recorded (its version is old); neither may its callers'
+  // stale-if-error answer record it, through get or async_get: the put's value would then be
+  // throttled for error_ttl (no refresh, no load) and answered as if its origin had failed.
+  manual_clock::reset();
+  sf::cache_options o = swr(1s, 0s);
+  o.stale_if_error = 1h;
+  o.error_ttl = 10s;
+  scache c(o);
+  c.put("k", "v1");
+  manual_clock::advance(2s);  // past ttl: a get loads, within stale_if_error
+  gate release;
+  std::atomic<int> calls{0};
+  auto failing = [&]() -> std::string {
+    calls.fetch_add(1);
+    release.wait("the failing load released");
+    throw origin_error();
+  };
+  result<sf::cached<std::string>> blocking;
+  sftest::jthread t = spawn(blocking, [&] { return c.get_entry("k", failing); });
+  must([&] { return calls.load() == 1; }, "the load runs");
+  sftest::callback_log<std::string> async;
+  c.async_get("k", failing, async.on_done());
+  must([&] { return c.flight_stats().joins == 1; }, "the async caller joined the load");
+  (void)c.put("k", "v2");
+  release.open();
+  sftest::finish(t, blocking, "the blocking caller");
+  async.wait("the async caller");
+  REQUIRE(blocking.value);
+  CHECK(blocking.value->value == "v2");  // the cache's value: the put's
+  CHECK(async.value == "v2");
+  CHECK(c.stats().rejected_publishes == 1);
+
+  manual_clock::advance(1500ms);  // the put's value past its ttl: the next get loads it
+  int loaded = 0;
+  const sf::cached<std::string> next = c.get_entry("k", [&] {
+    ++loaded;
+    return std::string("v3");
+  });
+  CHECK(loaded == 1);  // no throttle: the origin did not fail since the put
+  CHECK(next.value == "v3");
+  CHECK(next.state == sf::freshness::fresh);
+}
+
+TEST_CASE(
     "a refresh that puts its own key and then fails leaves the put's value fresh and unthrottled",
     "[cache][c5]") {
   // The put gives the key a new version: the refresh, registered before it, records nothing,

@@ -473,11 +473,12 @@ class cache_calls {
       return;
     }
     node_t* pinned = d.pinned;
+    const std::uint64_t seen = d.seen;
     try {
       using traits = detail::loader_traits<std::decay_t<L>, Key, T>;
       const bool off = !traits::is_async && hands_off();
       const waits w = waits_of(c, pinned, bound, false, true);
-      auto on_done = [owner = core_, pinned, w,
+      auto on_done = [owner = core_, pinned, seen, w,
                       cb = std::move(cb)](outcome<loaded_t> o) mutable noexcept {
         std::optional<outcome<T>> out;
         {
@@ -491,7 +492,7 @@ class cache_calls {
                 out.emplace(std::make_exception_ptr(not_found_error()));
               }
             } else if (cached<T> e; w.left(o.error(), owner.get(), pinned, e) ||
-                                    owner->serve_on_error(pinned, o.error(), e)) {
+                                    owner->serve_on_error(pinned, seen, o.error(), e)) {
               // left() without a value: the caller's own bound passed (its timeout_error
               // is the answer); serve_on_error always gives one.
               if (e.value) {
@@ -781,7 +782,7 @@ class cache_calls {
         e.taken_as = info.role;
         return e;
       }
-      if (c->serve_on_error(pinned, ep, e)) {
+      if (c->serve_on_error(pinned, seen, ep, e)) {
         e.taken_as = info.role;
         return e;
       }

@@ -293,13 +293,16 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
     });
   }
 
-  // serve_on_error(n, e, out): the stale-if-error answer for a caller whose
-  // load failed with `e`, into `out` (an empty cached<T>), if n (pinned by the
-  // caller) still has a value within stale_if_error; false, `out` untouched,
-  // otherwise. Also throttles the key's loads (a failure the load itself did
-  // not record: a deadline, overload). An out-parameter, not a
+  // serve_on_error(n, seen, e, out): the stale-if-error answer for a caller
+  // whose load failed with `e`, into `out` (an empty cached<T>), if n (pinned
+  // by the caller) still has a value within stale_if_error; false, `out`
+  // untouched, otherwise. Also throttles the key's loads (a failure the load
+  // itself did not record: a deadline, overload), unless the key's version is
+  // no longer `seen`, the one the caller saw: a write since (put, expire,
+  // invalidate) outdates the failure as it outdates the load, and the value
+  // now held is not the one whose origin failed. An out-parameter, not a
   // std::optional<cached<T>>: no optional's layers to instantiate per T.
-  bool serve_on_error(node_t* n, const std::exception_ptr& e, cached<T>& out) {
+  bool serve_on_error(node_t* n, std::uint64_t seen, const std::exception_ptr& e, cached<T>& out) {
     if (n == nullptr || !applies(e)) return false;
     const time_point now = Clock::now();
     value_ref<T> v;
@@ -313,7 +316,7 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
       out.version = n->version;
       out.age = std::chrono::duration_cast<std::chrono::nanoseconds>(
           now > n->written ? now - n->written : duration::zero());
-      if (now >= n->throttle_until()) {
+      if (n->version == seen && now >= n->throttle_until()) {
         lk.write();
         side_t& side = n->attach(spare);
         side.throttle_until = detail::sat_add(now, throttle);
