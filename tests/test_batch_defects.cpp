@@ -425,3 +425,84 @@ TEST_CASE("a bulk function that ends its thread with pthread_exit fails its keys
   CHECK(kind(l.try_load("after")) == "value");
   l.close();
 }
+
+// ---- 10: a T whose move throws into a load_many slot ---------------------------------------
+
+namespace {
+struct move_threw : std::exception {};
+
+// A value whose moves are fine until it is copied; a copy of a "bad" one throws on its next
+// move. The caller's own copy is the last copy of a delivery, so for "bad" the move that
+// throws is the one that takes the caller's outcome onward (into load_many's slot).
+struct brittle {
+  explicit brittle(bool b) : bad(b) {}
+  brittle(const brittle& o) : bad(o.bad), copied(true) {}
+  brittle(brittle&& o) : bad(o.bad), copied(o.copied) {  // NOLINT: may throw, on purpose
+    if (bad && copied) throw move_threw();
+  }
+  brittle& operator=(const brittle&) = default;
+  brittle& operator=(brittle&&) = default;
+  ~brittle() = default;
+  bool bad;
+  bool copied = false;
+};
+
+std::string brittle_kind(const sf::outcome<brittle>& o) {
+  if (o.has_value()) return "value";
+  try {
+    std::rethrow_exception(o.error());
+  } catch (const move_threw&) {
+    return "move threw";
+  } catch (...) {
+    return "other";
+  }
+}
+}  // namespace
+
+TEST_CASE("load_many: a T whose move into the caller's slot throws fails that key only",
+          "[batch][defects][values][many]") {
+  // Catches: each key's delivery moves the caller's copy into its load_many slot (T's move,
+  // user code) from a callback the group runs noexcept: the throw called std::terminate,
+  // and the slot was never counted. Guarantee 10: that key fails with the exception, the
+  // others are delivered. Both ways: through the blocking path and re-entered from a bulk
+  // function (its own slots, on the loader's thread).
+  sf::batch_loader<std::string, brittle> l(
+      [](std::span<const std::string> keys) {
+        std::vector<brittle> out;
+        out.reserve(keys.size());
+        for (const std::string& k : keys) out.emplace_back(k.starts_with("bad"));
+        return out;
+      },
+      {.max_batch = 2});
+  std::vector<sf::outcome<brittle>> out;
+  sftest::thread caller([&] { out = l.load_many(std::vector<std::string>{"bad", "good"}); });
+  caller.join("load_many returns");
+  REQUIRE(out.size() == 2);
+  CHECK(brittle_kind(out[0]) == "move threw");
+  CHECK(brittle_kind(out[1]) == "value");
+
+  std::vector<sf::outcome<brittle>> nested;
+  std::optional<sf::outcome<brittle>> single;
+  sf::batch_loader<std::string, brittle> self(
+      [&](std::span<const std::string> keys) {
+        if (keys.front() == "outer") {  // re-entered: its dependencies, on the loader's thread
+          nested = self.load_many(std::vector<std::string>{"bad2", "good2"});
+          single.emplace(self.try_load("bad3"));
+        }
+        std::vector<brittle> v;
+        v.reserve(keys.size());
+        for (const std::string& k : keys) v.emplace_back(k.starts_with("bad"));
+        return v;
+      },
+      {.max_batch = 1});
+  std::optional<sf::outcome<brittle>> top;
+  sftest::thread nester([&] { top.emplace(self.try_load("outer")); });
+  nester.join("the outer load returns");
+  REQUIRE(top.has_value());
+  CHECK(brittle_kind(*top) == "value");
+  REQUIRE(nested.size() == 2);
+  CHECK(brittle_kind(nested[0]) == "move threw");
+  CHECK(brittle_kind(nested[1]) == "value");
+  REQUIRE(single.has_value());
+  CHECK(brittle_kind(*single) == "move threw");
+}

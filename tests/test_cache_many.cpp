@@ -429,3 +429,66 @@ TEST_CASE("get_many: a T move that blocks while one key is delivered does not st
   watch.fire_at = -1;
   CHECK(b_in_time);
 }
+
+namespace {
+
+struct move_threw : std::exception {};
+
+// A value whose moves are fine until it is copied; a copy of a "bad" one throws on its next
+// move. The cache's copy for a caller is the last copy of a delivery, so for "bad" the move
+// that throws is the one that takes the caller's outcome onward (into get_many's slot, into
+// co_get's result).
+struct brittle {
+  explicit brittle(bool b) : bad(b) {}
+  brittle(const brittle& o) : bad(o.bad), copied(true) {}
+  brittle(brittle&& o) : bad(o.bad), copied(o.copied) {  // NOLINT: may throw, on purpose
+    if (bad && copied) throw move_threw();
+  }
+  brittle& operator=(const brittle&) = default;
+  brittle& operator=(brittle&&) = default;
+  ~brittle() = default;
+  bool bad;
+  bool copied = false;
+};
+
+using bcache = sf::cache<std::string, brittle>;
+
+const auto load_brittle = [](const std::string& k) { return brittle(k.starts_with("bad")); };
+
+sftest::fire_task<std::string> co_kind(bcache& c, std::string key) {
+  try {
+    const brittle b = co_await c.co_get(key, load_brittle);
+    co_return b.bad ? "bad value" : "value";
+  } catch (const move_threw&) {
+    co_return "move threw";
+  }
+}
+
+}  // namespace
+
+TEST_CASE("get_many: a T whose move into the caller's slot throws fails that key only",
+          "[cache][many]") {
+  // Catches: each key's callback (noexcept) moved the caller's copy into its get_many slot:
+  // a throwing move called std::terminate, and the slot was never counted. The key fails
+  // with that exception, the others are answered; then co_get, whose result is moved the
+  // same way, throws it in the coroutine.
+  bcache c(sf::cache_options{});
+  std::vector<sf::outcome<brittle>> out;
+  sftest::thread caller([&] {
+    out = c.get_many(std::vector<std::string>{"bad", "good"}, load_brittle);
+  });
+  caller.join("get_many returns");
+  REQUIRE(out.size() == 2);
+  REQUIRE_FALSE(out[0].has_value());
+  CHECK(sftest::holds<move_threw>(out[0].error()));
+  CHECK(out[1].has_value());
+
+  // Keys not cached yet: their outcomes come from a load (a hit's copy throws on the
+  // lookup's path, which already made that the caller's outcome).
+  sftest::fire_task<std::string> bad = co_kind(c, "bad-co");
+  bad.wait("co_get of bad ends");
+  CHECK(bad.get().value == std::optional<std::string>("move threw"));
+  sftest::fire_task<std::string> good = co_kind(c, "good-co");
+  good.wait("co_get of good ends");
+  CHECK(good.get().value == std::optional<std::string>("value"));
+}

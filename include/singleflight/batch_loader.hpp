@@ -135,6 +135,7 @@
 #include "detail/chrono.hpp"
 #include "detail/functional.hpp"
 #include "detail/library_thread.hpp"
+#include "detail/outcome_slot.hpp"
 #include "group.hpp"
 #include "hash.hpp"
 #include "outcome.hpp"
@@ -550,13 +551,14 @@ class batch_loader {
   // The outcome one caller of this loader waits for (reentrant, many). T's move (user code)
   // runs under no lock: put() writes a slot, by its key's delivery alone, before arrived()
   // counts it under `m` (inside the queue's settle, which holds the queue's lock); the waiter
-  // reads the slots only once the count says they are written.
+  // reads the slots only once the count says they are written. A move that throws fills the
+  // slot with its exception (detail/outcome_slot.hpp): the slot is counted all the same.
   struct one_waiter {
     std::mutex m;
     std::condition_variable cv;
     std::optional<outcome<T>> o;  // written by put(), then read by wait() once `done`
     bool done = false;            // m
-    void put(outcome<T>&& x) { o.emplace(std::move(x)); }
+    void put(outcome<T>&& x) noexcept { detail::put_outcome(o, std::move(x)); }
     void arrived() {
       const std::lock_guard<std::mutex> lk(m);
       done = true;
@@ -580,7 +582,9 @@ class batch_loader {
     std::condition_variable cv;
     std::vector<std::optional<outcome<T>>> slots;  // slot i: its delivery's, then the waiter's
     std::size_t left;                              // m
-    void put(std::size_t i, outcome<T>&& x) { slots[i].emplace(std::move(x)); }
+    void put(std::size_t i, outcome<T>&& x) noexcept {
+      detail::put_outcome(slots[i], std::move(x));
+    }
     void arrived() {
       const std::lock_guard<std::mutex> lk(m);
       if (--left == 0) cv.notify_all();  // under the lock, as above
@@ -635,8 +639,8 @@ class batch_loader {
     if (queue_.has_frames()) check_not_own_batch(key);
     if (!help && !queue_.delivering_here()) return std::nullopt;
     one_waiter w;
-    auto on_done = [&w, q = &queue_](outcome<T> o) {
-      w.put(std::move(o));  // T's move: no lock
+    auto on_done = [&w, q = &queue_](outcome<T>&& o) {
+      w.put(std::move(o));  // T's move: no lock; a throw is the key's outcome
       q->settle([&] { w.arrived(); });
     };
     if (bound != nullptr) {
@@ -699,8 +703,8 @@ class batch_loader {
         continue;
       }
       try {
-        auto on_done = [w, i, q = &queue_](outcome<T> o) {
-          w->put(i, std::move(o));  // T's move: no lock
+        auto on_done = [w, i, q = &queue_](outcome<T>&& o) {
+          w->put(i, std::move(o));  // T's move: no lock; a throw is the key's outcome
           q->settle([&] { w->arrived(); });
         };
         if (bound != nullptr) {
@@ -720,7 +724,7 @@ class batch_loader {
     out.reserve(keys.size());
     for (std::size_t i = 0; i < keys.size(); ++i) {
       if (first[i] == none) {
-        out.push_back(std::move(*slots[i]));
+        detail::append_outcome(out, std::move(*slots[i]));  // T's move: a throw, this key's
         continue;
       }
       try {

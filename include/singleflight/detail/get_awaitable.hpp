@@ -17,6 +17,7 @@
 
 #include "../outcome.hpp"
 #include "../stop_token.hpp"
+#include "outcome_slot.hpp"
 #include "resume_gate.hpp"
 
 namespace singleflight::detail {
@@ -46,8 +47,8 @@ class get_awaitable {
       gate_.arm(h);
       owner_->async_get(
           *key_, *loader_,
-          [this](outcome<T> o) noexcept {
-            result_.emplace(std::move(o));
+          [this](outcome<T>&& o) noexcept {
+            put_outcome(result_, std::move(o));  // T's move: a throw is this caller's outcome
             gate_.complete();
           },
           std::move(caller_));

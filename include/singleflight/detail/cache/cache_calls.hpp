@@ -77,6 +77,7 @@
 #include "../functional.hpp"
 #include "../group/placement.hpp"
 #include "../kept.hpp"
+#include "../outcome_slot.hpp"
 #include "../resume_gate.hpp"
 #include "../unwind.hpp"
 #include "../worker_threads.hpp"
@@ -232,7 +233,7 @@ class cache_calls {
     } else {
       return many_of(keys, [&](std::size_t i, const std::shared_ptr<many_outcomes>& st) {
         get_async(
-            keys[i], loader, [st, i](outcome<T> o) noexcept { st->set(i, std::move(o)); }, caller,
+            keys[i], loader, [st, i](outcome<T>&& o) noexcept { st->set(i, std::move(o)); }, caller,
             bound);
       });
     }
@@ -261,8 +262,8 @@ class cache_calls {
       bool await_ready() const noexcept { return false; }
       bool await_suspend(std::coroutine_handle<> h) {
         gate_.arm(h);
-        auto on_done = [this](outcome<T> o) noexcept {
-          result_.emplace(std::move(o));
+        auto on_done = [this](outcome<T>&& o) noexcept {
+          put_outcome(result_, std::move(o));  // T's move: a throw is this caller's outcome
           gate_.complete();
         };
         if (bound_) {
@@ -531,14 +532,15 @@ class cache_calls {
 
   // get_many's outcomes: slot i for keys[i], filled by its callback on any thread. T's move
   // (user code) runs outside `m`: a slot is written once, by its key's callback alone, and read
-  // by the waiter only after `left`, under m, says every slot is written.
+  // by the waiter only after `left`, under m, says every slot is written. A move that throws
+  // fills the slot with its exception (detail/outcome_slot.hpp), counted all the same.
   struct many_outcomes {
     std::mutex m;
     std::condition_variable cv;
     std::size_t left = 0;                        // m
     std::vector<std::optional<outcome<T>>> out;  // slot i: its callback's, then the waiter's
-    void set(std::size_t i, outcome<T>&& o) {
-      out[i].emplace(std::move(o));
+    void set(std::size_t i, outcome<T>&& o) noexcept {
+      put_outcome(out[i], std::move(o));
       const std::lock_guard<std::mutex> lk(m);
       if (--left == 0) cv.notify_all();  // under m: the waiter may free it after
     }
@@ -564,7 +566,7 @@ class cache_calls {
       std::unique_lock<std::mutex> lk(st->m);
       st->cv.wait(lk, [&] { return st->left == 0; });
     }
-    for (auto& o : st->out) res.push_back(std::move(*o));  // T's moves: no lock
+    for (auto& o : st->out) append_outcome(res, std::move(*o));  // T's moves: no lock
     return res;
   }
 
