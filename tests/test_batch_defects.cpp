@@ -9,6 +9,7 @@
 // bounded too and recorded, so the old code fails the test instead of hanging it.
 #include <pthread.h>
 #include <singleflight/batch_loader.hpp>
+#include <singleflight/cache.hpp>
 #include <singleflight/thread_pool.hpp>
 
 #include <atomic>
@@ -505,4 +506,26 @@ TEST_CASE("load_many: a T whose move into the caller's slot throws fails that ke
   CHECK(brittle_kind(nested[1]) == "value");
   REQUIRE(single.has_value());
   CHECK(brittle_kind(*single) == "move threw");
+}
+
+TEST_CASE("cache_loader: a T whose move into the cache's load throws fails that load only",
+          "[batch][defects][values][cache]") {
+  // Catches: the delivery callback that hands a key's value on to a cache's load (batch_loader
+  // as the cache's loader) moved T out of the caller's copy, in a callback the group runs
+  // noexcept: a throwing move called std::terminate. Now the cache's load fails with it.
+  sf::batch_loader<std::string, brittle> l(
+      [](std::span<const std::string> keys) {
+        std::vector<brittle> out;
+        out.reserve(keys.size());
+        for (const std::string& k : keys) out.emplace_back(k.starts_with("bad"));
+        return out;
+      },
+      {.max_batch = 1});
+  sf::cache<std::string, brittle> c(sf::cache_options{}, l.cache_loader());
+  std::vector<sf::outcome<brittle>> out;
+  sftest::thread caller([&] { out = c.get_many(std::vector<std::string>{"bad", "good"}); });
+  caller.join("get_many returns");
+  REQUIRE(out.size() == 2);
+  CHECK(brittle_kind(out[0]) == "move threw");
+  CHECK(brittle_kind(out[1]) == "value");
 }

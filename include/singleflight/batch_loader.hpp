@@ -491,13 +491,19 @@ class batch_loader {
  private:
   // start_for_cache(l, key, st, done): an async_load of `key` that resolves a cache's load
   // completion: the value, load_result<T>::not_found() for not_found_error, or the error.
+  // The callback runs where the group delivers (noexcept): a T move that throws on the way
+  // into the completion fails the cache's load with that exception instead.
   static void start_for_cache(batch_loader* l, const Key& key, stop_token st,
                               completion<load_result<T>> done) {
     l->async_load(
         key,
         [d = std::move(done)](outcome<T> o) mutable {
           if (o.has_value()) {
-            d.set_value(load_result<T>::value(std::move(o).value()));
+            try {
+              d.set_value(load_result<T>::value(std::move(o).value()));  // T's moves
+            } catch (...) {  // before set_value ran: `d` is still unresolved
+              d.set_exception(std::current_exception());
+            }
           } else if (is_not_found(o.error())) {
             d.set_value(load_result<T>::not_found());
           } else {
