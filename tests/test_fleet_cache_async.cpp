@@ -10,8 +10,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <exception>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -251,4 +254,71 @@ TEST_CASE(
   callback_log<std::string> never;
   CHECK_THROWS_AS(none.async_get("k", never.on_done()), std::logic_error);
   CHECK(never.calls.load() == 0);
+}
+
+namespace {
+
+struct move_threw : std::exception {};
+
+// A value whose moves are fine until it is copied; a copy of a "bad" one throws on its next
+// move. A caller's own copy is the last copy of a delivery, so for "bad" the move that throws
+// is the one that takes the caller's outcome into co_get's result.
+struct brittle {
+  explicit brittle(bool b) : bad(b) {}
+  brittle(const brittle& o) : bad(o.bad), copied(true) {}
+  brittle(brittle&& o) : bad(o.bad), copied(o.copied) {  // NOLINT: may throw, on purpose
+    if (bad && copied) throw move_threw();
+  }
+  brittle& operator=(const brittle&) = default;
+  brittle& operator=(brittle&&) = default;
+  ~brittle() = default;
+  bool bad;
+  bool copied = false;
+};
+
+struct brittle_codec {
+  static constexpr std::string_view tag = "brittle/test";
+  std::string encode(const brittle& b) const { return b.bad ? "1" : "0"; }
+  brittle decode(std::string_view bytes) const { return brittle(bytes == "1"); }
+};
+
+// What a co_get of `key` ended with: "value", "move threw" or "other".
+template <class C>
+fire_task<std::string> co_kind(C& c, std::string key) {
+  const auto load = [key] { return brittle(key.starts_with("bad")); };  // named: GCC 12
+  try {
+    const brittle b = co_await c.co_get(key, load);
+    co_return b.bad ? "bad value" : "value";
+  } catch (const move_threw&) {
+    co_return "move threw";
+  } catch (...) {
+    co_return "other";
+  }
+}
+
+}  // namespace
+
+TEST_CASE("fleet and fleet_cache co_get: a T whose move into the result throws is thrown there",
+          "[fleet][fleet_cache][async][coro]") {
+  // Catches: co_get's callback (noexcept) moved the caller's copy into the awaiter's result:
+  // a T whose move throws called std::terminate. Now the coroutine receives the exception,
+  // and another key is answered.
+  const std::string uri = sftest::need_redis();
+  sf::fleet_cache<std::string, brittle, brittle_codec> a(
+      opts(uri, sftest::unique_prefix("fc-async-co-move")));
+  until_listening(a, "a listens");
+  for (const char* key : {"bad", "good"}) {
+    fire_task<std::string> t = co_kind(a, key);
+    t.wait("fleet_cache co_get ends");
+    CHECK(t.get().value ==
+          std::optional<std::string>(key == std::string("bad") ? "move threw" : "value"));
+  }
+  sf::fleet<std::string, brittle, brittle_codec> f(
+      sftest::fleet_opts(uri, sftest::unique_prefix("fleet-co-move")));
+  for (const char* key : {"bad", "good"}) {
+    fire_task<std::string> t = co_kind(f, key);
+    t.wait("fleet co_get ends");
+    CHECK(t.get().value ==
+          std::optional<std::string>(key == std::string("bad") ? "move threw" : "value"));
+  }
 }

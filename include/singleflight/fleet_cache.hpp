@@ -96,6 +96,7 @@
 #include "detail/fleet/write_watches.hpp"
 #include "detail/functional.hpp"
 #include "detail/get_awaitable.hpp"
+#include "detail/outcome_slot.hpp"
 #include "detail/resume_gate.hpp"
 #include "errors.hpp"
 #include "fleet.hpp"
@@ -688,8 +689,8 @@ class fleet_cache {
       bool await_ready() const noexcept { return false; }
       bool await_suspend(std::coroutine_handle<> h) {
         gate_.arm(h);
-        auto on_done = [this](outcome<T> o) noexcept {
-          result_.emplace(std::move(o));
+        auto on_done = [this](outcome<T>&& o) noexcept {
+          detail::put_outcome(result_, std::move(o));  // T's move: a throw is this caller's
           gate_.complete();
         };
         a_.c_->catch_up();
