@@ -1038,3 +1038,61 @@ TEST_CASE("load_many: a T move that blocks while one key is delivered does not s
   watch.fire_at = -1;
   CHECK(b_in_time);
 }
+
+TEST_CASE(
+    "load_many: its token and wait_bound apply to each key; it leaves a running batch at them "
+    "while the batch goes on for the keys' other callers",
+    "[batch][many][s3]") {
+  // load_many(keys, caller[, bound]): the caller's token and bound apply to each key. Its keys
+  // are in a running bulk call that other callers also wait for: load_many returns at the stop
+  // (cancelled_error) or the bound (timeout_error) for every key, a repeated key included,
+  // while the bulk call runs on, unstopped, and answers the other callers.
+  bulk_record<std::string> rec;
+  gate release;
+  callback_log<std::string> a, b;
+  loader_t l(identity_bulk(rec, &release), no_window());
+  l.async_load("a", a.on_done());
+  l.async_load("b", b.on_done());
+  pending(l, 2, "both pending");
+  l.flush();
+  rec.wait(1, "the bulk call runs");
+  const std::vector<std::string> keys{"a", "b", "a"};
+
+  sf::stop_source stop;
+  std::vector<sf::outcome<std::string>> by_token;
+  sftest::thread t1([&] { by_token = l.load_many(keys, stop.get_token()); });
+  // calls: a, b, then load_many's repeat (counted first), its "a" and its "b".
+  must([&] { return l.stats().calls >= 5; }, "load_many joined both keys");
+  stop.request_stop();
+  t1.join("load_many returns at its stop");
+
+  std::vector<sf::outcome<std::string>> by_bound;
+  sftest::thread t2([&] { by_bound = l.load_many(keys, {}, 20ms); });
+  t2.join("load_many returns at its bound");
+
+  std::vector<sf::outcome<std::string>> stopped_before;
+  {
+    sf::stop_source gone;
+    gone.request_stop();
+    stopped_before = l.load_many(std::vector<std::string>{"c", "d"}, gone.get_token());
+  }
+  CHECK_FALSE(a.is_done());  // the bulk call is still held
+  release.open();
+  a.wait("a answered");
+  b.wait("b answered");
+
+  REQUIRE(by_token.size() == 3);
+  for (const auto& o : by_token) CHECK(o.status() == sf::status::cancelled);
+  REQUIRE(by_bound.size() == 3);
+  for (const auto& o : by_bound) CHECK(o.status() == sf::status::timeout);
+  REQUIRE(stopped_before.size() == 2);
+  for (const auto& o : stopped_before) CHECK(o.status() == sf::status::cancelled);
+  REQUIRE(a.value);
+  REQUIRE(b.value);
+  CHECK(*a.value == "a");
+  CHECK(*b.value == "b");
+  must([&] { return rec.at(0).returned; }, "bulk returned");
+  CHECK_FALSE(rec.at(0).stopped);
+  CHECK(rec.count() == 1);  // "c" and "d" were never loaded
+  CHECK(l.stats().stopped_batches == 0);
+}
