@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "../outcome.hpp"
+#include "unwind.hpp"
 
 namespace singleflight::detail {
 
@@ -34,7 +35,8 @@ template <class T>
 void put_outcome(std::optional<outcome<T>>& slot, outcome<T>&& o) noexcept {
   try {
     slot.emplace(std::move(o));  // T's move
-  } catch (...) {                // the slot stays empty when the move throws
+  } catch (...) {  // the slot stays empty when the move throws (noexcept: a forced unwind,
+                   // which only a rethrow could pass on, would end the process here anyway)
     slot.emplace(move_failed(o, std::current_exception()));  // holds no T: no T move
   }
 }
@@ -44,6 +46,7 @@ void append_outcome(std::vector<outcome<T>>& out, outcome<T>&& o) {
   try {
     out.push_back(std::move(o));  // T's move; with room, a throw leaves `out` as it was
   } catch (...) {
+    SINGLEFLIGHT_RETHROW_FOREIGN();
     if (out.size() == out.capacity()) throw;  // the reallocation's own failure
     out.push_back(move_failed(o, std::current_exception()));
   }
