@@ -149,3 +149,82 @@ TEST_CASE("soft_timeout must not be negative", "[cache][soft]") {
   op.soft_timeout = -1ms;
   CHECK_THROWS_AS(scache(op), std::invalid_argument);
 }
+
+// A caller whose old value is gone at the soft timeout (removed by invalidate, or run out of
+// stale_if_error during the wait) has nothing to give there, so, having no bound of its own, it
+// goes on waiting for the load it joined and gets its outcome, as a caller that had no old value
+// does; it used to get timeout_error at the soft timeout. A load started before an invalidation
+// does not publish; its callers still get its value.
+namespace {
+sftest::fire_task<std::string> co_read(scache& c, held_origin& o) {
+  co_return co_await c.co_get("k", o.loader());
+}
+}  // namespace
+
+TEST_CASE("soft_timeout_without_an_old_value_left_waits_for_the_joined_load", "[cache][soft]") {
+  // The old value is removed (invalidate), or runs out of stale_if_error, during the wait.
+  const bool removed = GENERATE(true, false);
+  manual_clock::reset();
+  sf::cache_options op = opts();
+  op.soft_timeout = 300ms;  // long enough for the invalidation to land before it passes
+  scache c(op);
+  c.put("k", "v1");
+  manual_clock::advance(2s);
+  held_origin o;
+  sftest::result<std::string> fresh;
+  auto t = sftest::spawn(fresh, [&] { return c.get_fresh("k", o.loader()); });
+  must([&] { return o.calls.load() == 1; }, "the load runs");
+  const auto joins = [&] { return c.flight_stats().joins; };
+  const auto left = [&] { return c.flight_stats().wait_timeouts; };
+  // done(): whether the caller has its answer.
+  std::function<bool()> done;
+  std::function<void()> check;
+  sftest::result<std::string> r;
+  std::optional<sftest::jthread> reader;
+  callback_log<std::string> log;
+  std::optional<sftest::fire_task<std::string>> co;
+  SECTION("get") {
+    reader.emplace(sftest::spawn(r, [&] { return c.get("k", o.loader()); }));
+    done = [&] { return r.done.load(); };
+    check = [&] {
+      sftest::finish(*reader, r, "get returns");
+      CHECK(r.value == "v2");
+    };
+  }
+  SECTION("async_get") {
+    c.async_get("k", o.loader(), log.on_done());
+    done = [&] { return log.is_done(); };
+    check = [&] {
+      log.wait("async_get delivers");
+      CHECK(!log.error);
+      CHECK(log.value == "v2");
+    };
+  }
+  SECTION("co_get") {
+    co.emplace(co_read(c, o));
+    done = [&] { return co->done(); };
+    check = [&] {
+      co->wait("co_get resumes");
+      CHECK(!co->get().error);
+      CHECK(co->get().value == "v2");
+    };
+  }
+  must([&] { return joins() == 1; }, "the caller joins the load");
+  if (removed) {
+    (void)c.invalidate("k");
+    CHECK(!c.peek("k"));
+  } else {
+    manual_clock::advance(2h);  // past stale_if_error
+  }
+  // The soft timeout passes with no old value to give: the caller leaves the group's wait and
+  // joins the same load again, without a bound.
+  must([&] { return left() == 1; }, "the soft timeout passes");
+  must([&] { return joins() == 2 || done(); }, "the caller waits on");
+  CHECK(!done());
+  CHECK(o.calls.load() == 1);
+  o.release.open();
+  check();
+  sftest::finish(t, fresh, "get_fresh returns");
+  CHECK(o.calls.load() == 1);
+  CHECK(c.stats().stale_on_timeout == 0);
+}

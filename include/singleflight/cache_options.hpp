@@ -76,8 +76,10 @@ struct cache_options {
   // load_owner::cache; under load_owner::caller flight.owner decides). A key
   // without such a value, get_fresh, a caller's own sooner wait_bound and an
   // inline leader (load_owner::caller without flight.executor) wait as
-  // before. Measured on steady_clock, as wait_bound. Counted as a miss; not
-  // a failure (nothing is throttled). 0 = off.
+  // before; so does a caller whose old value is gone at the soft timeout
+  // (invalidated, or past stale_if_error). Measured on steady_clock, as
+  // wait_bound. Counted as a miss; not a failure (nothing is throttled).
+  // 0 = off.
   std::chrono::nanoseconds soft_timeout{0};
   // Negative caching of failures: a failed load with no usable old value is
   // stored, and callers within error_ttl receive the same exception object

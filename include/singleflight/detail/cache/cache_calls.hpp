@@ -479,41 +479,17 @@ class cache_calls {
       using traits = detail::loader_traits<std::decay_t<L>, Key, T>;
       const bool off = !traits::is_async && hands_off();
       const waits w = waits_of(c, pinned, bound, false, true);
-      auto on_done = [owner = core_, pinned, seen, w,
-                      cb = std::move(cb)](outcome<loaded_t> o) mutable noexcept {
-        std::optional<outcome<T>> out;
-        {
-          const typename core::pin held(owner.get(), pinned);
-          try {
-            if (o.has_value()) {
-              const loaded_t& r = o.value();
-              if (r.value) {
-                out.emplace(std::in_place, *r.value);  // this caller's copy
-              } else {
-                out.emplace(std::make_exception_ptr(not_found_error()));
-              }
-            } else if (cached<T> e; w.left(o.error(), owner.get(), pinned, e) ||
-                                    owner->serve_on_error(pinned, seen, o.error(), e)) {
-              // left() without a value: the caller's own bound passed (its timeout_error
-              // is the answer); serve_on_error always gives one.
-              if (e.value) {
-                out.emplace(std::in_place, std::move(*e.value));
-              } else {
-                out.emplace(o.error());
-              }
-            } else {
-              out.emplace(o.error());
-            }
-          } catch (...) {
-            out.emplace(std::current_exception());
-          }
-        }
-        deliver(cb, std::move(*out));
-      };
       // group has no asynchronous do_fresh: on act::load_fresh (a load that started before an
       // invalidation is still running) an async caller may join that load (docs/cache.md,
       // "Choices").
       with_erased(std::forward<L>(loader), [&](const shared_loader<Key, T>& e) {
+        async_wait<Cb> on_done{this, core_, pinned, seen, w, std::move(cb), {}};
+        if (w.soft) {
+          // A caller that may leave at the soft timeout and find no old value left waits on
+          // (ending::rejoin): it keeps what it needs to join the load again.
+          on_done.again = std::make_unique<rejoin_state>(
+              rejoin_state{key_of(key), mixed, e, caller, !traits::is_async && !off});
+        }
         if constexpr (!traits::is_async) {
           if (!off) {
             async_flight(key, owned_fn(key_of(key), mixed, e, true), std::move(on_done),
@@ -627,23 +603,40 @@ class cache_calls {
   // when the key has an old value within stale_if_error — and what it gets when that passes.
   struct waits {
     bound_t wait;                            // what the group is given
+    bound_t bound;                           // the caller's own bound, as given
     std::optional<steady::time_point> own;   // the caller's own bound
     std::optional<steady::time_point> soft;  // soft_timeout's bound, when it is the sooner
 
-    // left(e, c, n, out): for a load that ended in `e` for this caller: false, `out`
-    // untouched, when `e` is not this caller's bound passing (an origin failure,
-    // flight.timeout, ...); else true and the answer in `out` (an empty cached<T>): n's old
-    // value as stale_on_timeout (soft bound), or `out` left without a value (the caller's own
-    // bound: rethrow `e`, no stale value, no throttle).
-    bool left(const std::exception_ptr& e, core* c, node_t* n, cached<T>& out) const {
-      if (!own && !soft) return false;
+    // How a wait on the group that ended in an exception ends for this caller (left()).
+    enum class ending {
+      load,    // not this caller's bound passing (an origin failure, flight.timeout, ...)
+      bound,   // its own bound passed: the timeout_error is the answer (no stale, no throttle)
+      stale,   // the soft bound passed: the old value is the answer
+      rejoin,  // the soft bound passed with no old value left (removed or run out during the
+               // wait): the caller waits on for the same load under its own bound (rejoined())
+    };
+
+    // left(e, c, n, out): how a load that ended in `e` for this caller ends; on
+    // ending::stale, n's old value as stale_on_timeout in `out` (an empty cached<T>).
+    ending left(const std::exception_ptr& e, core* c, node_t* n, cached<T>& out) const {
+      if (!own && !soft) return ending::load;
       const steady::time_point now = steady::now();
       const bool own_passed = own && now >= *own;
       const bool soft_passed = soft && now >= *soft;
-      if (!own_passed && !soft_passed) return false;
-      if (!is_timeout(e)) return false;
-      if (soft_passed && !own_passed) (void)c->serve_on_timeout(n, out);
-      return true;  // without a value: left at its own bound, the timeout_error is the answer
+      if (!own_passed && !soft_passed) return ending::load;
+      if (!is_timeout(e)) return ending::load;
+      if (own_passed) return ending::bound;
+      return c->serve_on_timeout(n, out) ? ending::stale : ending::rejoin;
+    }
+
+    // rejoined(): the waits of a caller that goes on waiting after ending::rejoin: its own
+    // bound alone (none: until the load settles), as a caller without an old value waits.
+    waits rejoined() const {
+      waits w;
+      w.wait = bound;
+      w.bound = bound;
+      w.own = own;
+      return w;
     }
   };
 
@@ -663,6 +656,7 @@ class cache_calls {
   waits waits_of(core* c, node_t* n, const bound_t& bound, bool fresh, bool may_leave) const {
     waits w;
     w.wait = bound;
+    w.bound = bound;
     if (bound) w.own = bound->deadline();
     if (soft_timeout_ > std::chrono::nanoseconds::zero() && may_leave && !fresh &&
         c->usable_old(n)) {
@@ -674,6 +668,97 @@ class cache_calls {
     }
     return w;
   }
+
+  // rejoin_state: what an async caller with a soft bound keeps to join its load again
+  // (waits::ending::rejoin): the key, the erased loader, the caller's token, and whether a
+  // synchronous loader runs on flight.executor (owned_fn) rather than through hand_off.
+  struct rejoin_state {
+    Key key;
+    std::uint64_t mixed;
+    shared_loader<Key, T> loader;
+    stop_token caller;
+    bool owned_body;
+  };
+
+  // async_wait<Cb>: the group callback of one async_path caller. Maps the load's outcome to
+  // the caller's (its copy of the value, not_found_error, a stale-if-error or soft-timeout
+  // answer, the exception) and delivers it to `cb`, unpinning the node. On
+  // waits::ending::rejoin it joins the load again under the caller's own bound with itself as
+  // the callback (once: the rejoined waits have no soft bound), the pin and `cb` moving along.
+  // Runs where the group delivers; `self` outlives it (close() waits for async callers).
+  template <class Cb>
+  struct async_wait {
+    cache_calls* self;
+    counted_ptr<core> owner;
+    node_t* pinned;
+    std::uint64_t seen;
+    waits w;
+    Cb cb;
+    std::unique_ptr<rejoin_state> again;  // set when w has a soft bound
+
+    void operator()(outcome<loaded_t> o) noexcept {
+      std::optional<outcome<T>> out;
+      {
+        typename core::pin held(owner.get(), pinned);
+        try {
+          if (o.has_value()) {
+            const loaded_t& r = o.value();
+            if (r.value) {
+              out.emplace(std::in_place, *r.value);  // this caller's copy
+            } else {
+              out.emplace(std::make_exception_ptr(not_found_error()));
+            }
+          } else {
+            cached<T> e;
+            switch (w.left(o.error(), owner.get(), pinned, e)) {
+              case waits::ending::bound:  // its own bound: the timeout_error is the answer
+                out.emplace(o.error());
+                break;
+              case waits::ending::stale:  // serve_on_timeout gave a value
+                out.emplace(std::in_place, std::move(*e.value));
+                break;
+              case waits::ending::rejoin:
+                (void)held.release();  // the pin moves to the rejoined wait
+                rejoin();
+                return;
+              case waits::ending::load:
+                if (owner->serve_on_error(pinned, seen, o.error(), e)) {  // gives a value
+                  out.emplace(std::in_place, std::move(*e.value));
+                } else {
+                  out.emplace(o.error());
+                }
+                break;
+            }
+          }
+        } catch (...) {
+          out.emplace(std::current_exception());
+        }
+      }
+      deliver(cb, std::move(*out));
+    }
+
+    // rejoin(): joins the load again (a new one if it settled meanwhile), this callback moved
+    // into the new wait; what async_do throws before attaching is delivered to `cb`.
+    void rejoin() noexcept {
+      const std::unique_ptr<rejoin_state> st = std::move(again);
+      cache_calls* s = self;
+      node_t* n = pinned;
+      counted_ptr<core> keep = owner;
+      try {
+        w = w.rejoined();
+        if (st->owned_body) {
+          s->async_flight(st->key, s->owned_fn(st->key, st->mixed, st->loader, true),
+                          std::move(*this), st->caller, w.wait);
+        } else {
+          s->async_flight(st->key, s->hand_off(st->key, st->mixed, st->loader, true),
+                          std::move(*this), st->caller, w.wait);
+        }
+      } catch (...) {
+        if (n != nullptr) keep->unpin(n);
+        deliver(cb, outcome<T>(std::current_exception()));
+      }
+    }
+  };
 
   // The group's options: under load_owner::cache the cache owns every load (no caller
   // leaving stops one).
@@ -737,58 +822,71 @@ class cache_calls {
     using traits = detail::loader_traits<std::decay_t<L>, Key, T>;
     const bool off = !traits::is_async && hands_off();
     const bool may_leave = traits::is_async || off || group_has_executor_;
-    const waits w = waits_of(c, pinned, bound, fresh, may_leave);
-    try {
-      const auto run = [&](bool fresh_flight) -> loaded_t {
-        if constexpr (!traits::is_async) {
-          if (!off && !group_has_executor_) {
-            // Inline: the leader runs the loader on this thread and cannot leave before it
-            // returns, so the body may refer to this frame.
-            const auto run_inline = [&](const auto& k) {
-              // inline_only (placement.hpp): the group has no executor here; it compiles no task.
-              auto body = [c, &k, mixed, &loader, fresh_flight](stop_token st) -> loaded_t {
-                return c->run_sync(k, mixed, static_cast<Ld&>(loader), st, !fresh_flight);
-              };
-              return flight(key, inline_only<decltype(body)>{body}, caller, w.wait, fresh_flight,
-                            info);
-            };
-            if constexpr (traits::takes_key && !std::same_as<P, Key>) {
-              return run_inline(key_of(key));  // the loader receives a Key
-            } else {
-              return run_inline(key);
-            }
-          }
-        }
-        // A body that keeps a copy of the loader (the cache's threads, flight.executor, an
-        // asynchronous loader): through the erased loader.
-        return with_erased(loader, [&](const shared_loader<Key, T>& e) -> loaded_t {
+    waits w = waits_of(c, pinned, bound, fresh, may_leave);
+    bool fresh_flight = fresh;
+    for (;;) {
+      try {
+        const auto run = [&](bool new_flight) -> loaded_t {
           if constexpr (!traits::is_async) {
-            if (!off) {
-              return flight(key, owned_fn(key_of(key), mixed, e, !fresh_flight), caller, w.wait,
-                            fresh_flight, info);
+            if (!off && !group_has_executor_) {
+              // Inline: the leader runs the loader on this thread and cannot leave before it
+              // returns, so the body may refer to this frame.
+              const auto run_inline = [&](const auto& k) {
+                // inline_only (placement.hpp): the group has no executor here; it compiles no task.
+                auto body = [c, &k, mixed, &loader, new_flight](stop_token st) -> loaded_t {
+                  return c->run_sync(k, mixed, static_cast<Ld&>(loader), st, !new_flight);
+                };
+                return flight(key, inline_only<decltype(body)>{body}, caller, w.wait, new_flight,
+                              info);
+              };
+              if constexpr (traits::takes_key && !std::same_as<P, Key>) {
+                return run_inline(key_of(key));  // the loader receives a Key
+              } else {
+                return run_inline(key);
+              }
             }
           }
-          return flight(key, hand_off(key_of(key), mixed, e, !fresh_flight), caller, w.wait,
-                        fresh_flight, info);
-        });
-      };
-      r = run(fresh);
-      // A load that started before a write this call saw (it joined a flight that was still
-      // settling when the call looked): take a newer one.
-      if (!fresh && r.version < seen) r = run(true);
-    } catch (...) {
-      const std::exception_ptr ep = std::current_exception();
-      cached<T> e;
-      if (w.left(ep, c, pinned, e)) {
-        if (!e.value) throw;  // its own bound: not an origin failure (no stale, no throttle)
-        e.taken_as = info.role;
-        return e;
+          // A body that keeps a copy of the loader (the cache's threads, flight.executor, an
+          // asynchronous loader): through the erased loader.
+          return with_erased(loader, [&](const shared_loader<Key, T>& e) -> loaded_t {
+            if constexpr (!traits::is_async) {
+              if (!off) {
+                return flight(key, owned_fn(key_of(key), mixed, e, !new_flight), caller, w.wait,
+                              new_flight, info);
+              }
+            }
+            return flight(key, hand_off(key_of(key), mixed, e, !new_flight), caller, w.wait,
+                          new_flight, info);
+          });
+        };
+        r = run(fresh_flight);
+        // A load that started before a write this call saw (it joined a flight that was still
+        // settling when the call looked): take a newer one.
+        if (fresh_flight || r.version >= seen) break;
+        fresh_flight = true;
+      } catch (...) {
+        const std::exception_ptr ep = std::current_exception();
+        cached<T> e;
+        switch (w.left(ep, c, pinned, e)) {
+          case waits::ending::bound:
+            throw;  // its own bound: not an origin failure (no stale, no throttle)
+          case waits::ending::stale:
+            e.taken_as = info.role;
+            return e;
+          case waits::ending::rejoin:
+            // No old value left at the soft timeout: wait on for the load under the caller's
+            // own bound (the group joins the flight still running).
+            w = w.rejoined();
+            continue;
+          case waits::ending::load:
+            break;
+        }
+        if (c->serve_on_error(pinned, seen, ep, e)) {
+          e.taken_as = info.role;
+          return e;
+        }
+        throw;
       }
-      if (c->serve_on_error(pinned, seen, ep, e)) {
-        e.taken_as = info.role;
-        return e;
-      }
-      throw;
     }
     // Outside the try: the load succeeded, so a throwing copy of T is this caller's error,
     // never an origin failure (no stale-if-error answer, no throttle).

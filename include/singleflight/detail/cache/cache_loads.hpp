@@ -251,6 +251,8 @@ class cache_loads : public cache_writes<Key, T, KeyEqual, Clock> {
       if (n_ != nullptr) c_->unpin(n_);
     }
     node_t* get() const noexcept { return n_; }
+    // release(): gives the pin up without unpinning (its new owner unpins).
+    node_t* release() noexcept { return std::exchange(n_, nullptr); }
 
    private:
     cache_loads* c_;
