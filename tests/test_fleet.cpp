@@ -516,6 +516,89 @@ TEST_CASE("a caller waiting for another process leaves at once on its own stop t
   sftest::finish(ta, ra, "a");
 }
 
+// Without an executor the first caller runs the flight on its own thread; while that flight
+// waits for another process's lease, the caller's token must still free it at once, and the
+// flight must go on for the other callers here (fleet::get's contract, as group's).
+TEST_CASE(
+    "an inline first caller waiting for another process leaves at once on its own token; "
+    "the flight goes on for the callers that joined it",
+    "[fleet]") {
+  const std::string uri = sftest::need_redis();
+  const std::string prefix = sftest::unique_prefix("inline_leave");
+  fleet_t a(message_only(uri, prefix));
+  sf::fleet_options ob = message_only(uri, prefix);
+  ob.max_wait = 10s;  // the old code held the leaving caller until this passed
+  fleet_t b(ob);      // no executor: b's first caller runs the flight inline
+  points pb;
+  pb.attach(b);
+  held_origin origin("from-a");
+  sftest::result<std::string> ra;
+  auto ta = sftest::spawn(ra, [&] { return a.get("k", origin.loader()); });
+  origin.started.wait("a leads");
+  std::atomic<int> b_loads{0};
+  const auto b_loader = [&] {
+    b_loads.fetch_add(1);
+    return std::string("from-b");
+  };
+  sf::stop_source leave;
+  sftest::result<std::string> r1;
+  auto t1 = sftest::spawn(r1, [&] { return b.get("k", b_loader, leave.get_token()); });
+  sftest::must([&] { return pb.waiting.load() >= 1; }, "b's first caller waits for a's lease");
+  sftest::result<std::string> r2;
+  auto t2 = sftest::spawn(r2, [&] { return b.get("k", b_loader); });
+  sftest::must([&] { return b.local_stats().joins >= 1; }, "b's second caller joins");
+  leave.request_stop();
+  CHECK(sftest::becomes([&] { return r1.done.load(std::memory_order_acquire); }, 2s));
+  sftest::finish(t1, r1, "b's first caller");
+  CHECK(r1.threw<sf::cancelled_error>());
+  CHECK_FALSE(r2.done.load(std::memory_order_acquire));  // still waiting for a's value
+  origin.release.open();
+  sftest::finish(ta, ra, "a");
+  sftest::finish(t2, r2, "b's second caller");
+  REQUIRE(r2.value);
+  CHECK(*r2.value == "from-a");
+  CHECK(b_loads.load() == 0);
+  CHECK(origin.calls.load() == 1);
+  sftest::must([&] { return b.local_stats().in_flight == 0; }, "b's flight ended");
+}
+
+TEST_CASE("an inline caller alone waiting for another process leaves at once on its own token",
+          "[fleet]") {
+  const std::string uri = sftest::need_redis();
+  const std::string prefix = sftest::unique_prefix("inline_leave_alone");
+  fleet_t a(message_only(uri, prefix));
+  sf::fleet_options ob = message_only(uri, prefix);
+  ob.max_wait = 10s;
+  fleet_t b(ob);
+  points pb;
+  pb.attach(b);
+  held_origin origin("from-a");
+  sftest::result<std::string> ra;
+  auto ta = sftest::spawn(ra, [&] { return a.get("k", origin.loader()); });
+  origin.started.wait("a leads");
+  std::atomic<int> b_loads{0};
+  sf::stop_source leave;
+  sftest::result<std::string> r1;
+  auto t1 = sftest::spawn(r1, [&] {
+    return b.get(
+        "k",
+        [&] {
+          b_loads.fetch_add(1);
+          return std::string("from-b");
+        },
+        leave.get_token());
+  });
+  sftest::must([&] { return pb.waiting.load() >= 1; }, "b's caller waits for a's lease");
+  leave.request_stop();
+  CHECK(sftest::becomes([&] { return r1.done.load(std::memory_order_acquire); }, 2s));
+  sftest::finish(t1, r1, "b's caller");
+  CHECK(r1.threw<sf::cancelled_error>());
+  sftest::must([&] { return b.local_stats().in_flight == 0; }, "b's flight ended too");
+  CHECK(b_loads.load() == 0);
+  origin.release.open();
+  sftest::finish(ta, ra, "a");
+}
+
 TEST_CASE("max_wait: a follower whose leader takes longer loads for itself", "[fleet]") {
   const std::string uri = sftest::need_redis();
   const std::string prefix = sftest::unique_prefix("maxwait");

@@ -86,6 +86,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <concepts>
 #include <cstdint>
 #include <exception>
@@ -143,6 +144,31 @@ concept fleet_loader = (takes_token<L> &&
 
 struct fleet_test_access;
 
+// fleet_inline_run: a get() flight of one fleet (`owner`) for one key text running on this
+// thread without an executor (fleet::inline_flight), linked on this thread's stack while it
+// runs, so that a loader calling get for its own key is found without a lock.
+struct fleet_inline_run {
+  fleet_inline_run(const void* o, const std::string& t) noexcept : owner(o), text(&t), prev(top) {
+    top = this;
+  }
+  fleet_inline_run(const fleet_inline_run&) = delete;
+  fleet_inline_run& operator=(const fleet_inline_run&) = delete;
+  ~fleet_inline_run() { top = prev; }
+
+  // find(owner, text): the innermost run of `owner` on this thread (for `*text`, unless null).
+  static const fleet_inline_run* find(const void* owner, const std::string* text = nullptr) {
+    for (const fleet_inline_run* r = top; r != nullptr; r = r->prev) {
+      if (r->owner == owner && (text == nullptr || *r->text == *text)) return r;
+    }
+    return nullptr;
+  }
+
+  const void* owner;
+  const std::string* text;
+  fleet_inline_run* prev;
+  static inline thread_local fleet_inline_run* top = nullptr;
+};
+
 }  // namespace detail
 
 template <class Key, class T, class Codec, class KeyCodec>
@@ -183,7 +209,8 @@ class fleet {
   // connect: the first call does (a fleet built while Redis is down works,
   // locally).
   explicit fleet(fleet_options opts = {}, Codec codec = Codec{}, KeyCodec key_codec = KeyCodec{})
-      : group_(opts.local),
+      : inline_(!opts.local.executor),
+        group_(opts.local),
         engine_(std::make_unique<detail::fleet_engine>(
             detail::fleet_config::of(opts, detail::codec_tag<Codec>()))),
         codec_(std::move(codec)),
@@ -208,14 +235,17 @@ class fleet {
   // Callers in this process share one flight per key (the local group):
   // the same guarantees as group::do_ (per-caller cancellation through
   // `caller`, ownership, deadline, close). Without options.local.executor the
-  // first caller runs the protocol and the loader on its own thread and
-  // returns when they do.
+  // first caller runs the protocol and the loader on its own thread.
   //
   // Waiting for another process lasts at most max_wait; then this process
   // loads for itself. `caller` firing makes this caller leave at once with
   // cancelled_error (the flight goes on for the other callers here, as with
-  // a group); the flight's own token (its last caller left, its deadline,
-  // close()) ends the wait without a load. On a fleet worker (a loader of
+  // a group): a first caller running the flight on its own thread that is
+  // waiting for another process hands the rest of the wait to a fleet worker
+  // (within the same max_wait) and leaves; one running the loader (or waiting
+  // for a cluster master's failover) leaves when that returns, as a group's
+  // inline leader does. The flight's own token (its last caller left, its
+  // deadline, close()) ends the wait without a load. On a fleet worker (a loader of
   // async_get or co_get calling back), a flight of `key` still queued for a
   // worker runs on this thread: the workers are bounded, and this wait must
   // not keep busy the worker it waits for.
@@ -243,6 +273,18 @@ class fleet {
     }
     if (engine_->workers.on_own_thread()) {
       return get_on_worker(key, std::move(text), std::forward<Loader>(loader), std::move(caller));
+    }
+    if (inline_) {
+      if (detail::fleet_inline_run::find(this, &text) != nullptr) {
+        throw std::logic_error(
+            "singleflight::fleet::get: a loader called get for its own key on the thread "
+            "running it; it would wait for itself forever");
+      }
+      // An async fn, started on this thread (group: lead_task): the flight runs here, and this
+      // caller can still leave while it waits for another process (inline_flight).
+      inline_flight<std::decay_t<Loader>> fn{this, std::move(text), std::forward<Loader>(loader),
+                                             caller};
+      return group_.do_(key, std::move(fn), std::move(caller));
     }
     return group_.do_(
         key,
@@ -331,12 +373,15 @@ class fleet {
   //     keep serving the flights still finishing until an outside close() or
   //     the destructor. Loaders of two fleets closing each other both return.
   // Leases held by loaders that were stopped are released by their flights (or
-  // expire after lease_ttl). From inside a loader on the caller's thread it
-  // does not wait for itself; the destructor finishes.
+  // expire after lease_ttl). From inside a loader of this fleet's get() on
+  // its caller's thread it stops and rejects and waits for nothing, as from a
+  // library thread; an outside close() or the destructor finishes.
   void close() {
     // Relaxed: healthy() only reports it; nothing is ordered by it.
     closed_.store(true, std::memory_order_relaxed);
-    if (detail::on_library_thread()) {
+    // A loader of get() on its caller's thread (an inline flight of this fleet) does not wait
+    // for itself either: its flight's completion is unresolved until the loader returns.
+    if (detail::on_library_thread() || detail::fleet_inline_run::find(this) != nullptr) {
       // The closed group starts no flight, so no async flight reaches the workers; they,
       // the subscriber and the renewer are joined by a close() from outside or the destructor.
       (void)group_.close_for(std::chrono::milliseconds(0));
@@ -408,9 +453,12 @@ class fleet {
   // Runs on the thread the local group runs fn on (the first caller, the
   // executor, or a worker).
   template <class Loader>
-  T run(const std::string& text, Loader& load, const stop_token& st) {
+  T run(const std::string& text, Loader& load, const stop_token& st,
+        const std::optional<std::chrono::steady_clock::time_point>& until = std::nullopt) {
     flight_value<Loader> v(codec_, load);
-    detail::fleet_flight(*engine_, tag_, text, v, st).run();
+    detail::fleet_flight f(*engine_, tag_, text, v, st);
+    if (until) f.wait_until(*until);
+    f.run();
     return std::move(*v.result);
   }
 
@@ -418,9 +466,11 @@ class fleet {
   // own key there throws logic_error (see get). The mark ends before the flight settles, so an
   // on_done that runs here afterwards may start the key's next flight.
   template <class Loader>
-  T run_on_worker(const std::string& text, Loader& load, const stop_token& st) {
+  T run_on_worker(
+      const std::string& text, Loader& load, const stop_token& st,
+      const std::optional<std::chrono::steady_clock::time_point>& until = std::nullopt) {
     const runs::scope running(runs_, text, 0);
-    return run(text, load, st);
+    return run(text, load, st, until);
   }
 
   // get() on a fleet worker (a loader of an async flight calling the fleet): the workers are
@@ -445,26 +495,28 @@ class fleet {
     return std::move(*r).value();
   }
 
-  // The fn of an async flight: hands the protocol to a worker and returns.
+  // The fn of an async flight: hands the protocol to a worker and returns. `until`: the end of
+  // the wait for other processes of a flight its first caller left (inline_flight).
   template <class Loader>
   struct async_flight {
     fleet* self;
     std::string text;
     Loader load;
+    std::optional<std::chrono::steady_clock::time_point> until{};
 
     void operator()(stop_token st, completion<T> done) {
       std::string text_of_job = text;
-      auto job = detail::worker_threads::make_job([self = self, text = std::move(text),
-                                                   load = std::move(load), st = std::move(st),
-                                                   done = std::move(done)]() mutable {
-        try {
-          done.set_value(self->run_on_worker(text, load, st));
-        } catch (...) {
-          const std::exception_ptr p = std::current_exception();
-          if (!p) throw;
-          done.set_exception(p);
-        }
-      });
+      auto job = detail::worker_threads::make_job(
+          [self = self, text = std::move(text), load = std::move(load), st = std::move(st),
+           done = std::move(done), until = until]() mutable {
+            try {
+              done.set_value(self->run_on_worker(text, load, st, until));
+            } catch (...) {
+              const std::exception_ptr p = std::current_exception();
+              if (!p) throw;
+              done.set_exception(p);
+            }
+          });
       // Queued as a slot too, so that a worker waiting for this key may run it (get_on_worker).
       auto slot = std::make_shared<detail::queued_flights::slot>(text_of_job, std::move(job));
       self->queued_.add(slot);
@@ -484,8 +536,48 @@ class fleet {
     }
   };
 
+  // The fn of get()'s flight without an executor: an async fn the group starts on the first
+  // caller's thread, which runs the protocol there (the fast path: no thread hop). When that
+  // caller's token fires while the flight waits for another process, the flight leaves this
+  // thread (fleet_flight::leave_on) and the rest of it runs on a worker as an async_get's,
+  // within the same max_wait; the group then lets the caller go (cancelled_error) and the
+  // flight goes on for the others. Marked in detail::fleet_inline_run::top while it runs:
+  // a loader calling get for its own key throws logic_error (the group knows no runner of an
+  // async fn).
+  template <class Loader>
+  struct inline_flight {
+    fleet* self;
+    std::string text;
+    Loader load;
+    stop_token caller;
+
+    void operator()(stop_token st, completion<T> done) {
+      std::optional<std::chrono::steady_clock::time_point> until;
+      try {
+        const detail::fleet_inline_run here(self, text);
+        flight_value<Loader> v(self->codec_, load);
+        detail::fleet_flight f(*self->engine_, self->tag_, text, v, st);
+        f.leave_on(caller);
+        f.run();
+        if (!f.left()) {
+          done.set_value(std::move(*v.result));
+          return;
+        }
+        until = f.give_up();
+      } catch (...) {
+        const std::exception_ptr p = std::current_exception();
+        if (!p) throw;  // not a C++ exception (a forced unwind): the group fails the flight
+        done.set_exception(p);
+        return;
+      }
+      async_flight<Loader>{self, std::move(text), std::move(load), until}(std::move(st),
+                                                                          std::move(done));
+    }
+  };
+
   using runs = detail::refresh_runs<std::string, std::equal_to<std::string>>;
 
+  const bool inline_;  // no options.local.executor: get()'s first caller runs the flight
   group<Key, T> group_;
   std::unique_ptr<detail::fleet_engine> engine_;
   runs runs_;  // the keys (texts) whose async flights run on the fleet's workers now

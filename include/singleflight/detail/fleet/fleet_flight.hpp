@@ -13,7 +13,11 @@
 // group runs fn on: the first caller, the executor, or a worker) and uses the
 // engine's parts, each with its own lock; it holds none of them, and no
 // pooled connection, while it calls fleet_value (user code: the loader, the
-// codec).
+// codec). A flight that runs on its first caller's thread (fleet::get without
+// an executor) is told that caller's token (leave_on): when it fires while the
+// flight waits for another process, run() returns with left() set, holding
+// nothing (no lease, no connection, no watch), and the caller's fleet runs the
+// rest of the flight on a worker (wait_until: within the same max_wait).
 #pragma once
 
 #include <algorithm>
@@ -83,12 +87,28 @@ class fleet_flight {
   fleet_flight& operator=(const fleet_flight&) = delete;
   ~fleet_flight() = default;
 
+  // leave_on(caller): `caller` (which must outlive run()) is the token of the
+  // caller whose thread runs this flight: when it fires while the flight waits
+  // for another process's lease, run() returns at once with left() true and
+  // no result. Not while the loader runs (user code on this thread), nor while
+  // a cluster master fails over (await_failover: bounded by failover_wait).
+  void leave_on(const stop_token& caller) noexcept { caller_ = &caller; }
+
+  // wait_until(t): a flight that another one left (left()) waits for other
+  // processes until `t`, its give_up(), instead of max_wait from its own start.
+  void wait_until(clock::time_point t) noexcept { until_ = t; }
+
+  // left(): run() returned because leave_on's caller left; give_up(): when the
+  // flight's wait for other processes ends (pass it on to wait_until).
+  bool left() const noexcept { return left_; }
+  clock::time_point give_up() const noexcept { return give_up_; }
+
   // run(): the protocol. On return the value's result is set (from Redis, or
   // from the loader here). Throws what the loader throws (in this process),
   // remote_load_error (another process's load failed, or its error marker is
   // stored), cancelled_error (the flight's token stopped while it waited),
   // closed_error (the fleet closed while it waited). Never a Redis error:
-  // Redis failing means a local load.
+  // Redis failing means a local load. Returns without a result when left().
   void run() {
     auto& n = e_.counters;
     if (!node_->breaker.allow()) {
@@ -135,13 +155,23 @@ class fleet_flight {
     // 2. Miss: race for the lease; lose, wait, race again. Its notifications (the leader's
     // PUBLISH or SPUBLISH, the followers' watches) need to know whether this is a cluster.
     e_.router.probe();
-    const clock::time_point give_up = clock::now() + e_.cfg.max_wait;
+    const clock::time_point give_up = until_ ? *until_ : clock::now() + e_.cfg.max_wait;
+    give_up_ = give_up;
+    // The waits below wake on the flight's token, and on leave_on's caller's when there is one
+    // (`waker`, made only for a flight that waits: a hit needs none).
+    std::optional<either_stop> either;
+    const auto waker = [&]() -> const stop_token& {
+      if (caller_ == nullptr) return st_;
+      if (!either) either.emplace(st_, *caller_);
+      return either->token;
+    };
     fleet_subscriber::watch w;
     bool woken = false;  // a message woke this follower since its last race
     std::string message;
     std::chrono::milliseconds moved_pause{0};  // after a `moved` event (see there)
     for (;;) {
       if (st_.stop_requested()) throw cancelled_error();
+      if (leaving()) return;
       std::string token = e_.new_token();
       acquire_result a;
       reports = reports_now();
@@ -193,7 +223,7 @@ class fleet_flight {
         // race just ran there, or was redirected and taught the router so).
         w = e_.subscriber_for(e_.router.route(names_.channel)).subscribe(names_.channel);
         const auto until = std::min(clock::now() + e_.cfg.wait_slice, give_up);
-        if (w.wait_confirmed(until, st_)) {
+        if (w.wait_confirmed(until, waker())) {
           // Whatever the leader published before this point was not seen: a
           // stored value, or a released lease ("r": an abandoned or refused
           // load). Race again now (the race re-reads the value first); from
@@ -206,11 +236,12 @@ class fleet_flight {
         }
       }
       if (st_.stop_requested()) throw cancelled_error();
+      if (leaving()) return;
       if (clock::now() >= give_up) return load_locally(&n.local_max_wait);
 
       e_.at(fleet_point::waiting, text_);
       const auto until = std::min(clock::now() + e_.cfg.wait_slice, give_up);
-      switch (w.wait_event(until, st_, message)) {
+      switch (w.wait_event(until, waker(), message)) {
         case fleet_subscriber::event::message:
           if (!message.empty() && message.front() == 'e') {
             // The leader's load failed: fail fast rather than load again.
@@ -236,7 +267,9 @@ class fleet_flight {
                                    std::chrono::milliseconds(8));
           break;
         case fleet_subscriber::event::stopped:
-          throw cancelled_error();
+          if (st_.stop_requested()) throw cancelled_error();
+          left_ = true;  // leave_on's caller left (only its stop, or st_'s, wakes the wait)
+          return;
         case fleet_subscriber::event::closed:
           throw closed_error();
         case fleet_subscriber::event::resubscribed:
@@ -250,6 +283,28 @@ class fleet_flight {
   }
 
  private:
+  // either_stop: a token that stops when either of two does (the waits take one token).
+  // Its callbacks run inside the other tokens' request_stop(): they only request stop.
+  struct either_stop {
+    struct relay {
+      stop_source* to;
+      void operator()() const noexcept { (void)to->request_stop(); }
+    };
+    either_stop(const stop_token& a, const stop_token& b)
+        : token(source.get_token()), on_a(a, relay{&source}), on_b(b, relay{&source}) {}
+    stop_source source;
+    stop_token token;
+    stop_callback<relay> on_a;
+    stop_callback<relay> on_b;
+  };
+
+  // leaving(): leave_on's caller left; then left() is set (run() returns at once).
+  bool leaving() noexcept {
+    if (caller_ == nullptr || !caller_->stop_requested()) return false;
+    left_ = true;
+    return true;
+  }
+
   // One round trip on the flight's connection (taken from its node's pool on
   // first use), routed (redis_router::run: MOVED, ASK); false, with the
   // connection dropped, when Redis failed: a failure for the node's breaker
@@ -617,6 +672,10 @@ class fleet_flight {
   bool sent_ = false;           // the last failed round trip had a connection to send on
   bool down_ = false;           // ... and node_ did not answer it (a failure of the node)
   bool not_run_ = false;        // ... or the cluster did not run it (a redirect not followed)
+  const stop_token* caller_ = nullptr;      // leave_on's; null: nobody leaves mid-flight
+  std::optional<clock::time_point> until_;  // wait_until's; else max_wait from the miss
+  clock::time_point give_up_{};             // when the wait for other processes ends
+  bool left_ = false;                       // run() returned because caller_ fired
 };
 
 }  // namespace singleflight::detail
