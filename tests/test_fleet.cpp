@@ -599,6 +599,33 @@ TEST_CASE("an inline caller alone waiting for another process leaves at once on 
   sftest::finish(ta, ra, "a");
 }
 
+TEST_CASE(
+    "an inline first caller alone that leaves while its loader runs stops the loader's token "
+    "at once (ownership::waiters), as a group's inline leader does",
+    "[fleet]") {
+  const std::string uri = sftest::need_redis();
+  fleet_t b(opts(uri, sftest::unique_prefix("inline_leave_load")));
+  sftest::gate started;
+  std::atomic<bool> saw_stop{false};
+  sf::stop_source leave;
+  sftest::result<std::string> r1;
+  auto t1 = sftest::spawn(r1, [&] {
+    return b.get(
+        "k",
+        [&](sf::stop_token st) -> std::string {
+          started.open();
+          saw_stop = sftest::becomes([&] { return st.stop_requested(); }, 5s);
+          return "v";
+        },
+        leave.get_token());
+  });
+  started.wait("b's loader runs");
+  leave.request_stop();
+  sftest::finish(t1, r1, "b's caller");
+  CHECK(saw_stop.load());
+  CHECK(r1.threw<sf::cancelled_error>());
+}
+
 TEST_CASE("max_wait: a follower whose leader takes longer loads for itself", "[fleet]") {
   const std::string uri = sftest::need_redis();
   const std::string prefix = sftest::unique_prefix("maxwait");

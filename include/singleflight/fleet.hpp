@@ -88,10 +88,12 @@
 #include <atomic>
 #include <chrono>
 #include <concepts>
+#include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -108,6 +110,7 @@
 #include "detail/fn_shapes.hpp"
 #include "detail/get_awaitable.hpp"
 #include "detail/library_thread.hpp"
+#include "detail/unwind.hpp"
 #include "detail/worker_threads.hpp"
 #include "errors.hpp"
 #include "fleet_options.hpp"
@@ -147,6 +150,13 @@ struct fleet_test_access;
 // fleet_inline_run: a get() flight of one fleet (`owner`) for one key text running on this
 // thread without an executor (fleet::inline_flight), linked on this thread's stack while it
 // runs, so that a loader calling get for its own key is found without a lock.
+struct fleet_inline_start {
+  // The inline_start of the fleet::get_inline whose async_do runs on this thread, and the
+  // number of get_inline calls this thread made (their sequence numbers).
+  static inline thread_local const void* current = nullptr;
+  static inline thread_local std::uint64_t seq = 0;
+};
+
 struct fleet_inline_run {
   fleet_inline_run(const void* o, const std::string& t) noexcept : owner(o), text(&t), prev(top) {
     top = this;
@@ -280,11 +290,7 @@ class fleet {
             "singleflight::fleet::get: a loader called get for its own key on the thread "
             "running it; it would wait for itself forever");
       }
-      // An async fn, started on this thread (group: lead_task): the flight runs here, and this
-      // caller can still leave while it waits for another process (inline_flight).
-      inline_flight<std::decay_t<Loader>> fn{this, std::move(text), std::forward<Loader>(loader),
-                                             caller};
-      return group_.do_(key, std::move(fn), std::move(caller));
+      return get_inline(key, std::move(text), std::forward<Loader>(loader), std::move(caller));
     }
     return group_.do_(
         key,
@@ -536,44 +542,114 @@ class fleet {
     }
   };
 
-  // The fn of get()'s flight without an executor: an async fn the group starts on the first
-  // caller's thread, which runs the protocol there (the fast path: no thread hop). When that
-  // caller's token fires while the flight waits for another process, the flight leaves this
-  // thread (fleet_flight::leave_on) and the rest of it runs on a worker as an async_get's,
-  // within the same max_wait; the group then lets the caller go (cancelled_error) and the
-  // flight goes on for the others. Marked in detail::fleet_inline_run::top while it runs:
-  // a loader calling get for its own key throws logic_error (the group knows no runner of an
-  // async fn).
+  // get() without an executor. This caller joins or starts the flight as an async caller
+  // (the group then sees it leave at its token at once, also while its flight runs here) and,
+  // when it starts the flight, runs it on this thread once async_do has returned
+  // (inline_flight: the fast path, no thread hop). When its token fires while the flight waits
+  // for another process, the flight leaves this thread (fleet_flight::leave_on) and the rest of
+  // it runs on a worker as an async_get's, within the same max_wait; a loader running here
+  // finishes first, as a group's inline leader's fn does.
+  template <class K, class Loader>
+  T get_inline(const K& key, std::string text, Loader&& loader, stop_token caller) {
+    using L = std::decay_t<Loader>;
+    struct waiter {
+      std::mutex mu;
+      std::condition_variable cv;
+      std::optional<outcome<T>> r;  // guarded by mu
+    } w;
+    inline_start<L> start;
+    auto& current = detail::fleet_inline_start::current;
+    start.seq = ++detail::fleet_inline_start::seq;
+    {
+      const void* const outer = current;
+      current = &start;
+      const detail::on_unwind restore([&] { current = outer; });
+      group_.async_do(
+          key, inline_flight<L>{this, text, std::forward<Loader>(loader), &start, start.seq},
+          [&w](outcome<T> o) noexcept {
+            // Notified under mu: once get() sees r it may destroy w.
+            const std::lock_guard<std::mutex> lk(w.mu);
+            try {
+              w.r.emplace(std::move(o));
+            } catch (...) {  // T's move threw: this caller gets that exception instead
+              w.r.emplace(std::current_exception());
+            }
+            w.cv.notify_all();
+          },
+          caller);
+    }
+    if (start.done) run_inline(text, *start.load, start.st, std::move(*start.done), caller);
+    std::unique_lock<std::mutex> lk(w.mu);
+    w.cv.wait(lk, [&] { return w.r.has_value(); });
+    return std::move(*w.r).value();
+  }
+
+  // What inline_flight hands back to get_inline when the group starts it inside async_do.
+  template <class Loader>
+  struct inline_start {
+    std::uint64_t seq = 0;
+    std::optional<Loader> load;
+    stop_token st;
+    std::optional<completion<T>> done;
+  };
+
+  // The fn of get_inline's flight: started inside that get's async_do on its thread (the
+  // thread-local fleet_inline_start names it, with its sequence number), it hands the loader,
+  // token and completion back for get_inline to run; started anywhere else (a caller that went
+  // round again after a stopped flight), it runs as an async_get's flight, on a worker.
   template <class Loader>
   struct inline_flight {
     fleet* self;
     std::string text;
     Loader load;
-    stop_token caller;
+    inline_start<Loader>* start;  // compared, dereferenced only when it is this thread's current
+    std::uint64_t seq;
 
     void operator()(stop_token st, completion<T> done) {
-      std::optional<std::chrono::steady_clock::time_point> until;
-      try {
-        const detail::fleet_inline_run here(self, text);
-        flight_value<Loader> v(self->codec_, load);
-        detail::fleet_flight f(*self->engine_, self->tag_, text, v, st);
-        f.leave_on(caller);
-        f.run();
-        if (!f.left()) {
-          done.set_value(std::move(*v.result));
-          return;
-        }
-        until = f.give_up();
-      } catch (...) {
-        const std::exception_ptr p = std::current_exception();
-        if (!p) throw;  // not a C++ exception (a forced unwind): the group fails the flight
-        done.set_exception(p);
+      if (detail::fleet_inline_start::current == start && start->seq == seq) {
+        start->load.emplace(std::move(load));
+        start->st = std::move(st);
+        start->done.emplace(std::move(done));
         return;
       }
-      async_flight<Loader>{self, std::move(text), std::move(load), until}(std::move(st),
-                                                                          std::move(done));
+      async_flight<Loader>{self, std::move(text), std::move(load)}(std::move(st), std::move(done));
     }
   };
+
+  // run_inline(...): get_inline's flight on its caller's thread, marked in
+  // detail::fleet_inline_run (a loader calling get for its own key throws logic_error; close()
+  // from it waits for nothing: this completion is unresolved until it returns).
+  template <class Loader>
+  void run_inline(const std::string& text, Loader& load, stop_token st, completion<T> done,
+                  const stop_token& caller) {
+    std::optional<std::chrono::steady_clock::time_point> until;
+    try {
+      const detail::fleet_inline_run here(this, text);
+      flight_value<Loader> v(codec_, load);
+      detail::fleet_flight f(*engine_, tag_, text, v, st);
+      f.leave_on(caller);
+      f.run();
+      if (!f.left()) {
+        done.set_value(std::move(*v.result));
+        return;
+      }
+      until = f.give_up();
+    } catch (...) {
+      const std::exception_ptr p = std::current_exception();
+      if (!p) throw;  // not a C++ exception (a forced unwind): the completion dies unresolved
+      done.set_exception(p);
+      return;
+    }
+    // The caller left while the flight waited for another process: a worker goes on with it.
+    try {
+      async_flight<Loader>{this, text, std::move(load), until}(std::move(st), std::move(done));
+    } catch (...) {
+      const std::exception_ptr p = std::current_exception();
+      if (!p) throw;
+      // closed_error (the workers closed), bad_alloc: the completion, moved into the dropped
+      // job, died unresolved and failed the flight; nothing is left to report here.
+    }
+  }
 
   using runs = detail::refresh_runs<std::string, std::equal_to<std::string>>;
 
