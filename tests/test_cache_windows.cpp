@@ -203,7 +203,10 @@ TEST_CASE(
   c.put("k", "v1");
   manual_clock::advance(1500ms);
   CHECK(c.get("k") == "v1");  // stale: its refresh fails, throttling the key until 2.5 s
-  must([&] { return c.stats().load_failures == 1; }, "the refresh failed");
+  // The failure is counted before the refresh's flight settles: until it has, a load at 2.6 s
+  // would join it (and get its failure) rather than call the origin again.
+  must([&] { return c.stats().load_failures == 1 && c.flight_stats().in_flight == 0; },
+       "the refresh failed and its flight settled");
   const std::vector<std::string> keys{"k"};
   const auto every_entry_point = [&](const char* when) {
     INFO(when);
