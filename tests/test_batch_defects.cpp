@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "support/batch.hpp"
+#include "support/brittle.hpp"
 #include "support/catch.hpp"
 #include "support/sync.hpp"
 
@@ -430,23 +431,8 @@ TEST_CASE("a bulk function that ends its thread with pthread_exit fails its keys
 // ---- 10: a T whose move throws into a load_many slot ---------------------------------------
 
 namespace {
-struct move_threw : std::exception {};
-
-// A value whose moves are fine until it is copied; a copy of a "bad" one throws on its next
-// move. The caller's own copy is the last copy of a delivery, so for "bad" the move that
-// throws is the one that takes the caller's outcome onward (into load_many's slot).
-struct brittle {
-  explicit brittle(bool b) : bad(b) {}
-  brittle(const brittle& o) : bad(o.bad), copied(true) {}
-  brittle(brittle&& o) : bad(o.bad), copied(o.copied) {  // NOLINT: may throw, on purpose
-    if (bad && copied) throw move_threw();
-  }
-  brittle& operator=(const brittle&) = default;
-  brittle& operator=(brittle&&) = default;
-  ~brittle() = default;
-  bool bad;
-  bool copied = false;
-};
+using sftest::brittle;
+using sftest::move_threw;
 
 std::string brittle_kind(const sf::outcome<brittle>& o) {
   if (o.has_value()) return "value";

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "support/batch.hpp"
+#include "support/brittle.hpp"
 #include "support/catch.hpp"
 #include "support/coro.hpp"
 #include "support/manual_clock.hpp"
@@ -432,24 +433,8 @@ TEST_CASE("get_many: a T move that blocks while one key is delivered does not st
 
 namespace {
 
-struct move_threw : std::exception {};
-
-// A value whose moves are fine until it is copied; a copy of a "bad" one throws on its next
-// move. The cache's copy for a caller is the last copy of a delivery, so for "bad" the move
-// that throws is the one that takes the caller's outcome onward (into get_many's slot, into
-// co_get's result).
-struct brittle {
-  explicit brittle(bool b) : bad(b) {}
-  brittle(const brittle& o) : bad(o.bad), copied(true) {}
-  brittle(brittle&& o) : bad(o.bad), copied(o.copied) {  // NOLINT: may throw, on purpose
-    if (bad && copied) throw move_threw();
-  }
-  brittle& operator=(const brittle&) = default;
-  brittle& operator=(brittle&&) = default;
-  ~brittle() = default;
-  bool bad;
-  bool copied = false;
-};
+using sftest::brittle;
+using sftest::move_threw;
 
 using bcache = sf::cache<std::string, brittle>;
 

@@ -18,6 +18,7 @@
 #include <thread>
 #include <utility>
 
+#include "support/brittle.hpp"
 #include "support/catch.hpp"
 #include "support/coro.hpp"
 #include "support/fleet.hpp"
@@ -258,23 +259,8 @@ TEST_CASE(
 
 namespace {
 
-struct move_threw : std::exception {};
-
-// A value whose moves are fine until it is copied; a copy of a "bad" one throws on its next
-// move. A caller's own copy is the last copy of a delivery, so for "bad" the move that throws
-// is the one that takes the caller's outcome into co_get's result.
-struct brittle {
-  explicit brittle(bool b) : bad(b) {}
-  brittle(const brittle& o) : bad(o.bad), copied(true) {}
-  brittle(brittle&& o) : bad(o.bad), copied(o.copied) {  // NOLINT: may throw, on purpose
-    if (bad && copied) throw move_threw();
-  }
-  brittle& operator=(const brittle&) = default;
-  brittle& operator=(brittle&&) = default;
-  ~brittle() = default;
-  bool bad;
-  bool copied = false;
-};
+using sftest::brittle;
+using sftest::move_threw;
 
 struct brittle_codec {
   static constexpr std::string_view tag = "brittle/test";
