@@ -273,15 +273,14 @@ class fleet {
     check_loader<Loader>();
     detail::fleet_counters::bump(engine_->counters.gets);
     std::string text = key_text(key);
-    // An async flight's loader runs on a worker after its fn returned: the group no longer
-    // knows that thread, so the fleet does (runs_). Other threads skip its lock.
-    if (engine_->workers.on_own_thread() &&
-        runs_.running_here(text, 0, std::equal_to<std::string>{})) {
-      throw std::logic_error(
-          "singleflight::fleet::get: a loader called get for its own key on the fleet worker "
-          "running it (it would wait for itself forever; use async_get or co_get)");
-    }
     if (engine_->workers.on_own_thread()) {
+      // An async flight's loader runs on a worker after its fn returned: the group no longer
+      // knows that thread, so the fleet does (runs_). Other threads skip its lock.
+      if (runs_.running_here(text, 0, std::equal_to<std::string>{})) {
+        throw std::logic_error(
+            "singleflight::fleet::get: a loader called get for its own key on the fleet worker "
+            "running it (it would wait for itself forever; use async_get or co_get)");
+      }
       return get_on_worker(key, std::move(text), std::forward<Loader>(loader), std::move(caller));
     }
     if (inline_) {
