@@ -18,6 +18,7 @@
 
 #include "support/catch.hpp"
 #include "support/coro.hpp"
+#include "support/dtor_hook.hpp"
 #include "support/sync.hpp"
 
 namespace sf = singleflight;
@@ -29,22 +30,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// One-shot hooks, each armed for one thread: the next copy (or destruction) of a dkey or dval
-// on that thread runs the hook.
-struct hook {
-  std::atomic<std::thread::id> on{};
-  std::function<void()> act;  // set before `on`; run once
-  void arm(std::thread::id t, std::function<void()> a) {
-    act = std::move(a);
-    on.store(t, std::memory_order_release);
-  }
-  void fire() {
-    std::thread::id me = std::this_thread::get_id();
-    if (on.load(std::memory_order_acquire) != me) return;
-    if (!on.compare_exchange_strong(me, std::thread::id{}, std::memory_order_acq_rel)) return;
-    act();
-  }
-};
+using sftest::hook;
 
 hook key_copy;
 hook key_dtor;
@@ -72,21 +58,8 @@ struct dval {
 
 using dcache = sf::cache<dkey, dval, dhash, std::equal_to<>>;
 
-// A value whose destructor runs old_value_dtor's hook only for a value "old": the moved-from
-// and temporary copies a load makes on the way never fire it.
-hook old_value_dtor;
-
-struct oval {
-  std::string s;
-  oval(const char* v) : s(v) {}  // NOLINT
-  oval(const oval&) = default;
-  oval(oval&&) = default;
-  oval& operator=(const oval&) = default;
-  oval& operator=(oval&&) = default;
-  ~oval() {
-    if (s == "old") old_value_dtor.fire();
-  }
-};
+using sftest::old_value_dtor;
+using oval = sftest::old_value;
 
 using ocache = sf::cache<std::string, oval>;
 

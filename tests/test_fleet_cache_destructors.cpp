@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "support/catch.hpp"
+#include "support/dtor_hook.hpp"
 #include "support/fleet.hpp"
 #include "support/fleet_cache.hpp"
 #include "support/redis.hpp"
@@ -28,36 +29,8 @@ using namespace std::chrono_literals;
 using mode = sf::fleet_coherence;
 using sftest::until_listening;
 
-// One-shot hook, armed for one thread: the next destruction of a value "old" on that thread
-// runs it (moved-from and temporary copies never do).
-struct hook {
-  std::atomic<std::thread::id> on{};
-  std::function<void()> act;  // set before `on`; run once
-  void arm(std::thread::id t, std::function<void()> a) {
-    act = std::move(a);
-    on.store(t, std::memory_order_release);
-  }
-  void fire() {
-    std::thread::id me = std::this_thread::get_id();
-    if (on.load(std::memory_order_acquire) != me) return;
-    if (!on.compare_exchange_strong(me, std::thread::id{}, std::memory_order_acq_rel)) return;
-    act();
-  }
-};
-
-hook old_value_dtor;
-
-struct oval {
-  std::string s;
-  oval(const char* v) : s(v) {}  // NOLINT: implicit, as a string value would be
-  oval(const oval&) = default;
-  oval(oval&&) = default;
-  oval& operator=(const oval&) = default;
-  oval& operator=(oval&&) = default;
-  ~oval() {
-    if (s == "old") old_value_dtor.fire();
-  }
-};
+using sftest::old_value_dtor;
+using oval = sftest::old_value;
 
 struct oval_codec {
   static constexpr std::string_view tag = "oval";
